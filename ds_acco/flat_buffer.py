@@ -1,0 +1,145 @@
+"""Flat buffers and their partition across the data-parallel group.
+
+Index spaces (the vocabulary every other module uses):
+
+* **param space**: a parameter's own elements, ``0 .. p.numel()``.
+* **flat space**: one contiguous buffer per parameter group, ``0 .. padded_numel``;
+  parameter ``i`` lives at ``[offsets[i], offsets[i] + numel_i)``. Zero padding at
+  the end makes ``padded_numel`` a multiple of ``world_size * alignment``.
+* **shard space**: rank ``r`` owns flat elements ``[r * shard_numel, (r + 1) * shard_numel)``,
+  the ZeRO-1 partition; its fp32 master copy and optimizer state cover exactly that.
+
+Model parameters and gradients are *views* into flat buffers, so a swap at a
+round boundary re-points ``p.data`` (a pointer move per parameter) instead of
+copying the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """Where each parameter of a group sits in flat space, and how flat space is sharded."""
+
+    numels: tuple[int, ...]
+    shapes: tuple[torch.Size, ...]
+    offsets: tuple[int, ...]
+    numel: int
+    padded_numel: int
+    world_size: int
+
+    @classmethod
+    def for_params(cls, params: Sequence[torch.Tensor], world_size: int, alignment: int = 1) -> "FlatLayout":
+        """Pack ``params`` back to back and pad to a multiple of ``world_size * alignment``.
+
+        Args:
+            params: tensors in the order they are laid out.
+            world_size: number of data-parallel ranks sharing the buffer.
+            alignment: each shard's element count is a multiple of this (e.g. 2 or
+                4 so shards of a bf16 buffer start on NCCL-friendly addresses).
+
+        Raises:
+            ValueError: if ``world_size`` or ``alignment`` is not positive.
+        """
+        if world_size < 1 or alignment < 1:
+            raise ValueError(f"world_size and alignment must be >= 1, got {world_size}, {alignment}")
+        numels = tuple(p.numel() for p in params)
+        offsets, total = [], 0
+        for n in numels:
+            offsets.append(total)
+            total += n
+        unit = world_size * alignment
+        padded = max(unit, -(-total // unit) * unit)
+        return cls(numels, tuple(p.shape for p in params), tuple(offsets), total, padded, world_size)
+
+    @property
+    def shard_numel(self) -> int:
+        return self.padded_numel // self.world_size
+
+    def shard_slice(self, rank: int) -> slice:
+        return slice(rank * self.shard_numel, (rank + 1) * self.shard_numel)
+
+    def shard(self, flat: torch.Tensor, rank: int) -> torch.Tensor:
+        """Rank ``rank``'s partition of a flat buffer (a view)."""
+        return flat[self.shard_slice(rank)]
+
+    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Per-parameter views of ``flat``, shaped like the parameters."""
+        if flat.numel() != self.padded_numel:
+            raise ValueError(f"flat buffer has {flat.numel()} elements, layout needs {self.padded_numel}")
+        return [flat.narrow(0, o, n).view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
+
+    def new_buffer(self, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return torch.zeros(self.padded_numel, dtype=dtype or like.dtype, device=like.device)
+
+
+def flatten_into(params: Sequence[nn.Parameter], layout: FlatLayout, flat: torch.Tensor) -> None:
+    """Copy parameter values into ``flat`` and make each parameter a view of it."""
+    for p, view in zip(params, layout.views(flat)):
+        view.copy_(p.detach())
+        p.data = view
+
+
+def rebind_params(params: Sequence[nn.Parameter], layout: FlatLayout, flat: torch.Tensor) -> None:
+    """Point every parameter at its view of ``flat`` without copying (the swap)."""
+    for p, view in zip(params, layout.views(flat)):
+        p.data = view
+
+
+@dataclass
+class ShardedGroup:
+    """One parameter group as the round engine sees it; the adapter's answer to "where do buffers live".
+
+    Attributes:
+        params: the compute parameters, views into ``flat``.
+        layout: how ``flat`` is laid out and sharded.
+        flat: compute-parameter buffer (compute dtype, ``layout.padded_numel``).
+        master: this rank's fp32 master shard, the tensor the shard optimizer steps
+            (``layout.shard_numel`` elements).
+        rebind: called with a flat buffer at a swap; the default re-points
+            ``params`` at it. Adapters override it when their framework keeps
+            references to the flat buffer.
+    """
+
+    params: list[nn.Parameter]
+    layout: FlatLayout
+    flat: torch.Tensor
+    master: torch.Tensor
+    rebind: Callable[[torch.Tensor], None] | None = field(default=None)
+
+    def bind(self, flat: torch.Tensor) -> None:
+        if self.rebind is not None:
+            self.rebind(flat)
+        else:
+            rebind_params(self.params, self.layout, flat)
+        self.flat = flat
+
+
+def build_sharded_groups(
+    param_groups: Sequence[Sequence[nn.Parameter]], world_size: int, rank: int, alignment: int = 1
+) -> list[ShardedGroup]:
+    """Flatten each group of parameters and cut this rank's fp32 master shard from it.
+
+    This is the layout the plain-PyTorch front end uses; the DeepSpeed adapter
+    builds :class:`ShardedGroup` from DeepSpeed's own ZeRO-1 buffers instead.
+    """
+    groups = []
+    for params in param_groups:
+        params = list(params)
+        if not params:
+            raise ValueError("a parameter group is empty")
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) != 1:
+            raise ValueError(f"a parameter group mixes dtypes {sorted(map(str, dtypes))}; split it by dtype")
+        layout = FlatLayout.for_params(params, world_size, alignment)
+        flat = layout.new_buffer(params[0])
+        flatten_into(params, layout, flat)
+        master = layout.shard(flat, rank).detach().clone().float()
+        groups.append(ShardedGroup(params=params, layout=layout, flat=flat, master=master))
+    return groups

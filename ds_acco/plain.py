@@ -1,0 +1,74 @@
+"""The plain-PyTorch front end: ACCO for an ``nn.Module`` with no framework around it.
+
+The core's own layout: each torch param group becomes one flat buffer, this
+rank's fp32 master shard is cut from it, and the optimizer is built over the
+master shards with the group's hyper-parameters. The training loop is::
+
+    engine = ds_acco.plain.build(model.parameters(), torch.optim.AdamW, {"lr": 1e-3},
+                                 config={"mode": "acco"}, gradient_accumulation_steps=8)
+    for batch in loader:
+        loss_fn(model(batch)).backward()
+        engine.after_micro_batch()
+    engine.finish(); engine.close()
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from .config import AccoConfig
+from .flat_buffer import build_sharded_groups
+from .round_engine import RoundEngine
+from .shard_optimizer import ShardOptimizer
+
+
+def _as_groups(params: Iterable[Any]) -> list[dict]:
+    items = list(params)
+    if not items:
+        raise ValueError("no parameters given")
+    if isinstance(items[0], dict):
+        return [dict(g, params=list(g["params"])) for g in items]
+    return [{"params": items}]
+
+
+def build(
+    params: Iterable[Any],
+    optimizer_cls: type = torch.optim.AdamW,
+    optimizer_kwargs: Optional[dict] = None,
+    *,
+    config: Union[AccoConfig, dict],
+    gradient_accumulation_steps: int,
+    clip_grad_norm: Optional[float] = None,
+    lr_scheduler: Optional[Callable[[torch.optim.Optimizer], Any]] = None,
+    process_group: Optional[dist.ProcessGroup] = None,
+    alignment: int = 1,
+    grad_scale: float = 1.0,
+) -> RoundEngine:
+    """Flatten ``params`` (tensors or torch-style param-group dicts) and start a round engine.
+
+    Args:
+        params: what you would pass to a torch optimizer.
+        optimizer_cls / optimizer_kwargs: the shard optimizer (any ``torch.optim``).
+        lr_scheduler: a factory called with the optimizer; stepped once per commit.
+        alignment: shard sizes are multiples of this.
+    """
+    groups_spec = _as_groups(params)
+    pg = process_group if process_group is not None else dist.group.WORLD
+    world, rank = dist.get_world_size(pg), dist.get_rank(pg)
+    groups = build_sharded_groups([g["params"] for g in groups_spec], world, rank, alignment)
+    opt_groups = [dict({k: v for k, v in spec.items() if k != "params"}, params=[g.master]) for spec, g in zip(groups_spec, groups)]
+    optimizer = optimizer_cls(opt_groups, **(optimizer_kwargs or {}))
+    scheduler = lr_scheduler(optimizer) if lr_scheduler is not None else None
+    shard_opt = ShardOptimizer(optimizer, [g.master for g in groups], scheduler)
+    return RoundEngine(
+        groups,
+        shard_opt,
+        config=config,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        clip_grad_norm=clip_grad_norm,
+        process_group=process_group,
+        grad_scale=grad_scale,
+    )

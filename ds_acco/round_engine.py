@@ -1,0 +1,385 @@
+"""The round engine: when rounds launch, what they compute, and the swap.
+
+Framework-agnostic: it sees :class:`~ds_acco.flat_buffer.ShardedGroup` buffers,
+a :class:`~ds_acco.shard_optimizer.ShardOptimizer` and a process group. The
+front ends (DeepSpeed, plain PyTorch) build those and call
+:meth:`RoundEngine.after_micro_batch` after every backward.
+
+[Note: how acco's estimate/commit is computed with two gradient buffers]
+ALGORITHMS.md keeps ``A_t`` in the local accumulator so ``B_t`` adds on top of it
+and the commit reduce-scatters ``A_t + B_t``. Reduce-scatter is linear, so this
+engine reduce-scatters ``A_t`` in the estimate round, keeps this rank's summed
+shard of it (``O(params / N)`` fp32), and lets the commit reduce-scatter only
+``B_t`` and add the kept shard. The update is the same (up to fp32 summation
+order), the commit moves the same bytes, and the training thread never copies
+or clears a model-sized buffer: each round zeroes the accumulator it was handed
+after its reduce-scatter, and that accumulator becomes the active one again at
+the next launch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+
+from .collectives import RoundCollectives
+from .comm_thread import AccoRoundError, CommThread, RoundHandle, record_ready
+from .config import AccoConfig, AccoConfigError, parse_acco_config
+from .dtypes import resolve_dtype
+from .flat_buffer import ShardedGroup
+from .grad_buffers import GradBuffers
+from .shard_optimizer import ShardOptimizer
+from .telemetry import RoundRecord, Telemetry
+
+logger = logging.getLogger("ds_acco")
+
+ESTIMATE, COMMIT = "estimate", "commit"
+
+
+@dataclass
+class _RoundOutcome:
+    counts: list[int]
+    round_s: float
+    bytes_sent: int
+    bytes_received: int
+    grad_norm: float
+    skipped: bool
+    lr: float
+
+
+@dataclass
+class _InFlight:
+    handle: RoundHandle
+    kind: str
+    mode: str
+    step: int
+
+
+class RoundEngine:
+    """Runs gradient rounds in the background of a training loop.
+
+    Args:
+        groups: the sharded parameter groups (compute buffers and master shards).
+        shard_optimizer: steps the master shards.
+        config: the ``"acco"`` block (dict or :class:`AccoConfig`).
+        gradient_accumulation_steps: ``G``, micro-batches per worker per optimizer step.
+        clip_grad_norm: clip ``mean(X)`` to this global L2 norm (None or 0: off).
+        process_group: the data-parallel group (default: WORLD). The engine runs its
+            collectives on a private copy created with ``config.timeout_s``.
+        grad_scale: the factor backward multiplied gradients by (a float or a
+            callable read at each round), e.g. ``1/G`` when the framework divides
+            the loss by ``G``, or the fp16 loss scale; the mean divides it out.
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[ShardedGroup],
+        shard_optimizer: ShardOptimizer,
+        *,
+        config: Union[AccoConfig, dict],
+        gradient_accumulation_steps: int,
+        clip_grad_norm: Optional[float] = None,
+        process_group: Optional[dist.ProcessGroup] = None,
+        grad_scale: Union[float, Callable[[], float]] = 1.0,
+    ):
+        self.config = parse_acco_config(config)
+        self.config.check_accumulation(gradient_accumulation_steps)
+        if clip_grad_norm is not None and clip_grad_norm < 0:
+            raise AccoConfigError(f"gradient_clipping: got {clip_grad_norm}; must be >= 0 (0 disables it)")
+        self.groups = list(groups)
+        self.shard_optimizer = shard_optimizer
+        self.G = gradient_accumulation_steps
+        self.clip = float(clip_grad_norm or 0.0)
+        self._grad_scale = grad_scale
+        self.device = self.groups[0].flat.device
+        self.coll = RoundCollectives(process_group, self.config.timeout_s)
+        self.rank, self.world_size = self.coll.rank, self.coll.world_size
+        self._check_peers_agree()
+
+        accum = resolve_dtype(self.config.grad_accum_dtype, self.groups[0].flat.dtype, "acco.grad_accum_dtype")
+        self.grads = GradBuffers(self.groups, accum)
+        comm = resolve_dtype(self.config.comm_dtype, accum, "acco.comm_dtype")
+        self._comm_dtype = comm
+        self._staging = [g.layout.new_buffer(g.flat) for g in self.groups]
+        self._publish = [torch.empty(g.layout.shard_numel, dtype=g.flat.dtype, device=self.device) for g in self.groups]
+        self._shard32 = [torch.zeros(g.layout.shard_numel, dtype=torch.float32, device=self.device) for g in self.groups]
+        self._rs_out = [
+            s if comm == torch.float32 else torch.empty(s.numel(), dtype=comm, device=self.device)
+            for s in self._shard32
+        ]
+        self._comm_scratch = [None if comm == accum else g.layout.new_buffer(g.flat, comm) for g in self.groups]
+        self._kept = [torch.zeros_like(s) for s in self._shard32] if self.config.mode == "acco" else []
+        self._kept_count = 0
+        self._kept_nonfinite = False
+
+        tcfg = self.config.telemetry
+        path = f"{tcfg.jsonl_path}.rank{self.rank}" if tcfg.jsonl_path else None
+        self.telemetry = Telemetry(keep_last=tcfg.keep_last, jsonl_path=path)
+        self._comm = CommThread(self.device)
+
+        self.commits = 0
+        self.micro_batches = 0
+        self._n = 0
+        self._round_index = 0
+        self._inflight: Optional[_InFlight] = None
+        self._next_kind = ESTIMATE if self.config.mode == "acco" else COMMIT
+        self._last_swap_t = time.perf_counter()
+        self._closed = False
+
+    # ------------------------------------------------------------------ set-up
+    def _check_peers_agree(self) -> None:
+        """Fail at start-up, not with a hang, when ranks were given different configs or models."""
+        mine = (self.config.fingerprint(), self.G, self.clip, [g.layout.padded_numel for g in self.groups])
+        everyone: list = [None] * self.world_size
+        dist.all_gather_object(everyone, mine, group=self.coll.group)
+        bad = [r for r, theirs in enumerate(everyone) if theirs != mine]
+        if bad:
+            detail = "; ".join(f"rank {r}: {everyone[r]}" for r in range(self.world_size))
+            raise AccoConfigError(
+                "acco config, gradient_accumulation_steps, gradient_clipping or model layout differ "
+                f"across ranks (fingerprint, G, clip, buffer sizes) -> {detail}"
+            )
+
+    # ------------------------------------------------------------ training side
+    @property
+    def overlapping(self) -> bool:
+        """True once warmup is over and the mode overlaps rounds with compute."""
+        return self.config.mode != "sync" and self.commits >= self.config.warmup_steps
+
+    @property
+    def quota(self) -> int:
+        return self.config.quota(self.G) if self.overlapping else self.G
+
+    @property
+    def in_flight(self) -> bool:
+        return self._inflight is not None
+
+    def after_micro_batch(self) -> bool:
+        """Account for one finished backward; launch, wait and swap as the policy says.
+
+        Returns:
+            True when the compute parameters changed (a swap happened).
+
+        Raises:
+            AccoRoundError: a round failed or timed out (re-raised from the comm thread).
+        """
+        self._ensure_open()
+        if self._inflight is not None and self._inflight.handle.failed():
+            self._complete()  # raises the round's error here
+        self.grads.repair()
+        self._n += 1
+        self.micro_batches += 1
+        if not self.overlapping:
+            if self._n < self.G:
+                return False
+            self._launch(COMMIT, "sync")
+            self._complete()
+            if self.overlapping:
+                self._next_kind = ESTIMATE if self.config.mode == "acco" else COMMIT
+            return True
+        if self._inflight is None:  # bootstrap after start or warmup
+            if self._n >= self.quota:
+                self._launch(self._next_kind, self.config.mode)
+            return False
+        if not self._round_ready():
+            return False
+        self._complete()
+        self._launch(self._next_kind, self.config.mode)
+        return True
+
+    def _round_ready(self) -> bool:
+        if self.config.policy == "fixed":
+            return self._n >= self.quota
+        cap = self.config.max_micro_batches_per_round
+        if self._inflight.handle.done() or (cap is not None and self._n >= cap):
+            return True
+        if self._inflight.handle.elapsed() > self.config.timeout_s:
+            return True  # _complete() raises the timeout with the round's stage
+        return False
+
+    def _launch(self, kind: str, mode: str) -> None:
+        grads = self.grads.take()
+        count, self._n = self._n, 0
+        handle = RoundHandle(self._round_index, kind, self.config.timeout_s)
+        self._round_index += 1
+        self._inflight = _InFlight(handle, kind, mode, self.commits)
+        ready = record_ready(self.device)
+        self._comm.submit(handle, lambda h: self._run_round(h, kind, mode, grads, count), ready)
+        if mode == "acco":
+            self._next_kind = COMMIT if kind == ESTIMATE else ESTIMATE
+
+    def _complete(self) -> None:
+        """Wait for the round in flight, swap its parameters in, and record telemetry."""
+        flight = self._inflight
+        t0 = time.perf_counter()
+        try:
+            outcome: _RoundOutcome = flight.handle.wait()
+        except AccoRoundError:
+            self._inflight = None
+            raise
+        t1 = time.perf_counter()
+        spare = []
+        for g, staging in zip(self.groups, self._staging):
+            spare.append(g.flat)  # the buffer just read by compute becomes the next staging
+            g.bind(staging)
+        self._staging = spare
+        self._inflight = None
+        if flight.kind == COMMIT:
+            self.commits += 1
+        record = RoundRecord(
+            index=flight.handle.index,
+            kind=flight.kind,
+            mode=flight.mode,
+            step=flight.step,
+            counts=outcome.counts,
+            compute_s=t0 - self._last_swap_t,
+            round_s=outcome.round_s,
+            waited_s=t1 - t0,
+            bytes_sent=outcome.bytes_sent,
+            bytes_received=outcome.bytes_received,
+            grad_norm=outcome.grad_norm,
+            skipped=outcome.skipped,
+            lr=outcome.lr,
+        )
+        self._last_swap_t = t1
+        if self.config.telemetry.enabled:
+            self.telemetry.add(record)
+        if outcome.skipped:
+            logger.warning("ds_acco: non-finite gradients, %s at step %d skipped on every rank", flight.kind, flight.step)
+        every = self.config.telemetry.log_every
+        if every and self.rank == 0 and flight.kind == COMMIT and self.commits % every == 0:
+            logger.info(self.telemetry.format_line(record))
+
+    # ------------------------------------------------------------ comm side
+    def _run_round(self, handle: RoundHandle, kind: str, mode: str, grads: list[torch.Tensor], count: int) -> _RoundOutcome:
+        start = time.perf_counter()
+        sent0, recv0 = self.coll.wire.sent, self.coll.wire.received
+        nonfinite = False
+        if self.config.check_finite:
+            nonfinite = any(not bool(torch.isfinite(b).all()) for b in grads)
+        handle.stage = "count all-gather"
+        local = torch.tensor([count, int(nonfinite)], dtype=torch.int64, device=self.device)
+        per_rank = self.coll.all_gather_small(local).cpu()
+        counts = per_rank[:, 0].tolist()
+        total = sum(counts)
+        nonfinite = bool(per_rank[:, 1].any())
+
+        handle.stage = "reduce-scatter"
+        for buf, scratch, out, shard in zip(grads, self._comm_scratch, self._rs_out, self._shard32):
+            send = buf if scratch is None else scratch.copy_(buf)
+            self.coll.reduce_scatter_sum(out, send)
+            buf.zero_()  # "local grads reset": the accumulator goes back to the training thread clean
+            if out is not shard:
+                shard.copy_(out)
+        if kind == ESTIMATE:
+            for kept, shard in zip(self._kept, self._shard32):
+                kept.copy_(shard)
+            self._kept_count, self._kept_nonfinite = total, nonfinite
+        elif mode == "acco":
+            for kept, shard in zip(self._kept, self._shard32):
+                shard.add_(kept)
+            total += self._kept_count
+            nonfinite = nonfinite or self._kept_nonfinite
+
+        handle.stage = "shard step"
+        skipped = (self.config.check_finite and nonfinite) or total == 0
+        grad_norm = float("nan")
+        if skipped:
+            if kind == COMMIT:
+                self.shard_optimizer.skip()
+            self._publish_masters()
+        else:
+            scale = self._grad_scale() if callable(self._grad_scale) else self._grad_scale
+            for shard in self._shard32:
+                shard.mul_(1.0 / (total * scale))
+            if self.clip > 0:
+                grad_norm = self._clip_global_norm()
+            if kind == ESTIMATE:
+                self.shard_optimizer.lookahead(self._shard32, self._publish_masters)
+            else:
+                self.shard_optimizer.commit(self._shard32)
+                self._publish_masters()
+
+        handle.stage = "all-gather"
+        for full, part in zip(self._staging, self._publish):
+            self.coll.all_gather(full, part)
+        handle.stage = "done"
+        return _RoundOutcome(
+            counts=[int(c) for c in counts],
+            round_s=time.perf_counter() - start,
+            bytes_sent=self.coll.wire.sent - sent0,
+            bytes_received=self.coll.wire.received - recv0,
+            grad_norm=grad_norm,
+            skipped=skipped,
+            lr=self.shard_optimizer.lr,
+        )
+
+    def _publish_masters(self) -> None:
+        for part, g in zip(self._publish, self.groups):
+            part.copy_(g.master.detach())
+
+    def _clip_global_norm(self) -> float:
+        """Clip the mean gradient shards in place by the norm over every rank's shards."""
+        sq = torch.zeros(1, dtype=torch.float64, device=self.device)
+        for shard in self._shard32:
+            sq += shard.double().pow(2).sum()
+        self.coll.all_reduce_sum(sq)
+        norm = math.sqrt(float(sq.item()))
+        coef = self.clip / (norm + 1e-6)
+        if coef < 1.0:
+            for shard in self._shard32:
+                shard.mul_(coef)
+        return norm
+
+    # ------------------------------------------------------------ lifecycle
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise AccoRoundError("this ds_acco RoundEngine is closed")
+
+    def wait(self) -> None:
+        """Wait for the round in flight and apply it (drain)."""
+        self._ensure_open()
+        if self._inflight is not None:
+            self._complete()
+
+    def finish(self) -> None:
+        """Drain and, after an estimate, commit what has been accumulated, so the
+        compute parameters equal the committed master parameters.
+
+        Micro-batches accumulated after the last commit launch are dropped.
+        """
+        self.wait()
+        if self.overlapping and self.config.mode == "acco" and self._next_kind == COMMIT:
+            self._launch(COMMIT, "acco")
+            self._complete()
+            self._next_kind = ESTIMATE
+        for buf in self.grads.active_buffers():
+            buf.zero_()
+        self._n = 0
+
+    def close(self, drain: bool = True) -> None:
+        """Drain (or abandon) the round in flight, stop the thread, release the group."""
+        if self._closed:
+            return
+        try:
+            if drain and self._inflight is not None:
+                self._complete()
+        finally:
+            self._closed = True
+            self._inflight = None
+            self._comm.close(timeout_s=5.0)
+            self.grads.remove_hooks()
+            self.coll.destroy()
+
+    def __del__(self):  # pragma: no cover - best effort at interpreter shutdown
+        try:
+            if not self._closed:
+                self._comm.close(timeout_s=0.1)
+        except Exception:
+            pass

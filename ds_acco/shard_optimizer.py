@@ -1,0 +1,136 @@
+"""The optimizer step on this rank's fp32 master shards: commit and lookahead.
+
+Any ``torch.optim.Optimizer`` built over the master shards works. The commit is
+its ordinary ``step()`` followed by one LR-scheduler step. The lookahead
+(``Opt_lookahead`` in ALGORITHMS.md) must give what the next commit would give
+with the same learning rate and step count, while leaving the shard and the
+optimizer state untouched; it snapshots both into scratch tensors that are
+allocated once and reused (the shard is ``1/N`` of the model, so the scratch is
+``O(params / N)``), steps, lets the caller publish the result, and copies the
+snapshot back in place, so tensor identities (which DeepSpeed and user code may
+hold) never change.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Sequence
+
+import torch
+
+
+class _Snapshot:
+    """Reusable scratch copy of master shards, optimizer state and group hyper-parameters."""
+
+    def __init__(self) -> None:
+        self._params: list[torch.Tensor] = []
+        self._state: dict[tuple[int, str], torch.Tensor] = {}
+        self._plain: dict[int, dict[str, Any]] = {}
+        self._had_state: set[int] = set()
+        self._groups: list[dict[str, Any]] = []
+
+    def take(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
+        if len(self._params) != len(params):
+            self._params = [torch.empty_like(p) for p in params]
+        for scratch, p in zip(self._params, params):
+            scratch.copy_(p.detach())
+        self._had_state = set()
+        self._plain = {}
+        for i, p in enumerate(params):
+            state = optimizer.state.get(p)
+            if not state:
+                continue
+            self._had_state.add(i)
+            plain = {}
+            for key, value in state.items():
+                if torch.is_tensor(value):
+                    scratch = self._state.get((i, key))
+                    if scratch is None or scratch.shape != value.shape or scratch.dtype != value.dtype:
+                        scratch = self._state[(i, key)] = torch.empty_like(value)
+                    scratch.copy_(value)
+                else:
+                    plain[key] = copy.deepcopy(value)
+            self._plain[i] = plain
+        self._groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+
+    def restore(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for scratch, p in zip(self._params, params):
+                p.copy_(scratch)
+        for i, p in enumerate(params):
+            if i not in self._had_state:
+                optimizer.state.pop(p, None)
+                continue
+            state = optimizer.state[p]
+            for key in list(state):
+                if torch.is_tensor(state[key]) and (i, key) in self._state:
+                    state[key].copy_(self._state[(i, key)])
+                elif key in self._plain[i]:
+                    state[key] = self._plain[i][key]
+                else:
+                    del state[key]
+        for group, saved in zip(optimizer.param_groups, self._groups):
+            group.update(saved)
+
+
+class ShardOptimizer:
+    """Steps the master shards; knows nothing of collectives or frameworks.
+
+    Args:
+        optimizer: a torch optimizer whose params are exactly ``masters``.
+        masters: this rank's fp32 master shards, one per parameter group.
+        lr_scheduler: advanced once per commit (never by a lookahead).
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        masters: Sequence[torch.Tensor],
+        lr_scheduler: Any = None,
+    ):
+        owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        missing = [i for i, m in enumerate(masters) if id(m) not in owned]
+        if missing:
+            raise ValueError(
+                f"optimizer does not own master shard(s) {missing}: build it over the "
+                "master shards (ShardedGroup.master), not over the model parameters"
+            )
+        self.optimizer = optimizer
+        self.masters = list(masters)
+        self.lr_scheduler = lr_scheduler
+        self._snapshot = _Snapshot()
+
+    def _set_grads(self, grads: Sequence[torch.Tensor]) -> None:
+        for m, g in zip(self.masters, grads):
+            m.grad = g
+
+    def _clear_grads(self) -> None:
+        for m in self.masters:
+            m.grad = None
+
+    def commit(self, grads: Sequence[torch.Tensor]) -> None:
+        """``θ, S ← Opt(θ, S, g)``, then one scheduler step."""
+        self._set_grads(grads)
+        self.optimizer.step()
+        self._clear_grads()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+
+    def lookahead(self, grads: Sequence[torch.Tensor], publish: Callable[[], None]) -> None:
+        """Run ``Opt`` on ``grads``, call ``publish()`` while the stepped shard is in place, then undo."""
+        self._snapshot.take(self.optimizer, self.masters)
+        try:
+            self._set_grads(grads)
+            self.optimizer.step()
+            self._clear_grads()
+            publish()
+        finally:
+            self._snapshot.restore(self.optimizer, self.masters)
+
+    def skip(self) -> None:
+        """A commit skipped for non-finite gradients: no step, no scheduler step."""
+        self._clear_grads()
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])

@@ -1,0 +1,116 @@
+"""Per-round measurements and the running "communication hidden" figure.
+
+A round's communication is hidden to the extent the training thread did not
+wait for it: ``hidden = 1 - waited / round_time``, summed over rounds. In sync
+mode the training thread waits for the whole round, so it reads ~0%; in acco
+adaptive it should read ~100%.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+logger = logging.getLogger("ds_acco")
+
+
+@dataclass
+class RoundRecord:
+    """What one round did and cost, seen from this rank."""
+
+    index: int
+    """Round number on this rank (0-based; equal on every rank)."""
+    kind: str
+    """``commit`` or ``estimate``."""
+    mode: str
+    """Mode the round ran in (``sync`` during warmup)."""
+    step: int
+    """Commits completed before this round."""
+    counts: list[int]
+    """Micro-batches each rank contributed (rank order)."""
+    compute_s: float = 0.0
+    """Training-thread seconds between the previous swap and the start of the wait."""
+    round_s: float = 0.0
+    """Seconds the round took on the communication thread."""
+    waited_s: float = 0.0
+    """Seconds the training thread blocked on this round."""
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    grad_norm: float = float("nan")
+    """Global L2 norm of the mean gradient before clipping (nan when skipped)."""
+    skipped: bool = False
+    """True when non-finite gradients made every rank skip this update."""
+    lr: float = float("nan")
+
+    @property
+    def hidden(self) -> float:
+        if self.round_s <= 0:
+            return 1.0
+        return max(0.0, 1.0 - self.waited_s / self.round_s)
+
+
+@dataclass
+class Telemetry:
+    """Keeps the last ``keep_last`` records and running sums over all of them."""
+
+    keep_last: int = 10_000
+    jsonl_path: Optional[str] = None
+    records: deque = field(default_factory=deque)
+    total_round_s: float = 0.0
+    total_waited_s: float = 0.0
+    total_compute_s: float = 0.0
+    total_bytes_sent: int = 0
+    total_bytes_received: int = 0
+    rounds: int = 0
+    skipped_steps: int = 0
+
+    def add(self, record: RoundRecord) -> None:
+        self.records.append(record)
+        while len(self.records) > self.keep_last:
+            self.records.popleft()
+        self.rounds += 1
+        self.total_round_s += record.round_s
+        self.total_waited_s += record.waited_s
+        self.total_compute_s += record.compute_s
+        self.total_bytes_sent += record.bytes_sent
+        self.total_bytes_received += record.bytes_received
+        self.skipped_steps += int(record.skipped and record.kind == "commit")
+        if self.jsonl_path:
+            with open(self.jsonl_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(asdict(record)) + "\n")
+
+    @property
+    def hidden_fraction(self) -> float:
+        """``1 - waited / round time`` over every round so far (1.0 before any round)."""
+        if self.total_round_s <= 0:
+            return 1.0
+        return max(0.0, 1.0 - self.total_waited_s / self.total_round_s)
+
+    def last(self) -> Optional[RoundRecord]:
+        return self.records[-1] if self.records else None
+
+    def summary(self) -> dict:
+        return {
+            "rounds": self.rounds,
+            "comm_hidden_pct": round(100.0 * self.hidden_fraction, 2),
+            "round_s": round(self.total_round_s, 4),
+            "waited_s": round(self.total_waited_s, 4),
+            "compute_s": round(self.total_compute_s, 4),
+            "bytes_sent": self.total_bytes_sent,
+            "bytes_received": self.total_bytes_received,
+            "skipped_steps": self.skipped_steps,
+        }
+
+    def format_line(self, record: RoundRecord) -> str:
+        norm = "skip" if record.skipped else (f"{record.grad_norm:.3g}" if not math.isnan(record.grad_norm) else "-")
+        return (
+            f"[ds_acco] round {record.index} {record.kind:8s} step {record.step} "
+            f"mb/rank {record.counts} compute {record.compute_s * 1e3:.1f}ms "
+            f"round {record.round_s * 1e3:.1f}ms waited {record.waited_s * 1e3:.1f}ms "
+            f"sent {record.bytes_sent / 2**20:.2f}MiB |g| {norm} "
+            f"hidden {100 * record.hidden:.0f}% (running {100 * self.hidden_fraction:.1f}%)"
+        )

@@ -1,0 +1,99 @@
+"""The fixed-policy trajectories equal the single-process reference of ALGORITHMS.md."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ds_acco.reference import ReferenceRun, reference_trajectory
+from tests import workloads as W
+from tests.dist_harness import run_distributed
+
+STEPS = 20
+
+
+def reference(mode, world, G, steps=STEPS, clip=0.0, schedule=False, warmup=0, counts=None):
+    model = W.make_model()
+    run = ReferenceRun(W.ordered_params(model), W.reference_grad_fn(model), W.make_reference_optimizer,
+                       world, make_scheduler=W.decay_schedule if schedule else None, clip=clip)
+    return reference_trajectory(mode, run, steps, G, warmup_steps=warmup, counts=counts)
+
+
+def assert_trajectories_equal(got, want, atol=2e-6, rtol=1e-5):
+    assert len(got) == len(want)
+    for t, (g_step, w_step) in enumerate(zip(got, want)):
+        for g, w in zip(g_step, w_step):
+            torch.testing.assert_close(g, w, atol=atol, rtol=rtol, msg=lambda m: f"step {t}: {m}")
+
+
+def distributed(world, **kw):
+    results = run_distributed(W.train_with_engine, world, timeout=180, **kw)
+    # Every rank holds the same compute parameters after each commit.
+    for other in results[1:]:
+        assert_trajectories_equal(other["trajectory"], results[0]["trajectory"], atol=0, rtol=0)
+    return results[0]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("mode", ["sync", "dpu", "acco"])
+def test_fixed_policy_matches_reference(mode, world):
+    G = 4
+    got = distributed(world, config={"mode": mode, "policy": "fixed"}, G=G, steps=STEPS)
+    want = reference(mode, world, G)
+    assert_trajectories_equal(got["trajectory"], want)
+    if mode == "acco":
+        assert got["kinds"][:4] == ["estimate", "commit", "estimate", "commit"]
+        assert all(c == [G // 2] * world for c in got["counts"])
+
+
+@pytest.mark.parametrize("mode", ["dpu", "acco"])
+def test_modes_differ_from_each_other(mode):
+    """Guards the comparison itself: a mode must not match another mode's reference."""
+    got = distributed(2, config={"mode": mode}, G=4, steps=6)
+    other = "sync" if mode == "dpu" else "dpu"
+    with pytest.raises(AssertionError):
+        assert_trajectories_equal(got["trajectory"], reference(other, 2, 4, steps=6))
+
+
+def test_sync_equals_plain_adamw_on_concatenated_batch():
+    world, G, steps = 3, 2, STEPS
+    got = distributed(world, config={"mode": "sync"}, G=G, steps=steps)
+    model = W.make_model()
+    params = W.ordered_params(model)
+    opt = W.make_reference_optimizer(params)
+    k = 0
+    for t in range(steps):
+        xs, ys = zip(*[W.batch(w, k + i) for w in range(world) for i in range(G)])
+        k += G
+        loss = W.loss_fn(model(torch.cat(xs)), torch.cat(ys))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        for g, p in zip(got["trajectory"][t], params):
+            torch.testing.assert_close(g, p.detach(), atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["dpu", "acco"])
+def test_warmup_clipping_and_scheduler(mode):
+    world, G = 2, 4
+    cfg = {"mode": mode, "warmup_steps": 3}
+    got = distributed(world, config=cfg, G=G, steps=STEPS, clip=0.05, schedule=True)
+    want = reference(mode, world, G, clip=0.05, schedule=True, warmup=3)
+    assert_trajectories_equal(got["trajectory"], want)
+    assert got["kinds"][:3] == ["commit"] * 3
+    # clipping must have been active, or this test would not test it
+    assert reference(mode, world, G, schedule=True, warmup=3)[-1][0].sub(want[-1][0]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("mode", ["dpu", "acco"])
+def test_adaptive_slow_rank_contributes_less(mode):
+    world, G = 2, 4
+    got = distributed(world, config={"mode": mode, "policy": "adaptive"}, G=G, steps=8,
+                      slow_rank=1, slow_s=0.05)
+    counts = got["counts"]
+    fast = sum(c[0] for c in counts[1:])
+    slow = sum(c[1] for c in counts[1:])
+    assert fast > 2 * slow, counts
+    assert all(min(c) >= 1 for c in counts)
+    want = reference(mode, world, G, steps=8, counts=counts)
+    assert_trajectories_equal(got["trajectory"], want)

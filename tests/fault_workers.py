@@ -1,0 +1,93 @@
+"""Worker bodies for the error-path tests: each returns what it observed instead of raising."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from tests import workloads as W
+
+
+class FailingAdamW(torch.optim.AdamW):
+    """AdamW that raises on its ``fail_at``-th step (only where ``fail_at`` is set)."""
+
+    def __init__(self, params, fail_at=None, **kw):
+        super().__init__(params, **kw)
+        self.fail_at, self.calls = fail_at, 0
+
+    def step(self, closure=None):
+        self.calls += 1
+        if self.fail_at is not None and self.calls == self.fail_at:
+            raise RuntimeError("injected optimizer failure")
+        return super().step(closure)
+
+
+def comm_threads():
+    return [t.name for t in threading.enumerate() if t.name.startswith("ds_acco")]
+
+
+def train_until_error(rank, world, *, config, G=4, fail_rank=None, fail_at=None, stall_rank=None,
+                      stall_after=None, stall_s=0.0, max_micro_batches=200):
+    """Train the tiny job; report the first exception's type/message and how long the raise took."""
+    from ds_acco import plain
+
+    model = W.make_model()
+    kw = dict(W.OPT_KWARGS, fail_at=fail_at if rank == fail_rank else None)
+    engine = plain.build(W.param_groups(model), FailingAdamW, kw, config=config, gradient_accumulation_steps=G)
+    observed = {"error": None, "message": "", "seconds_to_raise": None}
+    t_mark = time.monotonic()
+    try:
+        for k in range(max_micro_batches):
+            if rank == stall_rank and k == stall_after:
+                time.sleep(stall_s)
+            x, y = W.batch(rank, k)
+            W.loss_fn(model(x), y).backward()
+            t_mark = time.monotonic()
+            engine.after_micro_batch()
+    except Exception as exc:  # noqa: BLE001 - the observation is the point
+        observed.update(error=type(exc).__name__, message=str(exc), seconds_to_raise=time.monotonic() - t_mark,
+                        raised_at=time.time())
+    engine.close(drain=observed["error"] is None)
+    time.sleep(0.2)
+    observed["threads_after_close"] = comm_threads()
+    observed["commits"] = engine.commits
+    return observed
+
+
+def start_with_config(rank, world, *, configs):
+    """Each rank builds an engine from its own config; report the start-up error, if any."""
+    from ds_acco import plain
+
+    model = W.make_model()
+    try:
+        engine = plain.build(W.param_groups(model), config=configs[rank], gradient_accumulation_steps=4)
+    except Exception as exc:  # noqa: BLE001
+        return {"error": type(exc).__name__, "message": str(exc)}
+    engine.close()
+    return {"error": None, "message": ""}
+
+
+def telemetry_run(rank, world, *, config, G=4, steps=4, sleep_s=0.0):
+    from ds_acco import plain
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())
+    logging.getLogger("ds_acco").addHandler(handler)
+    logging.getLogger("ds_acco").setLevel(logging.INFO)
+    model = W.make_model()
+    engine = plain.build(W.param_groups(model), config=config, gradient_accumulation_steps=G)
+    k = 0
+    while engine.commits < steps:
+        x, y = W.batch(rank, k)
+        k += 1
+        time.sleep(sleep_s)
+        W.loss_fn(model(x), y).backward()
+        engine.after_micro_batch()
+    engine.close()
+    return {"records": list(engine.telemetry.records), "summary": engine.telemetry.summary(),
+            "hidden": engine.telemetry.hidden_fraction, "log": records,
+            "layout": [g.layout.padded_numel for g in engine.groups]}

@@ -97,3 +97,15 @@ def test_adaptive_slow_rank_contributes_less(mode):
     assert all(min(c) >= 1 for c in counts)
     want = reference(mode, world, G, steps=8, counts=counts)
     assert_trajectories_equal(got["trajectory"], want)
+
+
+@pytest.mark.parametrize("accum, comm", [("fp32", "bf16"), ("fp32", "fp32"), ("auto", "auto")])
+def test_bf16_parameters_with_fp32_master(accum, comm):
+    """bf16 compute parameters, fp32 master shards: the trajectory tracks the fp32 reference."""
+    world, G, steps = 2, 4, 8
+    cfg = {"mode": "acco", "grad_accum_dtype": accum, "comm_dtype": comm}
+    got = distributed(world, config=cfg, G=G, steps=steps, dtype=torch.bfloat16)
+    want = reference("acco", world, G, steps=steps)
+    # fp32 accumulation goes through hooks (p.grad stays None); same-dtype accumulation binds views
+    assert got["grads_bound"] == [accum == "auto"] * 4
+    assert_trajectories_equal(got["trajectory"], want, atol=3e-2, rtol=3e-2)

@@ -71,18 +71,19 @@ def reference_grad_fn(model: nn.Module):
 
 
 def train_with_engine(rank, world, *, config, G, steps, clip=0.0, schedule=False,
-                      slow_rank=None, slow_s=0.0, grad_accum_dtype=None):
+                      slow_rank=None, slow_s=0.0, dtype=torch.float32):
     """Train the tiny job with ds_acco.plain; return θ after each commit and the round records."""
     from ds_acco import plain
 
-    model = make_model()
+    model = make_model().to(dtype)
     engine = plain.build(param_groups(model), torch.optim.AdamW, OPT_KWARGS, config=config,
                          gradient_accumulation_steps=G, clip_grad_norm=clip,
                          lr_scheduler=decay_schedule if schedule else None)
-    trajectory, k = [], 0
+    trajectory, k, grads_bound = [], 0, []
     try:
         while engine.commits < steps:
             x, y = batch(rank, k)
+            x, y = x.to(dtype), y.to(dtype)
             k += 1
             if slow_rank == rank:
                 time.sleep(slow_s)
@@ -90,10 +91,11 @@ def train_with_engine(rank, world, *, config, G, steps, clip=0.0, schedule=False
             before = engine.commits
             engine.after_micro_batch()
             if engine.commits > before:
-                trajectory.append([p.detach().clone() for p in ordered_params(model)])
+                trajectory.append([p.detach().float() for p in ordered_params(model)])
+                grads_bound = [p.grad is not None for p in ordered_params(model)]
     finally:
         engine.close()  # drains the round in flight, so its counts are recorded too
     records = [r.counts for r in engine.telemetry.records]
     kinds = [r.kind for r in engine.telemetry.records]
     summary = engine.telemetry.summary()
-    return {"trajectory": trajectory, "counts": records, "kinds": kinds, "summary": summary, "micro_batches": k}
+    return {"grads_bound": grads_bound, "trajectory": trajectory, "counts": records, "kinds": kinds, "summary": summary, "micro_batches": k}

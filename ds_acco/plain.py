@@ -72,3 +72,30 @@ def build(
         process_group=process_group,
         grad_scale=grad_scale,
     )
+
+
+def state_dict(engine: RoundEngine) -> dict:
+    """Everything this rank needs to resume: compute parameters, master shards,
+    optimizer and scheduler state, and the engine's round state."""
+    rounds = engine.state_dict()  # quiesces first, so masters are at rest
+    sched = engine.shard_optimizer.lr_scheduler
+    return {
+        "compute": [g.flat.clone() for g in engine.groups],
+        "masters": [g.master.detach().clone() for g in engine.groups],
+        "optimizer": engine.shard_optimizer.optimizer.state_dict(),
+        "lr_scheduler": sched.state_dict() if sched is not None else None,
+        "rounds": rounds,
+    }
+
+
+def load_state_dict(engine: RoundEngine, state: dict) -> None:
+    """Inverse of :func:`state_dict`; call on every rank of a job built the same way."""
+    with torch.no_grad():
+        for g, compute, master in zip(engine.groups, state["compute"], state["masters"]):
+            g.flat.copy_(compute)
+            g.master.copy_(master)
+    engine.shard_optimizer.optimizer.load_state_dict(state["optimizer"])
+    sched = engine.shard_optimizer.lr_scheduler
+    if sched is not None and state["lr_scheduler"] is not None:
+        sched.load_state_dict(state["lr_scheduler"])
+    engine.load_state_dict(state["rounds"])

@@ -74,7 +74,11 @@ class RoundEngine:
             collectives on a private copy created with ``config.timeout_s``.
         grad_scale: the factor backward multiplied gradients by (a float or a
             callable read at each round), e.g. ``1/G`` when the framework divides
-            the loss by ``G``, or the fp16 loss scale; the mean divides it out.
+            the loss by ``G``, or the fp16 loss scale; the mean divides it out. It is
+            read when an accumulator becomes active, so a loss scale that changes at a
+            swap applies to exactly the micro-batches computed under it.
+        on_swap: called on the training thread after every swap with the round's
+            record (front ends advance their step counters and loss scalers here).
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class RoundEngine:
         clip_grad_norm: Optional[float] = None,
         process_group: Optional[dist.ProcessGroup] = None,
         grad_scale: Union[float, Callable[[], float]] = 1.0,
+        on_swap: Optional[Callable[[RoundRecord], None]] = None,
     ):
         self.config = parse_acco_config(config)
         self.config.check_accumulation(gradient_accumulation_steps)
@@ -97,6 +102,7 @@ class RoundEngine:
         self.G = gradient_accumulation_steps
         self.clip = float(clip_grad_norm or 0.0)
         self._grad_scale = grad_scale
+        self._on_swap = on_swap
         self.device = self.groups[0].flat.device
         self.coll = RoundCollectives(process_group, self.config.timeout_s)
         self.rank, self.world_size = self.coll.rank, self.coll.world_size
@@ -130,6 +136,7 @@ class RoundEngine:
         self._inflight: Optional[_InFlight] = None
         self._next_kind = ESTIMATE if self.config.mode == "acco" else COMMIT
         self._last_swap_t = time.perf_counter()
+        self._active_scale = self._current_scale()
         self._closed = False
 
     # ------------------------------------------------------------------ set-up
@@ -203,14 +210,18 @@ class RoundEngine:
             return True  # _complete() raises the timeout with the round's stage
         return False
 
+    def _current_scale(self) -> float:
+        return float(self._grad_scale() if callable(self._grad_scale) else self._grad_scale)
+
     def _launch(self, kind: str, mode: str) -> None:
         grads = self.grads.take()
+        scale, self._active_scale = self._active_scale, self._current_scale()
         count, self._n = self._n, 0
         handle = RoundHandle(self._round_index, kind, self.config.timeout_s)
         self._round_index += 1
         self._inflight = _InFlight(handle, kind, mode, self.commits)
         ready = record_ready(self.device)
-        self._comm.submit(handle, lambda h: self._run_round(h, kind, mode, grads, count), ready)
+        self._comm.submit(handle, lambda h: self._run_round(h, kind, mode, grads, count, scale), ready)
         if mode == "acco":
             self._next_kind = COMMIT if kind == ESTIMATE else ESTIMATE
 
@@ -250,6 +261,8 @@ class RoundEngine:
         self._last_swap_t = t1
         if self.config.telemetry.enabled:
             self.telemetry.add(record)
+        if self._on_swap is not None:
+            self._on_swap(record)
         if outcome.skipped:
             logger.warning("ds_acco: non-finite gradients, %s at step %d skipped on every rank", flight.kind, flight.step)
         every = self.config.telemetry.log_every
@@ -257,7 +270,9 @@ class RoundEngine:
             logger.info(self.telemetry.format_line(record))
 
     # ------------------------------------------------------------ comm side
-    def _run_round(self, handle: RoundHandle, kind: str, mode: str, grads: list[torch.Tensor], count: int) -> _RoundOutcome:
+    def _run_round(
+        self, handle: RoundHandle, kind: str, mode: str, grads: list[torch.Tensor], count: int, scale: float
+    ) -> _RoundOutcome:
         start = time.perf_counter()
         sent0, recv0 = self.coll.wire.sent, self.coll.wire.received
         nonfinite = False
@@ -277,6 +292,9 @@ class RoundEngine:
             buf.zero_()  # "local grads reset": the accumulator goes back to the training thread clean
             if out is not shard:
                 shard.copy_(out)
+            if scale != 1.0:
+                shard.mul_(1.0 / scale)  # unscaled sums, so an estimate and a commit made under
+                # different loss scales add up correctly
         if kind == ESTIMATE:
             for kept, shard in zip(self._kept, self._shard32):
                 kept.copy_(shard)
@@ -295,9 +313,8 @@ class RoundEngine:
                 self.shard_optimizer.skip()
             self._publish_masters()
         else:
-            scale = self._grad_scale() if callable(self._grad_scale) else self._grad_scale
             for shard in self._shard32:
-                shard.mul_(1.0 / (total * scale))
+                shard.div_(total)
             if self.clip > 0:
                 grad_norm = self._clip_global_norm()
             if kind == ESTIMATE:
@@ -347,6 +364,88 @@ class RoundEngine:
         self._ensure_open()
         if self._inflight is not None:
             self._complete()
+
+    def quiesce(self) -> None:
+        """Wait for the round in flight to end *without* swapping it in.
+
+        The training trajectory is unchanged (a fixed-policy swap still happens at the
+        quota), and the engine's state is now at rest, ready for :meth:`state_dict`.
+        """
+        self._ensure_open()
+        if self._inflight is not None:
+            self._inflight.handle.wait()
+
+    def state_dict(self) -> dict:
+        """This rank's round state: counters, pending result, kept estimate shard, accumulator.
+
+        Holds ``O(params / N)`` tensors, plus the active accumulator when micro-batches
+        have been accumulated since the last launch (checkpoint right after a step to
+        avoid that). Master shards, optimizer and scheduler state and the compute
+        parameters are the front end's to save (DeepSpeed's checkpoint holds them).
+        """
+        self.quiesce()
+        pending = None
+        if self._inflight is not None:
+            f, outcome = self._inflight, self._inflight.handle.wait()
+            pending = {
+                "kind": f.kind, "mode": f.mode, "step": f.step, "index": f.handle.index,
+                "outcome": vars(outcome).copy(),
+                "staging_shards": [g.layout.shard(st, self.rank).clone() for g, st in zip(self.groups, self._staging)],
+            }
+        return {
+            "format": 1,
+            "fingerprint": self.config.fingerprint(),
+            "world_size": self.world_size,
+            "padded_numels": [g.layout.padded_numel for g in self.groups],
+            "commits": self.commits,
+            "micro_batches": self.micro_batches,
+            "round_index": self._round_index,
+            "n": self._n,
+            "next_kind": self._next_kind,
+            "active_scale": self._active_scale,
+            "active_grads": [b.clone() for b in self.grads.active_buffers()] if self._n else None,
+            "kept": [k.clone() for k in self._kept],
+            "kept_count": self._kept_count,
+            "kept_nonfinite": self._kept_nonfinite,
+            "pending": pending,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` output on every rank (collective: it all-gathers the pending result).
+
+        Raises:
+            AccoConfigError: the state was saved with another mode/policy, world size or layout.
+        """
+        self._ensure_open()
+        if self._inflight is not None:
+            raise AccoRoundError("load_state_dict needs an idle engine; a round is in flight")
+        mine = (self.config.fingerprint(), self.world_size, [g.layout.padded_numel for g in self.groups])
+        theirs = (state["fingerprint"], state["world_size"], state["padded_numels"])
+        if mine != theirs:
+            raise AccoConfigError(
+                "the ACCO round state in this checkpoint does not fit this job: saved (config fingerprint, "
+                f"world size, buffer sizes) = {theirs}, now {mine}. Resume with the same acco block and "
+                "world size, or load the model and optimizer only (a fresh round state bootstraps)."
+            )
+        self.commits, self.micro_batches = state["commits"], state["micro_batches"]
+        self._round_index, self._n, self._next_kind = state["round_index"], state["n"], state["next_kind"]
+        self._active_scale = state["active_scale"]
+        for buf, saved in zip(self.grads.active_buffers(), state["active_grads"] or []):
+            buf.copy_(saved)
+        if state["active_grads"] is None:
+            for buf in self.grads.active_buffers():
+                buf.zero_()
+        for kept, saved in zip(self._kept, state["kept"]):
+            kept.copy_(saved)
+        self._kept_count, self._kept_nonfinite = state["kept_count"], state["kept_nonfinite"]
+        pending = state["pending"]
+        if pending is not None:
+            for full, part in zip(self._staging, pending["staging_shards"]):
+                self.coll.all_gather(full, part.to(full.dtype))
+            handle = RoundHandle(pending["index"], pending["kind"], self.config.timeout_s)
+            handle._finish(_RoundOutcome(**pending["outcome"]), None, None)
+            self._inflight = _InFlight(handle, pending["kind"], pending["mode"], pending["step"])
+        self._last_swap_t = time.perf_counter()
 
     def finish(self) -> None:
         """Drain and, after an estimate, commit what has been accumulated, so the

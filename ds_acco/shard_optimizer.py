@@ -70,6 +70,8 @@ class _Snapshot:
                 else:
                     del state[key]
         for group, saved in zip(optimizer.param_groups, self._groups):
+            for key in [k for k in group if k != "params" and k not in saved]:
+                del group[key]  # e.g. DeepSpeed's FusedAdam adds group["step"] on its first step
             group.update(saved)
 
 

@@ -71,7 +71,8 @@ def reference_grad_fn(model: nn.Module):
 
 
 def train_with_engine(rank, world, *, config, G, steps, clip=0.0, schedule=False,
-                      slow_rank=None, slow_s=0.0, dtype=torch.float32):
+                      slow_rank=None, slow_s=0.0, dtype=torch.float32, save_at=None, ckpt_dir=None,
+                      resume=False):
     """Train the tiny job with ds_acco.plain; return θ after each commit and the round records."""
     from ds_acco import plain
 
@@ -80,8 +81,16 @@ def train_with_engine(rank, world, *, config, G, steps, clip=0.0, schedule=False
                          gradient_accumulation_steps=G, clip_grad_norm=clip,
                          lr_scheduler=decay_schedule if schedule else None)
     trajectory, k, grads_bound = [], 0, []
+    if resume:
+        state = torch.load(f"{ckpt_dir}/rank{rank}.pt", weights_only=False)
+        plain.load_state_dict(engine, state["engine"])
+        k, trajectory = state["k"], state["trajectory"]
     try:
         while engine.commits < steps:
+            if save_at is not None and k == save_at:
+                torch.save({"engine": plain.state_dict(engine), "k": k, "trajectory": list(trajectory)},
+                           f"{ckpt_dir}/rank{rank}.pt")
+                break
             x, y = batch(rank, k)
             x, y = x.to(dtype), y.to(dtype)
             k += 1
@@ -91,7 +100,7 @@ def train_with_engine(rank, world, *, config, G, steps, clip=0.0, schedule=False
             before = engine.commits
             engine.after_micro_batch()
             if engine.commits > before:
-                trajectory.append([p.detach().float() for p in ordered_params(model)])
+                trajectory.append([p.detach().float().clone() for p in ordered_params(model)])
                 grads_bound = [p.grad is not None for p in ordered_params(model)]
     finally:
         engine.close()  # drains the round in flight, so its counts are recorded too

@@ -9,6 +9,20 @@ from .telemetry import RoundRecord, Telemetry
 
 __version__ = "0.1.0"
 
+
+def initialize(*args, **kwargs):
+    """``deepspeed.initialize`` with ACCO from the config's ``"acco"`` block (see ds_acco.deepspeed_init)."""
+    from .deepspeed_init import initialize as _initialize
+
+    return _initialize(*args, **kwargs)
+
+
+def patch_deepspeed() -> None:
+    """Route ``deepspeed.initialize`` through :func:`initialize` so unmodified scripts get ACCO."""
+    from .deepspeed_init import patch_deepspeed as _patch
+
+    _patch()
+
 __all__ = [
     "AccoConfig",
     "AccoConfigError",
@@ -21,5 +35,7 @@ __all__ = [
     "ShardedGroup",
     "Telemetry",
     "build_sharded_groups",
+    "initialize",
+    "patch_deepspeed",
     "parse_acco_config",
 ]

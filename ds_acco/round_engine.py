@@ -447,6 +447,23 @@ class RoundEngine:
             self._inflight = _InFlight(handle, pending["kind"], pending["mode"], pending["step"])
         self._last_swap_t = time.perf_counter()
 
+    def reset_rounds(self, commits: Optional[int] = None) -> None:
+        """Drop the round state (after waiting for the round in flight) so rounds bootstrap afresh.
+
+        Used before loading a checkpoint; ``commits`` sets the step counter (warmup counts from it).
+        """
+        self.quiesce()
+        self._inflight = None
+        for buf in self.grads.active_buffers():
+            buf.zero_()
+        for kept in self._kept:
+            kept.zero_()
+        self._kept_count, self._kept_nonfinite, self._n = 0, False, 0
+        self._next_kind = ESTIMATE if self.config.mode == "acco" else COMMIT
+        if commits is not None:
+            self.commits = commits
+        self._last_swap_t = time.perf_counter()
+
     def finish(self) -> None:
         """Drain and, after an estimate, commit what has been accumulated, so the
         compute parameters equal the committed master parameters.

@@ -64,7 +64,8 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 120.0, pg_timeo
             err = os.path.join(outdir, f"rank{r}.err")
             if os.path.exists(err):
                 errors.append(f"--- rank {r} ---\n" + open(err).read())
-        if hung or errors:
-            raise RuntimeError(f"distributed run failed (hung ranks: {hung}, exit codes "
+        missing = [r for r in range(world_size) if not os.path.exists(os.path.join(outdir, f"rank{r}.pt"))]
+        if hung or errors or missing:
+            raise RuntimeError(f"distributed run failed (hung ranks: {hung}, ranks without a result: {missing}, exit codes "
                                f"{[p.exitcode for p in procs]})\n" + "\n".join(errors))
         return [torch.load(os.path.join(outdir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]

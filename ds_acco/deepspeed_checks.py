@@ -1,0 +1,78 @@
+"""What the DeepSpeed front end supports, checked before any process-group work.
+
+DeepSpeed's own config parser has already accepted the file; these checks
+reject combinations the ACCO engine cannot honour, naming the field, the value
+and what is allowed, so a job fails at start-up instead of after hours.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .config import AccoConfig, AccoConfigError
+
+SUPPORTED_DEEPSPEED = ((0, 19, 0), (0, 20, 0))  # [min, max) checked against the installed release
+
+
+def check_deepspeed_version(version: str) -> None:
+    """Raise unless ``version`` is in the range whose internals the adapter was tested on."""
+    parts = []
+    for piece in version.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    lo, hi = SUPPORTED_DEEPSPEED
+    if not (lo <= tuple(parts) < hi):
+        raise RuntimeError(
+            f"ds_acco supports deepspeed >= {'.'.join(map(str, lo))}, < {'.'.join(map(str, hi))}; "
+            f"found {version}. Install a supported release (pip install 'deepspeed>=0.19,<0.20') or "
+            'remove the "acco" block to train with stock DeepSpeed.'
+        )
+
+
+def _get(cfg: Mapping[str, Any], *path: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return default
+        node = node[key]
+    return node
+
+
+def check_ds_config(raw: Mapping[str, Any], acco: AccoConfig) -> None:
+    """Static checks on the raw DeepSpeed config dict (before the engine is built)."""
+    problems = []
+    stage = _get(raw, "zero_optimization", "stage", default=0)
+    if stage != 1:
+        problems.append(
+            f"zero_optimization.stage: got {stage!r}; ACCO shards optimizer states ZeRO-1 style and "
+            "needs stage 1 (stages 0, 2 and 3 are not supported with an enabled \"acco\" block)"
+        )
+    for key in ("offload_optimizer", "offload_param"):
+        device = _get(raw, "zero_optimization", key, "device", default="none")
+        if device not in (None, "none"):
+            problems.append(f"zero_optimization.{key}.device: got {device!r}; ACCO supports only 'none'")
+    if _get(raw, "zero_optimization", "cpu_offload", default=False):
+        problems.append("zero_optimization.cpu_offload: got true; ACCO supports only false")
+    if _get(raw, "zero_optimization", "zenflow") is not None:
+        problems.append("zero_optimization.zenflow: ZenFlow and ACCO both replace the ZeRO step; remove one")
+    if _get(raw, "hybrid_engine", "enabled", default=False):
+        problems.append("hybrid_engine.enabled: got true; ACCO supports only false")
+    if _get(raw, "managed_gradient_accumulation", default=True) is False:
+        problems.append(
+            "managed_gradient_accumulation: got false; ACCO decides round boundaries itself, "
+            "remove the key or set it to true"
+        )
+    if _get(raw, "fp16", "enabled", default=False) and not acco.check_finite:
+        problems.append("acco.check_finite: got false; fp16 loss scaling needs overflow detection, set it to true")
+    if problems:
+        raise AccoConfigError("DeepSpeed config not supported with ACCO:\n  " + "\n  ".join(problems))
+
+
+def check_model(model: Any) -> None:
+    from deepspeed.pipe import PipelineModule
+
+    if isinstance(model, PipelineModule):
+        raise AccoConfigError(
+            "model: got a deepspeed PipelineModule; ACCO supports data parallelism only "
+            '(no pipeline parallelism). Remove the "acco" block or pass a plain nn.Module.'
+        )

@@ -1,0 +1,229 @@
+"""``AccoDeepSpeedEngine``: DeepSpeed's engine with ZeRO-1 steps moved into ACCO rounds.
+
+DeepSpeed builds everything as usual (flat bit16 groups, fp32 partitions, the
+optimizer and LR scheduler from the config, the loss scaler); this subclass
+then takes over the gradient path and leaves DeepSpeed's code unforked:
+
+* DeepSpeed's gradient hooks are removed and its boundary all-reduce is off
+  (``enable_backward_allreduce = False``), so backward only accumulates into
+  the round engine's buffers;
+* each ``bit16_groups_flat[i]`` with its ``single_partition_of_fp32_groups[i]``
+  becomes one :class:`~ds_acco.flat_buffer.ShardedGroup`, and the wrapped torch
+  optimizer steps the same fp32 partitions DeepSpeed would have stepped;
+* every backward ends with ``RoundEngine.after_micro_batch()`` (hooked into
+  ``_backward_epilogue``, which both ``engine.backward(loss)`` and a direct
+  ``loss.backward()`` reach), so ``step()`` only keeps DeepSpeed's counters;
+* checkpoints keep DeepSpeed's layout, plus one small file per rank,
+  ``acco_round_state_dp_rank_<r>.pt``, holding the round state.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional
+
+import torch
+from deepspeed import comm as ds_dist
+from deepspeed.runtime.engine import DeepSpeedEngine
+from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+from .config import AccoConfig, AccoConfigError
+from .flat_buffer import FlatLayout, ShardedGroup, rebind_params
+from .round_engine import COMMIT, RoundEngine
+from .shard_optimizer import ShardOptimizer
+from .telemetry import RoundRecord
+
+logger = logging.getLogger("ds_acco")
+
+ROUND_STATE_FILE = "acco_round_state_dp_rank_{rank}.pt"
+
+
+def _atomic_save(obj: Any, path: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+class AccoDeepSpeedEngine(DeepSpeedEngine):
+    """A ``DeepSpeedEngine`` whose ZeRO-1 reduce/step/all-gather run as background ACCO rounds."""
+
+    def __init__(self, *args: Any, acco_config: AccoConfig, **kwargs: Any):
+        # nn.Module.__setattr__ is not ready yet, and DeepSpeedEngine.__getattr__ forwards
+        # unknown names to the model: keep our attributes in __dict__ from the start.
+        self.__dict__["acco"] = None
+        self.__dict__["_acco_config"] = acco_config
+        self.__dict__["_acco_samples"] = 0
+        super().__init__(*args, **kwargs)
+        self._acco_take_over()
+
+    # ------------------------------------------------------------------ set-up
+    def _acco_take_over(self) -> None:
+        opt = self.optimizer
+        if not isinstance(opt, DeepSpeedZeroOptimizer):
+            raise AccoConfigError(
+                f"DeepSpeed built {type(opt).__name__}; ACCO needs DeepSpeedZeroOptimizer (zero_optimization "
+                "stage 1). With bf16, data_types.grad_accum_dtype='fp32' selects BF16_Optimizer: remove it and "
+                "set acco.grad_accum_dtype to 'fp32' instead (ACCO then accumulates bf16 gradients in fp32)."
+            )
+        if getattr(opt, "has_moe_layers", False):
+            raise AccoConfigError("model: mixture-of-experts layers are not supported with ACCO")
+        for hook in opt._grad_acc_hooks:
+            hook.remove()
+        opt._grad_acc_hooks = []
+        self.enable_backward_allreduce = False
+
+        dp_group = opt.real_dp_process_group[0]
+        world = ds_dist.get_world_size(group=dp_group)
+        groups = []
+        for i, flat in enumerate(opt.bit16_groups_flat):
+            params = list(opt.round_robin_bit16_groups[i])
+            numels = tuple(p.numel() for p in params)
+            layout = FlatLayout(
+                numels=numels,
+                shapes=tuple(p.shape for p in params),
+                offsets=tuple(int(o) for o in opt.round_robin_bit16_offsets[i]),
+                numel=sum(numels),
+                padded_numel=flat.numel(),
+                world_size=world,
+            )
+            master = opt.single_partition_of_fp32_groups[i]
+            if flat.numel() % world or master.numel() != layout.shard_numel:
+                raise RuntimeError(
+                    f"unexpected DeepSpeed ZeRO-1 layout in group {i}: flat {flat.numel()} elements, "
+                    f"fp32 partition {master.numel()}, world {world} (is deepspeed a supported release?)"
+                )
+            groups.append(ShardedGroup(params, layout, flat, master, rebind=self._acco_rebinder(i, layout)))
+        shard_opt = ShardOptimizer(opt.optimizer, [g.master for g in groups], self.lr_scheduler)
+        G = self.gradient_accumulation_steps()
+        accum_dtype = self._acco_config.grad_accum_dtype
+        self.acco = RoundEngine(
+            groups,
+            shard_opt,
+            config=self._acco_config,
+            gradient_accumulation_steps=G,
+            clip_grad_norm=self.gradient_clipping(),
+            process_group=dp_group,
+            grad_scale=lambda: float(opt.loss_scale if self.fp16_enabled() else 1.0) / G,
+            on_swap=self._acco_on_swap,
+        )
+        self.acco.commits = self.global_steps
+        if self.global_rank == 0:
+            logger.info(
+                "ds_acco: mode=%s policy=%s warmup_steps=%d G=%d grad_accum_dtype=%s over %d ZeRO-1 group(s), dp=%d",
+                self._acco_config.mode, self._acco_config.policy, self._acco_config.warmup_steps, G,
+                accum_dtype, len(groups), world,
+            )
+
+    def _acco_rebinder(self, i: int, layout: FlatLayout):
+        opt = self.optimizer
+
+        def rebind(flat: torch.Tensor) -> None:
+            # Keep DeepSpeed's own references (checkpointing, zero_to_fp32 shapes, get_lr...) on
+            # the buffer the model now reads.
+            rebind_params(opt.round_robin_bit16_groups[i], layout, flat)
+            opt.bit16_groups_flat[i] = flat
+            opt.parallel_partitioned_bit16_groups[i] = opt.get_data_parallel_partitions(flat, i)
+
+        return rebind
+
+    def _acco_on_swap(self, record: RoundRecord) -> None:
+        self._acco_samples += sum(record.counts) * self.train_micro_batch_size_per_gpu()
+        if record.kind != COMMIT:
+            return
+        self.global_steps += 1
+        self.global_samples += self._acco_samples
+        self._acco_samples = 0
+        self._global_grad_norm = record.grad_norm
+        self._step_applied = not record.skipped
+        if record.skipped:
+            self.skipped_steps += 1
+        if self.fp16_enabled() and self.dynamic_loss_scale():
+            self.optimizer.loss_scaler.update_scale(record.skipped)
+
+    # ------------------------------------------------------------ training loop
+    def backward(self, loss, retain_graph: bool = False, scale_wrt_gas: bool = True):
+        if self.acco is not None and not scale_wrt_gas:
+            raise ValueError(
+                "backward(scale_wrt_gas=False) is not supported with ACCO: the round engine averages "
+                "over the micro-batches it actually received and expects losses divided by "
+                "gradient_accumulation_steps (the default)"
+            )
+        return super().backward(loss, retain_graph=retain_graph, scale_wrt_gas=scale_wrt_gas)
+
+    def _backward_epilogue(self) -> None:
+        super()._backward_epilogue()
+        if self.acco is not None:
+            self.acco.after_micro_batch()
+
+    def step(self, lr_kwargs: Optional[dict] = None) -> None:
+        """Keep DeepSpeed's micro-step counter; rounds were already driven by backward."""
+        if self.acco is None:
+            return super().step(lr_kwargs)
+        if lr_kwargs:
+            raise ValueError("step(lr_kwargs=...) is not supported with ACCO: the scheduler steps once per commit")
+        self.micro_steps += 1
+        return None
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        if self.acco is None:
+            return super().is_gradient_accumulation_boundary()
+        return False  # rounds decide boundaries; DeepSpeed must never run its own reduction
+
+    def finish(self) -> None:
+        """Drain the rounds so the module holds the committed parameters (e.g. before export)."""
+        if self.acco is not None:
+            self.acco.finish()
+
+    def destroy(self) -> None:
+        if self.__dict__.get("acco") is not None:
+            self.acco.close(drain=False)
+            self.__dict__["acco"] = None
+        super().destroy()
+
+    # ------------------------------------------------------------ checkpoints
+    def _acco_dp_rank(self) -> int:
+        return ds_dist.get_rank(group=self.optimizer.real_dp_process_group[0])
+
+    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):
+        if self.acco is None:
+            return super().save_checkpoint(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
+        rounds = self.acco.state_dict()  # waits for the round in flight; nothing is swapped early
+        tag = str(tag if tag is not None else f"global_step{self.global_steps}")
+        folder = os.path.join(save_dir, tag)
+        os.makedirs(folder, exist_ok=True)
+        _atomic_save({"rounds": rounds, "samples": self._acco_samples},
+                     os.path.join(folder, ROUND_STATE_FILE.format(rank=self._acco_dp_rank())))
+        ds_dist.barrier()
+        client_state = dict(client_state or {})
+        client_state["ds_acco"] = {"mode": self.acco.config.mode, "policy": self.acco.config.policy,
+                                   "commits": self.acco.commits}
+        return super().save_checkpoint(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                        load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
+        if self.acco is None:
+            return super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
+                                           load_lr_scheduler_states, load_module_only, custom_load_fn)
+        self.acco.reset_rounds()
+        path, client_state = super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
+                                                     load_lr_scheduler_states, load_module_only, custom_load_fn)
+        if path is None:
+            return path, client_state
+        if tag is None:
+            with open(os.path.join(load_dir, "latest"), encoding="utf-8") as f:
+                tag = f.read().strip()
+        state_file = os.path.join(load_dir, str(tag), ROUND_STATE_FILE.format(rank=self._acco_dp_rank()))
+        resumable = load_optimizer_states and not load_module_only and os.path.exists(state_file)
+        found = torch.tensor([int(resumable)])
+        ds_dist.all_reduce(found, op=ds_dist.ReduceOp.MIN)
+        if bool(found.item()):
+            saved = torch.load(state_file, map_location="cpu", weights_only=False)
+            self.acco.load_state_dict(saved["rounds"])
+            self._acco_samples = saved["samples"]
+        else:
+            if self.global_rank == 0:
+                logger.warning("ds_acco: %s has no ACCO round state for every rank (stock ZeRO-1 checkpoint or "
+                               "module-only load); rounds bootstrap afresh at step %d", load_dir, self.global_steps)
+            self.acco.reset_rounds(commits=self.global_steps)
+        return path, client_state

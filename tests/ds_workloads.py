@@ -1,0 +1,70 @@
+"""DeepSpeed-engine runs of the tiny job in tests/workloads.py (real DeepSpeed, gloo on CPU)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from tests import workloads as W
+
+
+def ds_config(G: int, acco: dict | None = None, clip: float = 0.0, dtype: str = "fp32", scheduler: bool = False):
+    cfg = {
+        "train_micro_batch_size_per_gpu": W.BATCH,
+        "gradient_accumulation_steps": G,
+        "gradient_clipping": clip,
+        "zero_optimization": {"stage": 1},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "torch_adam": True}},
+        "steps_per_print": 10_000,
+        "wall_clock_breakdown": False,
+    }
+    if dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    if scheduler:
+        cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.02,
+                                                           "warmup_num_steps": 5, "warmup_type": "linear"}}
+    if acco is not None:
+        cfg["acco"] = acco
+    return cfg
+
+
+def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt_dir=None, resume=False,
+             torch_style_backward=False):
+    """Return module parameters after each optimizer step (and telemetry counts when ACCO is on)."""
+    import deepspeed
+
+    import ds_acco
+
+    model = W.make_model()
+    init = ds_acco.initialize if use_ds_acco else deepspeed.initialize
+    engine, _, _, _ = init(model=model, model_parameters=W.param_groups(model), config=config)
+    dtype = next(engine.module.parameters()).dtype
+    trajectory, k = [], 0
+    if resume:
+        _, client = engine.load_checkpoint(ckpt_dir)
+        k, trajectory = client["k"], client["trajectory"]
+    while engine.global_steps < steps:
+        if save_at is not None and k == save_at:
+            engine.save_checkpoint(ckpt_dir, client_state={"k": k, "trajectory": trajectory})
+            break
+        x, y = W.batch(rank, k)
+        k += 1
+        loss = W.loss_fn(engine(x.to(dtype)), y.to(dtype))
+        before = engine.global_steps
+        if torch_style_backward:
+            loss.backward()
+        else:
+            engine.backward(loss)
+        engine.step()
+        if engine.global_steps > before:
+            trajectory.append([p.detach().float().clone() for p in W.ordered_params(engine.module)])
+    acco = getattr(engine, "acco", None)
+    out = {"trajectory": trajectory, "global_samples": engine.global_samples, "k": k,
+           "lr": engine.get_lr()[0], "optimizer": type(engine.optimizer).__name__}
+    if acco is not None:
+        acco.close()
+        out["counts"] = [r.counts for r in acco.telemetry.records]
+        out["summary"] = acco.telemetry.summary()
+    engine.destroy()
+    return out

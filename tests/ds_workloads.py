@@ -40,13 +40,17 @@ def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt
     init = ds_acco.initialize if use_ds_acco else deepspeed.initialize
     engine, _, _, _ = init(model=model, model_parameters=W.param_groups(model), config=config)
     dtype = next(engine.module.parameters()).dtype
-    trajectory, k = [], 0
+    trajectory, k, extra = [], 0, {}
     if resume:
         _, client = engine.load_checkpoint(ckpt_dir)
-        k, trajectory = client["k"], client["trajectory"]
+        k, trajectory = client.get("k", 0), client.get("trajectory", [])
+        extra["loaded_params"] = [p.detach().float().clone() for p in W.ordered_params(engine.module)]
+        extra["loaded_steps"] = engine.global_steps
     while engine.global_steps < steps:
         if save_at is not None and k == save_at:
             engine.save_checkpoint(ckpt_dir, client_state={"k": k, "trajectory": trajectory})
+            extra["masters"] = _full_masters(engine)
+            extra["saved_params"] = [p.detach().float().clone() for p in W.ordered_params(engine.module)]
             break
         x, y = W.batch(rank, k)
         k += 1
@@ -60,11 +64,26 @@ def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt
         if engine.global_steps > before:
             trajectory.append([p.detach().float().clone() for p in W.ordered_params(engine.module)])
     acco = getattr(engine, "acco", None)
-    out = {"trajectory": trajectory, "global_samples": engine.global_samples, "k": k,
+    out = {**extra, "trajectory": trajectory, "global_samples": engine.global_samples, "k": k,
            "lr": engine.get_lr()[0], "optimizer": type(engine.optimizer).__name__}
     if acco is not None:
         acco.close()
         out["counts"] = [r.counts for r in acco.telemetry.records]
         out["summary"] = acco.telemetry.summary()
     engine.destroy()
+    return out
+
+
+def _full_masters(engine) -> dict:
+    """name -> full fp32 master value, gathered from every rank's ZeRO-1 partition."""
+    import torch.distributed as dist
+
+    opt = engine.optimizer
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    out = {}
+    for i, part in enumerate(opt.single_partition_of_fp32_groups):
+        full = torch.empty(part.numel() * dist.get_world_size(), dtype=torch.float32)
+        dist.all_gather_into_tensor(full, part.detach().float().contiguous())
+        for p, off in zip(opt.round_robin_bit16_groups[i], opt.round_robin_bit16_offsets[i]):
+            out[names[id(p)]] = full[off:off + p.numel()].view(p.shape).clone()
     return out

@@ -64,24 +64,11 @@ if __package__ in (None, ""):  # run as a file by a launcher: import the package
     sys.path.insert(0, os.path.dirname(os.path.dirname(_here)))
 
 import deepspeed
-import torch
-from tqdm import tqdm
 
-import ds_acco
-from ds_acco.examples.models import SIZES, build_gpt, count_parameters
-from ds_acco.examples.shakespeare import micro_batch, validation_batches
-from ds_acco.examples.train_metrics import (
-    JsonlLog,
-    StepMeter,
-    all_gather_ints,
-    all_reduce_max,
-    all_reduce_sum,
-    comm_hidden_pct,
-    distributed_validation_loss,
-    format_pct,
-)
+# Model, data and metrics modules are imported in main(), after the arguments are parsed:
+# transformers takes seconds to import, and a typo should fail at once.
+MODEL_SIZES = ("tiny", "small", "medium")  # = ds_acco.examples.models.SIZES (a test checks)
 
-_initialize = getattr(ds_acco, "initialize", None) or deepspeed.initialize  # TEMPORARY until ds_acco.initialize lands
 CLIENT_KEY = "train_lm"  # our entry in the checkpoint's client_state
 
 
@@ -116,7 +103,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0],
         epilog="Launch examples are in the module docstring (python -c 'import ds_acco.examples.train_lm as m; print(m.__doc__)').",
     )
-    p.add_argument("--model-size", default="tiny", choices=sorted(SIZES), help="see ds_acco/examples/models.py")
+    p.add_argument("--model-size", default="tiny", choices=MODEL_SIZES, help="see ds_acco/examples/models.py")
     p.add_argument("--seq-len", type=_int_at_least(2), default=None,
                    help="tokens per window (default: the model size's context length)")
     p.add_argument("--steps", type=_int_at_least(1), default=100, help="optimizer steps to reach")
@@ -147,8 +134,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--deepspeed_config: no such file: {args.deepspeed_config}")
     if (args.save_every or args.resume) and not args.save_dir:
         p.error("--save-every and --resume need --save-dir")
-    if args.seq_len is None:
-        args.seq_len = SIZES[args.model_size].n_positions
     return args
 
 
@@ -173,6 +158,20 @@ def _single_process_env() -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+
+    import torch
+    from tqdm import tqdm
+
+    import ds_acco
+    from ds_acco.examples.models import SIZES, build_gpt, count_parameters
+    from ds_acco.examples.shakespeare import micro_batch, validation_batches
+    from ds_acco.examples.train_metrics import (JsonlLog, StepMeter, all_gather_ints, all_reduce_max,
+                                                all_reduce_sum, comm_hidden_pct, distributed_validation_loss,
+                                                format_pct)
+
+    _initialize = getattr(ds_acco, "initialize", None) or deepspeed.initialize  # TEMPORARY until ds_acco.initialize lands
+    if args.seq_len is None:
+        args.seq_len = SIZES[args.model_size].n_positions
     _single_process_env()
     deepspeed.init_distributed(distributed_port=args.distributed_port)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()

@@ -18,6 +18,7 @@ setup(
         "pydantic>=2",
         "tqdm",
     ],
+    entry_points={"console_scripts": ["ds_acco-run = ds_acco.run:main"]},
     extras_require={
         "mpi": ["mpi4py>=4", "mpich"],
         "hf": ["transformers>=4.46", "accelerate"],

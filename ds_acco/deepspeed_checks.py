@@ -64,6 +64,12 @@ def check_ds_config(raw: Mapping[str, Any], acco: AccoConfig) -> None:
         )
     if _get(raw, "fp16", "enabled", default=False) and not acco.check_finite:
         problems.append("acco.check_finite: got false; fp16 loss scaling needs overflow detection, set it to true")
+    G = raw.get("gradient_accumulation_steps")
+    if isinstance(G, int) and not isinstance(G, bool):
+        try:
+            acco.check_accumulation(G)
+        except AccoConfigError as exc:
+            problems.append(str(exc))
     if problems:
         raise AccoConfigError("DeepSpeed config not supported with ACCO:\n  " + "\n  ".join(problems))
 

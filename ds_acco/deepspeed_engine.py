@@ -104,6 +104,10 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
             gradient_accumulation_steps=G,
             clip_grad_norm=self.gradient_clipping(),
             process_group=dp_group,
+            # Backward leaves each micro-batch's gradient divided by G: by DeepSpeed
+            # (scale_wrt_gas=True) or by the caller (HF Trainer divides the loss itself and
+            # passes scale_wrt_gas=False). Undoing that 1/G and dividing by the micro-batch
+            # count the round received gives mean(X), and equals stock ZeRO-1 when counts are G.
             grad_scale=lambda: float(opt.loss_scale if self.fp16_enabled() else 1.0) / G,
             on_swap=self._acco_on_swap,
         )
@@ -142,15 +146,6 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
             self.optimizer.loss_scaler.update_scale(record.skipped)
 
     # ------------------------------------------------------------ training loop
-    def backward(self, loss, retain_graph: bool = False, scale_wrt_gas: bool = True):
-        if self.acco is not None and not scale_wrt_gas:
-            raise ValueError(
-                "backward(scale_wrt_gas=False) is not supported with ACCO: the round engine averages "
-                "over the micro-batches it actually received and expects losses divided by "
-                "gradient_accumulation_steps (the default)"
-            )
-        return super().backward(loss, retain_graph=retain_graph, scale_wrt_gas=scale_wrt_gas)
-
     def _backward_epilogue(self) -> None:
         super()._backward_epilogue()
         if self.acco is not None:

@@ -19,9 +19,12 @@ the next launch.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
 import math
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
@@ -138,6 +141,11 @@ class RoundEngine:
         self._last_swap_t = time.perf_counter()
         self._active_scale = self._current_scale()
         self._closed = False
+        # A script may end with a round in flight on every rank (it always does in acco);
+        # finishing it before interpreter shutdown keeps the collective from being torn
+        # down under the communication thread.
+        self._atexit = functools.partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._atexit)
 
     # ------------------------------------------------------------------ set-up
     def _check_peers_agree(self) -> None:
@@ -489,13 +497,24 @@ class RoundEngine:
         finally:
             self._closed = True
             self._inflight = None
+            atexit.unregister(self._atexit)
             self._comm.close(timeout_s=5.0)
             self.grads.remove_hooks()
             self.coll.destroy()
 
-    def __del__(self):  # pragma: no cover - best effort at interpreter shutdown
+    def __del__(self):  # pragma: no cover - best effort at garbage collection
         try:
             if not self._closed:
                 self._comm.close(timeout_s=0.1)
         except Exception:
             pass
+
+
+def _close_at_exit(ref: "weakref.ref[RoundEngine]") -> None:
+    engine = ref()
+    if engine is None or engine._closed:
+        return
+    try:
+        engine.close(drain=True)
+    except Exception as exc:  # noqa: BLE001 - nothing left to raise to at exit
+        logger.warning("ds_acco: round in flight at exit did not finish cleanly: %s", exc)

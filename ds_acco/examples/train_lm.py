@@ -169,7 +169,6 @@ def main(argv=None) -> int:
                                                 all_reduce_sum, comm_hidden_pct, distributed_validation_loss,
                                                 format_pct)
 
-    _initialize = getattr(ds_acco, "initialize", None) or deepspeed.initialize  # TEMPORARY until ds_acco.initialize lands
     if args.seq_len is None:
         args.seq_len = SIZES[args.model_size].n_positions
     _single_process_env()
@@ -178,8 +177,9 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
 
     model = build_gpt(args.model_size, seq_len=args.seq_len, seed=args.seed)
-    engine, _, _, _ = _initialize(args=args, model=model, model_parameters=model.parameters(),
-                                     distributed_port=args.distributed_port)
+    # Same signature and return value as deepspeed.initialize; with no "acco" block it IS that.
+    engine, _, _, _ = ds_acco.initialize(args=args, model=model, model_parameters=model.parameters(),
+                                         distributed_port=args.distributed_port)
     micro_bs, grad_accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     delay_s = args.compute_delay_ms[rank % len(args.compute_delay_ms)] / 1e3
     val_batches = validation_batches(args.eval_batches, micro_bs, args.seq_len)
@@ -193,7 +193,10 @@ def main(argv=None) -> int:
             if rank == 0:
                 print(f"[train_lm] no checkpoint in {args.save_dir}; starting from scratch", flush=True)
         else:
-            saved = client[CLIENT_KEY]
+            saved = (client or {}).get(CLIENT_KEY)
+            if saved is None:
+                raise SystemExit(f"[train_lm] checkpoint {path} has no '{CLIENT_KEY}' client state; "
+                                 "it was not written by this script")
             if saved["world_size"] != world:
                 raise SystemExit(f"[train_lm] checkpoint {path} was written by {saved['world_size']} ranks; "
                                  f"this job has {world}. Resume with the same number of ranks.")
@@ -248,7 +251,8 @@ def main(argv=None) -> int:
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
             with meter.pause():
                 val_loss = record["val_loss"] = evaluate()
-            bar.write(f"[train_lm] step {step}: train loss {step_loss:.4f} | val loss {val_loss:.4f}")
+            if rank == 0:
+                bar.write(f"[train_lm] step {step}: train loss {step_loss:.4f} | val loss {val_loss:.4f}")
         if args.save_every and step % args.save_every == 0 and step < args.steps:
             with meter.pause():
                 save()

@@ -1,0 +1,40 @@
+"""An ordinary HF Transformers Trainer script with a DeepSpeed config; nothing ACCO-specific in it.
+
+Run it through ``python -m ds_acco.run`` (or with ds_acco.patch_deepspeed() called first) to
+get ACCO from the config's "acco" block.
+"""
+
+import argparse
+import json
+
+from transformers import Trainer, TrainingArguments
+
+from ds_acco.examples.models import build_gpt
+from ds_acco.examples.shakespeare import ShakespeareWindows
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--deepspeed-config", required=True)
+parser.add_argument("--output-dir", required=True)
+parser.add_argument("--steps", type=int, default=6)
+parser.add_argument("--local_rank", type=int, default=-1)
+args = parser.parse_args()
+
+model = build_gpt("tiny", seq_len=64)
+train = ShakespeareWindows("train", seq_len=64)
+training_args = TrainingArguments(
+    output_dir=args.output_dir, deepspeed=args.deepspeed_config, use_cpu=True, bf16=True,
+    per_device_train_batch_size=2, gradient_accumulation_steps=4, max_steps=args.steps, learning_rate=2e-3,
+    logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, dataloader_num_workers=0, seed=0,
+)
+trainer = Trainer(model=model, args=training_args, train_dataset=train)
+result = trainer.train()
+engine = trainer.model_wrapped
+acco = getattr(engine, "acco", None)
+if trainer.args.process_index == 0:
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    print("RESULT " + json.dumps({
+        "engine": type(engine).__name__,
+        "global_steps": engine.global_steps,
+        "losses": losses,
+        "telemetry": acco.telemetry.summary() if acco is not None else None,
+    }), flush=True)

@@ -1,0 +1,106 @@
+"""Switching ACCO on from the config alone: validation, patching, the deepspeed launcher, HF Trainer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ds_acco
+from ds_acco import AccoConfigError
+from tests import workloads as W
+from tests.dist_harness import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "zero_optimization": {"stage": 1},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.002, "torch_adam": True}}}
+
+
+@pytest.mark.parametrize(
+    "change, needles",
+    [
+        ({"zero_optimization": {"stage": 2}}, ["zero_optimization.stage: got 2", "needs stage 1"]),
+        ({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}},
+         ["zero_optimization.offload_optimizer.device: got 'cpu'", "'none'"]),
+        ({"gradient_accumulation_steps": 3}, ["gradient_accumulation_steps: got 3", "even"]),
+        ({"acco": {"mode": "acco", "polcy": "fixed"}}, ["acco.polcy", "unknown key"]),
+        ({"acco": {"mode": "fast"}}, ["acco.mode", "'fast'", "'sync', 'dpu' or 'acco'"]),
+        ({"managed_gradient_accumulation": False}, ["managed_gradient_accumulation: got false"]),
+        ({"fp16": {"enabled": True}, "acco": {"check_finite": False}}, ["acco.check_finite: got false"]),
+    ],
+)
+def test_bad_config_fails_before_any_process_group_work(change, needles):
+    cfg = {**BASE, "acco": {"mode": "acco"}, **change}
+    with pytest.raises(AccoConfigError) as info:
+        ds_acco.initialize(model=W.make_model(), config=cfg)
+    for needle in needles:
+        assert needle in str(info.value), (needle, str(info.value))
+    assert not dist.is_initialized()
+
+
+def test_config_file_path_is_read_like_deepspeed(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({**BASE, "zero_optimization": {"stage": 3}, "acco": {}}))
+
+    class Args:
+        deepspeed_config = str(path)
+
+    with pytest.raises(AccoConfigError, match="zero_optimization.stage: got 3"):
+        ds_acco.initialize(args=Args(), model=W.make_model())
+
+
+def test_patch_deepspeed_routes_initialize():
+    import deepspeed
+
+    from ds_acco import deepspeed_init
+
+    stock = deepspeed.initialize
+    try:
+        ds_acco.patch_deepspeed()
+        assert deepspeed.initialize is deepspeed_init.initialize
+        with pytest.raises(AccoConfigError):
+            deepspeed.initialize(model=W.make_model(), config={**BASE, "zero_optimization": {"stage": 0},
+                                                               "acco": {}})
+    finally:
+        deepspeed_init.unpatch_deepspeed()
+    assert deepspeed.initialize is stock
+
+
+def _result(out: str) -> dict:
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert lines, out[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _launch(cmd: list[str], timeout: int = 240) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return _result(proc.stdout)
+
+
+def test_unmodified_deepspeed_script_under_deepspeed_launcher(tmp_path):
+    cfg = tmp_path / "acco.json"
+    cfg.write_text(json.dumps({**BASE, "acco": {"mode": "acco", "policy": "fixed"}}))
+    res = _launch(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "--module", "ds_acco.run",
+                   "tests/scripts/plain_ds_script.py", "--steps", "3", "--deepspeed", "--deepspeed_config", str(cfg)])
+    assert res["engine"] == "AccoDeepSpeedEngine" and res["world"] == 2
+    assert res["global_steps"] == 3
+    assert res["telemetry"]["rounds"] >= 6 and res["telemetry"]["bytes_sent"] > 0
+    assert res["last_loss"] < res["first_loss"]
+
+
+def test_hf_trainer_gets_acco_from_its_deepspeed_config(tmp_path):
+    res = _launch(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "ds_acco.run",
+                   "tests/scripts/hf_trainer_script.py", "--deepspeed-config", "ds_configs/hf_trainer_acco.json",
+                   "--output-dir", str(tmp_path), "--steps", "5"])
+    assert res["engine"] == "AccoDeepSpeedEngine"
+    assert res["telemetry"]["rounds"] >= 8
+    losses = res["losses"]
+    assert len(losses) == 5 and all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0] - 0.2

@@ -103,8 +103,10 @@ class RoundHandle:
             )
         if self._error is not None:
             raise AccoRoundError(
-                f"ds_acco round {self.index} ({self.kind}) failed in stage '{self.stage}': "
-                f"{type(self._error).__name__}: {self._error}"
+                f"ds_acco round {self.index} ({self.kind}) failed in stage '{self.stage}' after "
+                f"{self.elapsed():.1f}s (acco.timeout_s={limit:g}s): {type(self._error).__name__}: "
+                f"{self._error}. If a peer died or lost its connection every rank reports this; "
+                "restart from the last checkpoint."
             ) from self._error
         if self._done_event is not None:
             torch.cuda.current_stream().wait_event(self._done_event)

@@ -46,6 +46,7 @@ def build(
     process_group: Optional[dist.ProcessGroup] = None,
     alignment: int = 1,
     grad_scale: float = 1.0,
+    on_stage: Optional[Callable[[int, str], None]] = None,
 ) -> RoundEngine:
     """Flatten ``params`` (tensors or torch-style param-group dicts) and start a round engine.
 
@@ -71,6 +72,7 @@ def build(
         clip_grad_norm=clip_grad_norm,
         process_group=process_group,
         grad_scale=grad_scale,
+        on_stage=on_stage,
     )
 
 

@@ -82,6 +82,8 @@ class RoundEngine:
             swap applies to exactly the micro-batches computed under it.
         on_swap: called on the training thread after every swap with the round's
             record (front ends advance their step counters and loss scalers here).
+        on_stage: called on the communication thread as a round enters each stage
+            (round index, stage name); for tracing and fault-injection tests.
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class RoundEngine:
         process_group: Optional[dist.ProcessGroup] = None,
         grad_scale: Union[float, Callable[[], float]] = 1.0,
         on_swap: Optional[Callable[[RoundRecord], None]] = None,
+        on_stage: Optional[Callable[[int, str], None]] = None,
     ):
         self.config = parse_acco_config(config)
         self.config.check_accumulation(gradient_accumulation_steps)
@@ -106,6 +109,7 @@ class RoundEngine:
         self.clip = float(clip_grad_norm or 0.0)
         self._grad_scale = grad_scale
         self._on_swap = on_swap
+        self._on_stage = on_stage
         self.device = self.groups[0].flat.device
         self.coll = RoundCollectives(process_group, self.config.timeout_s)
         self.rank, self.world_size = self.coll.rank, self.coll.world_size
@@ -286,14 +290,14 @@ class RoundEngine:
         nonfinite = False
         if self.config.check_finite:
             nonfinite = any(not bool(torch.isfinite(b).all()) for b in grads)
-        handle.stage = "count all-gather"
+        self._enter_stage(handle, "count all-gather")
         local = torch.tensor([count, int(nonfinite)], dtype=torch.int64, device=self.device)
         per_rank = self.coll.all_gather_small(local).cpu()
         counts = per_rank[:, 0].tolist()
         total = sum(counts)
         nonfinite = bool(per_rank[:, 1].any())
 
-        handle.stage = "reduce-scatter"
+        self._enter_stage(handle, "reduce-scatter")
         for buf, scratch, out, shard in zip(grads, self._comm_scratch, self._rs_out, self._shard32):
             send = buf if scratch is None else scratch.copy_(buf)
             self.coll.reduce_scatter_sum(out, send)
@@ -313,7 +317,7 @@ class RoundEngine:
             total += self._kept_count
             nonfinite = nonfinite or self._kept_nonfinite
 
-        handle.stage = "shard step"
+        self._enter_stage(handle, "shard step")
         skipped = (self.config.check_finite and nonfinite) or total == 0
         grad_norm = float("nan")
         if skipped:
@@ -331,10 +335,10 @@ class RoundEngine:
                 self.shard_optimizer.commit(self._shard32)
                 self._publish_masters()
 
-        handle.stage = "all-gather"
+        self._enter_stage(handle, "all-gather")
         for full, part in zip(self._staging, self._publish):
             self.coll.all_gather(full, part)
-        handle.stage = "done"
+        self._enter_stage(handle, "done")
         return _RoundOutcome(
             counts=[int(c) for c in counts],
             round_s=time.perf_counter() - start,
@@ -344,6 +348,11 @@ class RoundEngine:
             skipped=skipped,
             lr=self.shard_optimizer.lr,
         )
+
+    def _enter_stage(self, handle: RoundHandle, stage: str) -> None:
+        handle.stage = stage
+        if self._on_stage is not None:
+            self._on_stage(handle.index, stage)
 
     def _publish_masters(self) -> None:
         for part, g in zip(self._publish, self.groups):

@@ -40,8 +40,13 @@ def _worker(rank, world_size, port, outdir, fn, args, kwargs, pg_timeout):
         os._exit(1)
 
 
-def run_distributed(fn, world_size: int, *args, timeout: float = 120.0, pg_timeout: float = 60.0, **kwargs):
-    """Return the list of per-rank results of ``fn(rank, world_size, *args, **kwargs)``."""
+def run_distributed(fn, world_size: int, *args, timeout: float = 120.0, pg_timeout: float = 60.0,
+                    expect_dead=(), **kwargs):
+    """Return the list of per-rank results of ``fn(rank, world_size, *args, **kwargs)``.
+
+    Ranks in ``expect_dead`` are allowed to die or hang (fault-injection tests); their
+    result is ``None`` and, if still alive at the deadline, they are killed.
+    """
     ctx = mp.get_context("spawn")
     port = free_port()
     with tempfile.TemporaryDirectory() as outdir:
@@ -54,7 +59,7 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 120.0, pg_timeo
         t0 = time.monotonic()
         for p in procs:
             p.join(max(0.0, deadline - (time.monotonic() - t0)))
-        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        hung = [r for r, p in enumerate(procs) if p.is_alive() and r not in expect_dead]
         for p in procs:
             if p.is_alive():
                 p.kill()
@@ -64,8 +69,13 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 120.0, pg_timeo
             err = os.path.join(outdir, f"rank{r}.err")
             if os.path.exists(err):
                 errors.append(f"--- rank {r} ---\n" + open(err).read())
-        missing = [r for r in range(world_size) if not os.path.exists(os.path.join(outdir, f"rank{r}.pt"))]
+        missing = [r for r in range(world_size)
+                   if r not in expect_dead and not os.path.exists(os.path.join(outdir, f"rank{r}.pt"))]
         if hung or errors or missing:
             raise RuntimeError(f"distributed run failed (hung ranks: {hung}, ranks without a result: {missing}, exit codes "
                                f"{[p.exitcode for p in procs]})\n" + "\n".join(errors))
-        return [torch.load(os.path.join(outdir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
+        results = []
+        for r in range(world_size):
+            path = os.path.join(outdir, f"rank{r}.pt")
+            results.append(torch.load(path, weights_only=False) if os.path.exists(path) else None)
+        return results

@@ -91,3 +91,38 @@ def telemetry_run(rank, world, *, config, G=4, steps=4, sleep_s=0.0):
     return {"records": list(engine.telemetry.records), "summary": engine.telemetry.summary(),
             "hidden": engine.telemetry.hidden_fraction, "log": records,
             "layout": [g.layout.padded_numel for g in engine.groups]}
+
+
+def train_with_fault(rank, world, *, config, victim, stage, round_index, sig, G=4, max_micro_batches=100_000):
+    """Rank ``victim`` sends itself ``sig`` when round ``round_index`` enters ``stage``;
+    the other ranks train on and report the error they get and when."""
+    import os
+
+    from ds_acco import plain
+
+    def on_stage(index, name):
+        if rank == victim and index == round_index and name == stage:
+            os.kill(os.getpid(), sig)
+
+    model = W.make_model()
+    engine = plain.build(W.param_groups(model), config=config, gradient_accumulation_steps=G)
+    engine._on_stage = on_stage
+    observed = {"error": None, "message": "", "raised_at": None}
+    started = time.time()
+    try:
+        for k in range(max_micro_batches):
+            x, y = W.batch(rank, k)
+            W.loss_fn(model(x), y).backward()
+            engine.after_micro_batch()
+            if time.time() - started > 60:
+                break
+    except Exception as exc:  # noqa: BLE001
+        observed.update(error=type(exc).__name__, message=str(exc), raised_at=time.time())
+    closed_at = time.time()
+    engine.close(drain=False)
+    deadline = time.time() + config.get("timeout_s", 600) + 5
+    while comm_threads() and time.time() < deadline:
+        time.sleep(0.1)
+    observed.update(threads_after_close=comm_threads(), thread_exit_s=time.time() - closed_at,
+                    commits=engine.commits, fault_round_launched_at=None)
+    return observed

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from typing import Any, Optional
 
 import torch
@@ -181,19 +182,42 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
         return ds_dist.get_rank(group=self.optimizer.real_dp_process_group[0])
 
     def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):
+        """DeepSpeed's checkpoint plus the round state, written atomically.
+
+        Every rank writes into ``<tag>.partial``; only when all have finished does rank 0
+        rename it to ``<tag>`` and then replace ``latest``, so a save interrupted at any
+        point leaves the previous good checkpoint (and ``latest``) untouched. Assumes
+        ``save_dir`` is one shared filesystem, as DeepSpeed's own ``latest`` does.
+        """
         if self.acco is None:
             return super().save_checkpoint(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
         rounds = self.acco.state_dict()  # waits for the round in flight; nothing is swapped early
         tag = str(tag if tag is not None else f"global_step{self.global_steps}")
-        folder = os.path.join(save_dir, tag)
-        os.makedirs(folder, exist_ok=True)
-        _atomic_save({"rounds": rounds, "samples": self._acco_samples},
-                     os.path.join(folder, ROUND_STATE_FILE.format(rank=self._acco_dp_rank())))
+        partial = f"{tag}.partial"
+        if self.global_rank == 0:
+            shutil.rmtree(os.path.join(save_dir, partial), ignore_errors=True)  # debris of a crashed save
         ds_dist.barrier()
         client_state = dict(client_state or {})
         client_state["ds_acco"] = {"mode": self.acco.config.mode, "policy": self.acco.config.policy,
                                    "commits": self.acco.commits}
-        return super().save_checkpoint(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
+        ok = super().save_checkpoint(save_dir, partial, client_state, False, exclude_frozen_parameters)
+        _atomic_save({"rounds": rounds, "samples": self._acco_samples},
+                     os.path.join(save_dir, partial, ROUND_STATE_FILE.format(rank=self._acco_dp_rank())))
+        ds_dist.barrier()
+        if self.global_rank == 0:
+            final = os.path.join(save_dir, tag)
+            old = f"{final}.old{os.getpid()}"
+            if os.path.exists(final):
+                os.replace(final, old)
+            os.replace(os.path.join(save_dir, partial), final)
+            shutil.rmtree(old, ignore_errors=True)
+            if save_latest:
+                latest_tmp = os.path.join(save_dir, f"latest.tmp{os.getpid()}")
+                with open(latest_tmp, "w", encoding="utf-8") as f:
+                    f.write(tag)
+                os.replace(latest_tmp, os.path.join(save_dir, "latest"))
+        ds_dist.barrier()
+        return ok
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):

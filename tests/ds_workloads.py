@@ -30,7 +30,7 @@ def ds_config(G: int, acco: dict | None = None, clip: float = 0.0, dtype: str = 
 
 
 def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt_dir=None, resume=False,
-             torch_style_backward=False):
+             torch_style_backward=False, save_every=None, kill_in_save=None):
     """Return module parameters after each optimizer step (and telemetry counts when ACCO is on)."""
     import deepspeed
 
@@ -63,6 +63,12 @@ def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt
         engine.step()
         if engine.global_steps > before:
             trajectory.append([p.detach().float().clone() for p in W.ordered_params(engine.module)])
+            if save_every and engine.global_steps % save_every == 0:
+                saves = extra.setdefault("saves", 0) + 1
+                extra["saves"] = saves
+                if saves == kill_in_save:
+                    _die_after_first_file(engine)
+                engine.save_checkpoint(ckpt_dir, client_state={"k": k, "trajectory": trajectory})
     acco = getattr(engine, "acco", None)
     out = {**extra, "trajectory": trajectory, "global_samples": engine.global_samples, "k": k,
            "lr": engine.get_lr()[0], "optimizer": type(engine.optimizer).__name__}
@@ -87,3 +93,16 @@ def _full_masters(engine) -> dict:
         for p, off in zip(opt.round_robin_bit16_groups[i], opt.round_robin_bit16_offsets[i]):
             out[names[id(p)]] = full[off:off + p.numel()].view(p.shape).clone()
     return out
+
+
+def _die_after_first_file(engine) -> None:
+    """Make this process SIGKILL itself right after the checkpoint's first file is written."""
+    import signal
+
+    real_save = engine.checkpoint_engine.save
+
+    def save_then_die(*a, **kw):
+        real_save(*a, **kw)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    engine.checkpoint_engine.save = save_then_die

@@ -55,3 +55,20 @@ def test_stock_zero1_checkpoint_loads_into_acco_and_back(tmp_path):
                            use_ds_acco=False, timeout=300)[0]
     assert back["loaded_steps"] >= 2 and len(back["trajectory"]) == 6
     assert all(torch.isfinite(p).all() for p in back["trajectory"][-1])
+
+
+def test_crash_during_save_keeps_last_good_checkpoint_and_resume_is_exact(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    full = run_distributed(D.train_ds, 2, config=CFG, steps=8, timeout=300)[0]["trajectory"]
+    # checkpoints at steps 2 and 4; both ranks die in the middle of writing the one at step 6
+    run_distributed(D.train_ds, 2, config=CFG, steps=8, ckpt_dir=ckpt, save_every=2, kill_in_save=3,
+                    expect_dead=[0, 1], timeout=300)
+    assert open(os.path.join(ckpt, "latest")).read().strip() == "global_step4"
+    assert os.path.isdir(os.path.join(ckpt, "global_step6.partial"))
+    assert not os.path.exists(os.path.join(ckpt, "global_step6"))
+    resumed = run_distributed(D.train_ds, 2, config=CFG, steps=8, ckpt_dir=ckpt, resume=True, timeout=300)[0]
+    assert resumed["loaded_steps"] == 4
+    for t, (a, b) in enumerate(zip(resumed["trajectory"], full)):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y), f"step {t} differs after crash and resume"
+    assert len(resumed["trajectory"]) == 8

@@ -72,7 +72,7 @@ def reference_grad_fn(model: nn.Module):
 
 def train_with_engine(rank, world, *, config, G, steps, clip=0.0, schedule=False,
                       slow_rank=None, slow_s=0.0, dtype=torch.float32, save_at=None, ckpt_dir=None,
-                      resume=False):
+                      resume=False, poison=None):
     """Train the tiny job with ds_acco.plain; return θ after each commit and the round records."""
     from ds_acco import plain
 
@@ -96,7 +96,10 @@ def train_with_engine(rank, world, *, config, G, steps, clip=0.0, schedule=False
             k += 1
             if slow_rank == rank:
                 time.sleep(slow_s)
-            loss_fn(model(x), y).backward()
+            loss = loss_fn(model(x), y)
+            if poison is not None and (rank, k - 1) == tuple(poison):
+                loss = loss * float("nan")
+            loss.backward()
             before = engine.commits
             engine.after_micro_batch()
             if engine.commits > before:
@@ -107,4 +110,6 @@ def train_with_engine(rank, world, *, config, G, steps, clip=0.0, schedule=False
     records = [r.counts for r in engine.telemetry.records]
     kinds = [r.kind for r in engine.telemetry.records]
     summary = engine.telemetry.summary()
-    return {"grads_bound": grads_bound, "trajectory": trajectory, "counts": records, "kinds": kinds, "summary": summary, "micro_batches": k}
+    skipped = [r.skipped for r in engine.telemetry.records]
+    return {"grads_bound": grads_bound, "trajectory": trajectory, "counts": records, "kinds": kinds, "summary": summary, "micro_batches": k,
+            "skipped": skipped}

@@ -29,6 +29,7 @@ from deepspeed import comm as ds_dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
+from . import deepspeed_elastic as elastic
 from .config import AccoConfig, AccoConfigError
 from .flat_buffer import FlatLayout, ShardedGroup, rebind_params
 from .round_engine import COMMIT, RoundEngine
@@ -225,13 +226,21 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
             return super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
                                            load_lr_scheduler_states, load_module_only, custom_load_fn)
         self.acco.reset_rounds()
+        if tag is None:
+            latest = os.path.join(load_dir, "latest")
+            if not os.path.exists(latest):
+                return super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
+                                               load_lr_scheduler_states, load_module_only, custom_load_fn)
+            with open(latest, encoding="utf-8") as f:
+                tag = f.read().strip()
+        dp = ds_dist.get_world_size(group=self.optimizer.real_dp_process_group[0])
+        if not load_module_only and elastic.saved_dp_world_size(load_dir, str(tag)) != dp:
+            return self._acco_load_resharded(load_dir, str(tag), load_module_strict, load_optimizer_states,
+                                             load_lr_scheduler_states)
         path, client_state = super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
                                                      load_lr_scheduler_states, load_module_only, custom_load_fn)
         if path is None:
             return path, client_state
-        if tag is None:
-            with open(os.path.join(load_dir, "latest"), encoding="utf-8") as f:
-                tag = f.read().strip()
         state_file = os.path.join(load_dir, str(tag), ROUND_STATE_FILE.format(rank=self._acco_dp_rank()))
         resumable = load_optimizer_states and not load_module_only and os.path.exists(state_file)
         found = torch.tensor([int(resumable)])
@@ -245,4 +254,28 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
                 logger.warning("ds_acco: %s has no ACCO round state for every rank (stock ZeRO-1 checkpoint or "
                                "module-only load); rounds bootstrap afresh at step %d", load_dir, self.global_steps)
             self.acco.reset_rounds(commits=self.global_steps)
+        return path, client_state
+
+    def _acco_load_resharded(self, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states):
+        """Load a checkpoint saved with another DP world size (see ds_acco.deepspeed_elastic)."""
+        dp = ds_dist.get_world_size(group=self.optimizer.real_dp_process_group[0])
+        if self.global_rank == 0:
+            logger.info("ds_acco: %s/%s was saved with dp=%d; re-partitioning through a universal checkpoint",
+                        load_dir, tag, elastic.saved_dp_world_size(load_dir, tag))
+            elastic.convert_to_universal(load_dir, tag)
+        ds_dist.barrier()
+        try:
+            with elastic.universal_loading(self):
+                path, client_state = super().load_checkpoint(
+                    elastic.universal_dir(load_dir, tag), tag, strict, load_optimizer_states, load_lr_scheduler_states)
+        except IndexError as exc:
+            raise RuntimeError(
+                f"DeepSpeed's universal-checkpoint loader could not re-partition {load_dir}/{tag} for dp={dp}: "
+                "a parameter group is so small that some rank would own only padding. Load with the saved "
+                "world size, or merge small parameter groups."
+            ) from exc
+        # The universal loader sets the compute parameters from the fp32 masters; restore the
+        # weights the model actually had when it was saved (an ACCO estimate, possibly).
+        self.module.load_state_dict(elastic.saved_module_state(load_dir, tag), strict=strict)
+        self.acco.reset_rounds(commits=self.global_steps)
         return path, client_state

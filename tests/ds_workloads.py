@@ -30,7 +30,7 @@ def ds_config(G: int, acco: dict | None = None, clip: float = 0.0, dtype: str = 
 
 
 def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt_dir=None, resume=False,
-             torch_style_backward=False, save_every=None, kill_in_save=None):
+             torch_style_backward=False, save_every=None, kill_in_save=None, single_group=False):
     """Return module parameters after each optimizer step (and telemetry counts when ACCO is on)."""
     import deepspeed
 
@@ -38,7 +38,8 @@ def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt
 
     model = W.make_model()
     init = ds_acco.initialize if use_ds_acco else deepspeed.initialize
-    engine, _, _, _ = init(model=model, model_parameters=W.param_groups(model), config=config)
+    groups = list(model.parameters()) if single_group else W.param_groups(model)
+    engine, _, _, _ = init(model=model, model_parameters=groups, config=config)
     dtype = next(engine.module.parameters()).dtype
     trajectory, k, extra = [], 0, {}
     if resume:
@@ -46,11 +47,14 @@ def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt
         k, trajectory = client.get("k", 0), client.get("trajectory", [])
         extra["loaded_params"] = [p.detach().float().clone() for p in W.ordered_params(engine.module)]
         extra["loaded_steps"] = engine.global_steps
+        extra["loaded_masters"] = _full_masters(engine)
+        extra["probe_loss"] = _probe_loss(engine, dtype)
     while engine.global_steps < steps:
         if save_at is not None and k == save_at:
             engine.save_checkpoint(ckpt_dir, client_state={"k": k, "trajectory": trajectory})
             extra["masters"] = _full_masters(engine)
             extra["saved_params"] = [p.detach().float().clone() for p in W.ordered_params(engine.module)]
+            extra["probe_loss"] = _probe_loss(engine, dtype)
             break
         x, y = W.batch(rank, k)
         k += 1
@@ -106,3 +110,9 @@ def _die_after_first_file(engine) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     engine.checkpoint_engine.save = save_then_die
+
+
+def _probe_loss(engine, dtype) -> float:
+    x, y = W.batch(99, 0)
+    with torch.no_grad():
+        return float(W.loss_fn(engine.module(x.to(dtype)), y.to(dtype)))

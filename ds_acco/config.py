@@ -26,7 +26,8 @@ class AccoConfigError(ValueError):
 
 
 class _Block(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    # strict: a JSON config says true/false and numbers; "3" or 0.0 for a flag is a mistake, not a value
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 class TelemetryConfig(_Block):

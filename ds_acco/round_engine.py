@@ -274,7 +274,9 @@ class RoundEngine:
         if self.config.telemetry.enabled:
             self.telemetry.add(record)
         if self._on_swap is not None:
-            self._on_swap(record)
+            self._on_swap(record)  # may change the loss scale...
+        if self._n == 0:  # ...which then applies to the (still empty) active accumulator
+            self._active_scale = self._current_scale()
         if outcome.skipped:
             logger.warning("ds_acco: non-finite gradients, %s at step %d skipped on every rank", flight.kind, flight.step)
         every = self.config.telemetry.log_every

@@ -21,6 +21,8 @@ def ds_config(G: int, acco: dict | None = None, clip: float = 0.0, dtype: str = 
     }
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
+    if dtype == "fp16":
+        cfg["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 8, "hysteresis": 1}
     if scheduler:
         cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.02,
                                                            "warmup_num_steps": 5, "warmup_type": "linear"}}
@@ -30,7 +32,7 @@ def ds_config(G: int, acco: dict | None = None, clip: float = 0.0, dtype: str = 
 
 
 def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt_dir=None, resume=False,
-             torch_style_backward=False, save_every=None, kill_in_save=None, single_group=False):
+             torch_style_backward=False, save_every=None, kill_in_save=None, single_group=False, poison=None):
     """Return module parameters after each optimizer step (and telemetry counts when ACCO is on)."""
     import deepspeed
 
@@ -59,6 +61,8 @@ def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt
         x, y = W.batch(rank, k)
         k += 1
         loss = W.loss_fn(engine(x.to(dtype)), y.to(dtype))
+        if poison is not None and (rank, k - 1) == tuple(poison):
+            loss = loss * float("inf")
         before = engine.global_steps
         if torch_style_backward:
             loss.backward()
@@ -75,7 +79,9 @@ def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt
                 engine.save_checkpoint(ckpt_dir, client_state={"k": k, "trajectory": trajectory})
     acco = getattr(engine, "acco", None)
     out = {**extra, "trajectory": trajectory, "global_samples": engine.global_samples, "k": k,
-           "lr": engine.get_lr()[0], "optimizer": type(engine.optimizer).__name__}
+           "lr": engine.get_lr()[0], "optimizer": type(engine.optimizer).__name__,
+           "skipped_steps": engine.skipped_steps,
+           "loss_scale": float(getattr(engine.optimizer, "loss_scale", 1.0))}
     if acco is not None:
         acco.close()
         out["counts"] = [r.counts for r in acco.telemetry.records]

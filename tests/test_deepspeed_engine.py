@@ -47,3 +47,23 @@ def test_bf16_acco_tracks_stock_bf16():
     # stock bf16 sums micro-batch gradients in bf16; ACCO here accumulates them in fp32
     assert_trajectories_equal(acco["trajectory"], stock["trajectory"], atol=2e-2, rtol=2e-2)
     assert_trajectories_equal(acco["trajectory"], reference("sync", 2, 4, steps=8), atol=3e-2, rtol=3e-2)
+
+
+fp16_ok = pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_fp16_supported(),
+                             reason="DeepSpeed refuses fp16 on CPUs without native fp16 support")
+
+
+@fp16_ok
+def test_fp16_overflow_skips_consistently_and_lowers_the_loss_scale_like_stock():
+    cfg = D.ds_config(2, dtype="fp16")
+    kw = dict(steps=6, poison=(1, 5), timeout=300)  # inf in rank 1's 6th micro-batch: step 2 overflows
+    stock = run_distributed(D.train_ds, 2, config=cfg, use_ds_acco=False, **kw)
+    acco = run_distributed(D.train_ds, 2, config=dict(cfg, acco={"mode": "sync"}), **kw)
+    for s, a in zip(stock, acco):
+        assert a["skipped_steps"] == s["skipped_steps"] == 1
+        assert a["loss_scale"] == s["loss_scale"] == 2.0 ** 8 / 2
+        assert_trajectories_equal(a["trajectory"], s["trajectory"], atol=1e-3, rtol=1e-3)
+    overlapped = run_distributed(D.train_ds, 2, config=dict(cfg, acco={"mode": "dpu"}), **kw)
+    for r in overlapped:
+        assert r["skipped_steps"] == 1 and r["loss_scale"] == 2.0 ** 7
+        assert all(torch.isfinite(p).all() for p in r["trajectory"][-1])

@@ -286,5 +286,33 @@ def main(argv=None) -> int:
     return 0
 
 
+def _abort_mpi_peers(exc: BaseException) -> None:
+    """Under mpiexec, a rank that dies must take the job down with it.
+
+    torchrun and the deepspeed launcher kill the other ranks when one exits non-zero;
+    MPICH's mpiexec does not while the dying rank sits in MPI_Finalize (mpi4py calls it at
+    exit), so its peers would wait in their next collective until the 30-minute timeout.
+    """
+    if isinstance(exc, SystemExit) and exc.code in (None, 0):
+        return
+    mpi = sys.modules.get("mpi4py.MPI")  # imported by DeepSpeed's MPI discovery, if at all
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
+        return
+    import traceback
+
+    traceback.print_exception(exc)
+    sys.stderr.flush()
+    mpi.COMM_WORLD.Abort(1)
+
+
+def cli(argv=None) -> int:
+    """Entry point: :func:`main`, aborting an MPI job if this rank fails."""
+    try:
+        return main(argv)
+    except BaseException as exc:
+        _abort_mpi_peers(exc)
+        raise
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Train ds_acco.examples.train_lm on one machine with the DeepSpeed launcher.
+set -euo pipefail
+
+usage() {
+  cat <<USAGE
+usage: $(basename "$0") [-n NPROC] [-p PORT] CONFIG [train_lm args...]
+
+  -n NPROC  processes (ranks) on this machine (default: \$NPROC or 2)
+  -p PORT   rendezvous port (default: \$MASTER_PORT or 29500)
+  CONFIG    DeepSpeed config, e.g. ds_configs/acco_fixed.json
+  the rest  goes to train_lm (--steps, --model-size, --save-dir, ...; see its --help)
+  \$TRAIN_MODULE  run another training module with the same arguments
+                 (default: ds_acco.examples.train_lm)
+
+Runs: deepspeed --num_gpus NPROC --master_port PORT ds_acco/examples/train_lm.py \\
+        --deepspeed --deepspeed_config CONFIG [args...]
+On a CPU-only machine DeepSpeed's accelerator reports 1 device, so --num_gpus is what
+asks for NPROC processes. OMP_NUM_THREADS defaults to (cores / NPROC), at least 1, so
+ranks do not oversubscribe the CPU. Exits with the first failing rank's status.
+
+example: $(basename "$0") -n 2 ds_configs/acco_fixed.json --steps 50
+USAGE
+}
+
+NPROC="${NPROC:-2}"
+PORT="${MASTER_PORT:-29500}"
+while getopts ":hn:p:" opt; do
+  case "$opt" in
+    h) usage; exit 0 ;;
+    n) NPROC="$OPTARG" ;;
+    p) PORT="$OPTARG" ;;
+    :) echo "error: -$OPTARG needs a value" >&2; usage >&2; exit 2 ;;
+    *) echo "error: unknown option -$OPTARG" >&2; usage >&2; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+if [[ $# -lt 1 ]]; then usage >&2; exit 2; fi
+CONFIG="$1"; shift
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / NPROC > 0 ? $(nproc) / NPROC : 1 ))}"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+# A RANK/WORLD_SIZE left over from an outer launcher would confuse the children.
+unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
+
+if [[ -n "${TRAIN_MODULE:-}" ]]; then
+  ENTRY=(--module "$TRAIN_MODULE")
+else
+  ENTRY=("$REPO/ds_acco/examples/train_lm.py")  # a script path, as most DeepSpeed jobs are started
+fi
+exec deepspeed --num_gpus "$NPROC" --master_port "$PORT" \
+  "${ENTRY[@]}" --deepspeed --deepspeed_config "$CONFIG" "$@"

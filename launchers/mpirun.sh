@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Train ds_acco.examples.train_lm with MPI (mpiexec from MPICH or Open MPI).
+set -euo pipefail
+
+usage() {
+  cat <<USAGE
+usage: $(basename "$0") [-n NPROC] [-p PORT] CONFIG [train_lm args...]
+
+  -n NPROC  MPI processes (ranks) (default: \$NPROC or 2)
+  -p PORT   port of the torch.distributed rendezvous on rank 0 (default: \$MASTER_PORT or 29500)
+  CONFIG    DeepSpeed config, e.g. ds_configs/dpu.json
+  the rest  goes to train_lm (--steps, --model-size, --save-dir, ...; see its --help)
+  \$TRAIN_MODULE  run another training module with the same arguments
+                 (default: ds_acco.examples.train_lm)
+
+Runs: mpiexec -n NPROC python -m ds_acco.examples.train_lm --deepspeed_config CONFIG \\
+        --distributed-port PORT [args...]
+RANK/WORLD_SIZE are not set by mpiexec, so deepspeed.init_distributed discovers the ranks
+through mpi4py (rank 0's first 'hostname -I' address becomes MASTER_ADDR). Needs
+'pip install mpi4py mpich' (or a system MPI that mpi4py was built against). Extra mpiexec
+options (hostfile, binding) go in \$MPIEXEC_ARGS. Exits non-zero if any rank fails.
+
+example: $(basename "$0") -n 2 ds_configs/dpu.json --steps 50
+USAGE
+}
+
+NPROC="${NPROC:-2}"
+PORT="${MASTER_PORT:-29500}"
+while getopts ":hn:p:" opt; do
+  case "$opt" in
+    h) usage; exit 0 ;;
+    n) NPROC="$OPTARG" ;;
+    p) PORT="$OPTARG" ;;
+    :) echo "error: -$OPTARG needs a value" >&2; usage >&2; exit 2 ;;
+    *) echo "error: unknown option -$OPTARG" >&2; usage >&2; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+if [[ $# -lt 1 ]]; then usage >&2; exit 2; fi
+CONFIG="$1"; shift
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / NPROC > 0 ? $(nproc) / NPROC : 1 ))}"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+# Leftover launcher variables would make DeepSpeed skip MPI discovery.
+unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
+read -r -a EXTRA <<< "${MPIEXEC_ARGS:-}"
+
+exec mpiexec "${EXTRA[@]}" -n "$NPROC" "$PYTHON" -m "${TRAIN_MODULE:-ds_acco.examples.train_lm}" \
+  --deepspeed_config "$CONFIG" --distributed-port "$PORT" "$@"

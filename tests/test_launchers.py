@@ -1,0 +1,283 @@
+"""Real 2-process launches of ds_acco.examples.train_lm through launchers/, plus the configs.
+
+Every launch runs the tiny model for a few optimizer steps with OMP_NUM_THREADS=1, on a
+free port, in its own process group with a hard timeout (the whole group is killed if it
+hangs). Assertions are on the numbers the run reports: rank 0's summary line and the
+per-step JSONL log.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+
+from tests.dist_harness import free_port
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHERS = os.path.join(REPO, "launchers")
+CONFIGS = os.path.join(REPO, "ds_configs")
+LN_VOCAB = math.log(257)  # loss of a uniform guess over the byte vocabulary
+STEPS = 8
+LAUNCH_TIMEOUT_S = 240  # generous: a missing JIT cache costs ~2 min on 2 cores
+TRAIN_ARGS = ["--model-size", "tiny", "--seq-len", "64", "--steps", str(STEPS), "--eval-every", "4",
+              "--eval-batches", "2", "--no-progress"]
+SUMMARY = re.compile(
+    r"\[train_lm\] done: steps (?P<steps>\d+) \| ranks (?P<ranks>\d+) \| final train loss (?P<loss>\S+) \| "
+    r"val loss (?P<val>\S+) \| tokens/s (?P<tps>\S+) \| comm hidden (?P<hidden>n/a|[\d.]+%)"
+)
+OWN_CONFIGS = {"zero1_baseline", "zero1_overlap", "acco_fixed", "acco_adaptive", "dpu", "acco_bf16", "zero1_bf16"}
+
+
+def _clean_env() -> dict:
+    env = dict(os.environ)
+    for key in list(env):
+        if key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_SIZE",
+                   "CUDA_VISIBLE_DEVICES") or key.startswith(("PMI_", "PMIX_", "OMPI_")):
+            del env[key]
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _launch(launcher: str, config: str, *args: str, timeout: float = LAUNCH_TIMEOUT_S,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``launchers/<launcher> -n 2 -p <free port> <config> args...``; never hangs."""
+    cmd = ["bash", os.path.join(LAUNCHERS, launcher), "-n", "2", "-p", str(free_port()), config, *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env or _clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
+        out, _ = proc.communicate()
+        pytest.fail(f"{launcher} did not finish within {timeout}s:\n{out[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
+def _summary(result: subprocess.CompletedProcess) -> dict:
+    tail = result.stdout[-6000:]
+    assert result.returncode == 0, f"exit {result.returncode}:\n{tail}"
+    found = SUMMARY.findall(result.stdout)
+    assert len(found) == 1, f"expected one summary line (rank 0 only), got {len(found)}:\n{tail}"
+    steps, ranks, loss, val, tps, hidden = found[0]
+    return {"steps": int(steps), "ranks": int(ranks), "loss": float(loss), "val": float(val),
+            "tokens_per_s": float(tps), "hidden": None if hidden == "n/a" else float(hidden.rstrip("%"))}
+
+
+# --------------------------------------------------------------------------- launches
+
+
+@pytest.mark.parametrize(
+    "launcher, config",
+    [
+        ("deepspeed_local.sh", "acco_fixed.json"),
+        ("torchrun.sh", "acco_adaptive.json"),
+        ("mpirun.sh", "zero1_baseline.json"),
+    ],
+)
+def test_launcher_trains_two_ranks(launcher, config, tmp_path):
+    log = tmp_path / "steps.jsonl"
+    result = _launch(launcher, os.path.join("ds_configs", config), *TRAIN_ARGS, "--log-jsonl", str(log))
+    s = _summary(result)
+    assert s["steps"] == STEPS and s["ranks"] == 2, s
+    assert math.isfinite(s["loss"]) and s["loss"] < LN_VOCAB, s
+    assert math.isfinite(s["val"]) and s["val"] < LN_VOCAB, s
+    assert s["tokens_per_s"] > 0, s
+    acco = "acco" in json.load(open(os.path.join(CONFIGS, config)))
+    if acco:
+        assert s["hidden"] is not None and 0.0 <= s["hidden"] <= 100.0, s
+    else:
+        assert s["hidden"] is None, s  # stock DeepSpeed engine: nothing to measure
+
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    steps = [r for r in records if "step" in r]
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))  # one line per optimizer step, rank 0 only
+    assert steps[-1]["loss"] < steps[0]["loss"], "training did not reduce the loss"
+    assert sum(1 for r in steps if "val_loss" in r) == 1  # --eval-every 4 of 8 steps: step 4 (the end is the summary)
+    indices = [r["micro_batch_index"] for r in steps]
+    assert indices == sorted(indices) and len(set(indices)) == STEPS
+    if "adaptive" not in config:  # fixed quota: gradient_accumulation_steps = 4 micro-batches per step and rank
+        assert indices[-1] >= STEPS * 4
+    summary = records[-1]
+    assert summary["event"] == "summary" and summary["ranks"] == 2
+    # Both ranks' tokens are counted: more than rank 0's micro-batches x 4 sequences x 64 tokens.
+    assert summary["tokens"] > indices[-1] * 4 * 64
+    if acco:
+        assert summary["acco"]["rounds"] >= STEPS
+
+
+def test_failing_workers_fail_the_launch():
+    """deepspeed runner -> launch.py -> workers: the longest chain an exit status travels."""
+    result = _launch("deepspeed_local.sh", "ds_configs/zero1_baseline.json", "--steps", "-1", timeout=120)
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert "--steps: must be >= 1, got -1" in result.stdout, result.stdout[-3000:]
+    assert not SUMMARY.search(result.stdout)
+
+
+FAULT_MODULE = """
+import ds_acco.examples.shakespeare as data
+from ds_acco.examples import train_lm
+
+_micro_batch = data.micro_batch
+
+def micro_batch(split, rank, index, *args, **kwargs):
+    if rank == 1 and index == 6:  # mid-run, while rank 0 is inside a collective
+        raise RuntimeError("injected failure on rank 1")
+    return _micro_batch(split, rank, index, *args, **kwargs)
+
+data.micro_batch = micro_batch
+sys.exit(train_lm.cli())
+"""
+
+
+def test_one_rank_dying_mid_run_ends_an_mpi_job(tmp_path):
+    """Only rank 1 fails, after distributed init. Under MPICH's mpiexec the peer would
+    otherwise wait in its next collective for the 30-minute gloo timeout."""
+    (tmp_path / "launch_fault.py").write_text(FAULT_MODULE)
+    env = _clean_env()
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    env["TRAIN_MODULE"] = "launch_fault"
+    result = _launch("mpirun.sh", "ds_configs/acco_fixed.json", *TRAIN_ARGS, timeout=150, env=env)
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert "injected failure on rank 1" in result.stdout, result.stdout[-3000:]
+    assert not SUMMARY.search(result.stdout)
+
+
+@pytest.mark.parametrize("launcher", ["deepspeed_local.sh", "torchrun.sh", "mpirun.sh", "slurm.sbatch"])
+def test_launcher_help(launcher):
+    result = subprocess.run(["bash", os.path.join(LAUNCHERS, launcher), "-h"], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 0 and "usage:" in result.stdout, result.stdout + result.stderr
+    missing = subprocess.run(["bash", os.path.join(LAUNCHERS, launcher)], capture_output=True, text=True,
+                             timeout=30)
+    assert missing.returncode == 2 and "usage:" in missing.stdout + missing.stderr
+
+
+# --------------------------------------------------------------------------- scripts
+
+
+def test_shell_scripts_parse():
+    for path in glob.glob(os.path.join(LAUNCHERS, "*.sh")) + [os.path.join(LAUNCHERS, "slurm.sbatch")]:
+        result = subprocess.run(["bash", "-n", path], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, f"{path}: {result.stderr}"
+
+
+FAKE_SLURM = {
+    "srun": '#!/usr/bin/env bash\nwhile [[ $# -gt 0 && "$1" == --* ]]; do shift; done\nSLURM_NODEID=1 exec "$@"\n',
+    "scontrol": "#!/usr/bin/env bash\nprintf 'node-a\\nnode-b\\n'\n",
+    "torchrun": '#!/usr/bin/env bash\nprintf "%s\\n" torchrun "$@"\n',
+    "deepspeed": '#!/usr/bin/env bash\nprintf "%s\\n" deepspeed "$@"\n',
+}
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
+def test_slurm_template_dry_run(launcher, tmp_path):
+    """slurm.sbatch against stub srun/scontrol/torchrun/deepspeed: the command it would run."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in FAKE_SLURM.items():
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    env = dict(_clean_env(), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", LAUNCHER=launcher,
+               SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="node-[a-b]", SLURM_JOB_NUM_NODES="2",
+               SLURM_SUBMIT_DIR=str(tmp_path), GPUS_PER_NODE="4")
+    result = subprocess.run(["bash", os.path.join(LAUNCHERS, "slurm.sbatch"), "ds_configs/acco_fixed.json",
+                             "--steps", "3", "--log-jsonl", "a b.jsonl"],
+                            env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    argv = result.stdout.splitlines()[1:]  # first line: the job banner
+    assert argv[0] == launcher
+    assert argv[-6:] == ["--deepspeed_config", "ds_configs/acco_fixed.json", "--steps", "3", "--log-jsonl",
+                         "a b.jsonl"]
+    if launcher == "torchrun":
+        assert argv[1:5] == ["--nnodes", "2", "--nproc_per_node", "4"]
+        assert "node-a:29500" in argv and "ds_acco.examples.train_lm" in argv
+    else:
+        hostfile = tmp_path / "hostfile.4242"
+        assert hostfile.read_text().split("\n")[:2] == ["node-a slots=4", "node-b slots=4"]
+        assert argv[1:7] == ["--hostfile", str(hostfile), "--no_ssh", "--node_rank", "1", "--master_addr"]
+        assert "ds_acco/examples/train_lm.py" in argv
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def _fill_hf_auto(cfg):
+    """What the HF Trainer does to "auto" values before DeepSpeed sees them (batch keys and
+    flags get concrete values; anything else is dropped, as DeepSpeed's own models do)."""
+    concrete = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4, "enabled": True}
+    if isinstance(cfg, dict):
+        return {k: concrete.get(k, v) if v == "auto" else _fill_hf_auto(v)
+                for k, v in cfg.items() if v != "auto" or k in concrete}
+    return cfg
+
+
+def test_config_files(monkeypatch):
+    import deepspeed.comm
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    import ds_acco
+
+    paths = sorted(glob.glob(os.path.join(CONFIGS, "*.json")))
+    names = {os.path.splitext(os.path.basename(p))[0] for p in paths}
+    assert OWN_CONFIGS <= names, OWN_CONFIGS - names
+    # DeepSpeedConfig asks deepspeed.comm for the world size; pretend to be rank 0 of 2.
+    monkeypatch.setattr(deepspeed.comm, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(deepspeed.comm, "get_world_size", lambda *a, **k: 2)
+    for path in paths:
+        with open(path) as f:
+            raw = json.load(f)
+        name = os.path.basename(path)
+        assert "train_batch_size" not in raw, f"{name}: set micro batch and accumulation, not the global batch"
+        cfg = _fill_hf_auto(raw)
+        block = cfg.get("acco")
+        backend = block.get("backend", "deepspeed") if isinstance(block, dict) else "deepspeed"
+        if isinstance(block, dict) and "backend" not in ds_acco.AccoConfig.model_fields:
+            block = {k: v for k, v in block.items() if k != "backend"}  # read by the front end, not AccoConfig
+        acco = ds_acco.parse_acco_config(block)
+        ds = DeepSpeedConfig(cfg)
+        assert ds.world_size == 2, name
+        assert ds.train_batch_size == ds.train_micro_batch_size_per_gpu * ds.gradient_accumulation_steps * 2, name
+        if backend == "deepspeed":
+            assert ds.zero_optimization_stage == 1, name
+        if acco.enabled:
+            acco.check_accumulation(ds.gradient_accumulation_steps)
+        if os.path.splitext(name)[0] in OWN_CONFIGS:
+            assert (ds.train_micro_batch_size_per_gpu, ds.gradient_accumulation_steps) == (4, 4), name
+            assert ds.gradient_clipping == 1.0, name
+            assert raw["optimizer"]["params"].get("torch_adam") is True, f"{name}: would JIT-build FusedAdam"
+            assert raw["scheduler"]["type"] == "WarmupLR", name
+            assert ds.bfloat16_config.enabled == ("bf16" in name), name
+            assert acco.enabled == name.startswith(("acco_", "dpu")), name
+
+
+def test_model_size_choices_match_models():
+    """train_lm lists the sizes itself (importing models.py means importing transformers,
+    seconds before argparse could reject a typo); read SIZES from the source to compare."""
+    import ast
+
+    from ds_acco.examples import train_lm
+
+    tree = ast.parse(open(os.path.join(REPO, "ds_acco", "examples", "models.py")).read())
+    sizes = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and any(getattr(t, "id", None) == "SIZES" for t in node.targets))
+    assert tuple(train_lm.MODEL_SIZES) == tuple(ast.literal_eval(k) for k in sizes.keys)
+
+
+def test_train_lm_rejects_bad_arguments():
+    from ds_acco.examples import train_lm
+
+    with pytest.raises(SystemExit):
+        train_lm.parse_args(["--deepspeed_config", os.path.join(CONFIGS, "zero1_baseline.json"), "--steps", "0"])
+    with pytest.raises(SystemExit):
+        train_lm.parse_args(["--deepspeed_config", os.path.join(CONFIGS, "zero1_baseline.json"), "--resume"])
+    args = train_lm.parse_args(["--deepspeed", "--deepspeed_config", os.path.join(CONFIGS, "dpu.json"),
+                                "--local_rank=1", "--compute-delay-ms", "0,20"])
+    assert args.deepspeed and args.local_rank == 1 and args.compute_delay_ms == [0.0, 20.0]

@@ -77,6 +77,14 @@ class RoundCollectives:
         self.wire.add(_nbytes(full), self.world_size)
         return full
 
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+        """Send the ``r``-th of ``N`` equal slices of ``inp`` to rank ``r``; slice ``s`` of
+        ``out`` receives rank ``s``'s. Each rank keeps one slice, so it sends and receives
+        exactly ``M * (N - 1) / N`` bytes of an ``M``-byte ``inp`` (no ring model needed)."""
+        dist.all_to_all_single(out, inp, group=self.group)
+        self.wire.add(_nbytes(inp), self.world_size)
+        return out
+
     def barrier(self) -> None:
         dist.barrier(group=self.group)
 

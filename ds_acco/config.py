@@ -16,7 +16,9 @@ from typing import Any, Literal, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-MODES = ("sync", "dpu", "acco")
+MODES = ("sync", "dpu", "acco", "streaming")
+QUANTIZATIONS = ("none", "int8")
+ALL_GATHER_DTYPES = ("bf16", "int8", "fp32")
 POLICIES = ("fixed", "adaptive")
 DTYPE_NAMES = ("auto", "fp32", "bf16", "fp16")
 
@@ -43,14 +45,53 @@ class TelemetryConfig(_Block):
     """How many round records stay in memory; older ones are dropped (sums are kept)."""
 
 
+class StreamingConfig(_Block):
+    """Streaming DiLoCo (``mode: "streaming"``); see ``shared/ALGORITHMS.md``, section streaming."""
+
+    fragments: int = Field(default=1, ge=1)
+    """``P``: parameter fragments (groups of whole layers), synchronised one at a time."""
+    sync_every: int = Field(default=100, ge=1)
+    """``H``: inner steps between two synchronisations of the same fragment; fragment
+    ``p`` syncs at inner steps ``t`` with ``t mod H == p * H // P`` (``t >= 1``)."""
+    overlap_steps: int = Field(default=0, ge=0)
+    """``tau``: inner steps between a fragment's launch and the merge of its result
+    (0: the training thread waits for the round). Must be below ``H / P``."""
+    alpha: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Merge weight: ``θ_i ← alpha · θ_i + (1 − alpha) · θ_g`` (0: take the global parameters)."""
+    outer_lr: float = Field(default=0.7, gt=0.0)
+    """Learning rate of the outer Nesterov SGD on the global parameters."""
+    outer_momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+    """Momentum of the outer Nesterov SGD (0: plain SGD)."""
+    quantize: Literal["int8", "none"] = "int8"
+    """Pseudo-gradient reduce-scatter payload: blockwise int8 or fp32."""
+    all_gather_dtype: Literal["bf16", "int8", "fp32"] = "bf16"
+    """Wire dtype of the all-gather of the updated global fragment."""
+
+    @model_validator(mode="after")
+    def _schedule(self) -> "StreamingConfig":
+        P, H, tau = self.fragments, self.sync_every, self.overlap_steps
+        if H < P:
+            raise ValueError(
+                f"acco.streaming.sync_every: got {H}; must be >= acco.streaming.fragments ({P}) so that "
+                "every fragment gets its own sync step in each window of sync_every inner steps"
+            )
+        if tau * P >= H:
+            raise ValueError(
+                f"acco.streaming.overlap_steps: got {tau}; allowed: 0 <= overlap_steps < sync_every / fragments "
+                f"= {H}/{P} = {H / P:g}, so that at most one fragment is in flight"
+            )
+        return self
+
+
 class AccoConfig(_Block):
     """Options of the ACCO round engine; see ``shared/ALGORITHMS.md`` for the rules."""
 
     enabled: bool = True
     """False makes the front ends behave exactly like the stock framework."""
-    mode: Literal["sync", "dpu", "acco"] = "acco"
+    mode: Literal["sync", "dpu", "acco", "streaming"] = "acco"
     """``sync``: ZeRO-1 reference, no overlap. ``dpu``: one-step delayed update.
-    ``acco``: estimate/commit rounds that compensate the delay."""
+    ``acco``: estimate/commit rounds that compensate the delay. ``streaming``:
+    Streaming DiLoCo (``ds_acco.streaming.build``, configured by ``streaming``)."""
     policy: Literal["fixed", "adaptive"] = "fixed"
     """``fixed``: each round waits for its micro-batch quota (deterministic).
     ``adaptive``: a round ends when its communication ends; workers contribute
@@ -67,6 +108,17 @@ class AccoConfig(_Block):
     """Adaptive policy only: a worker stops to wait for the round after this many."""
     check_finite: bool = True
     """Skip a commit on every rank when any rank's gradients hold inf/NaN."""
+    comm_quantization: Literal["none", "int8"] = "none"
+    """Gradient reduce-scatter of sync/dpu/acco rounds: ``int8`` sends blockwise int8
+    with fp32 scales through an all-to-all and sums in fp32 on the shard's owner.
+    Parameters are still all-gathered in the compute dtype."""
+    quantization_block_size: int = Field(default=256, ge=1)
+    """Elements per int8 block (one fp32 scale each), for every int8 exchange."""
+    error_feedback: bool = False
+    """Keep each rank's int8 quantisation residual and add it to the next round's
+    input (one fp32 buffer the size of the gradients per parameter group)."""
+    streaming: StreamingConfig = Field(default_factory=StreamingConfig)
+    """Options of ``mode: "streaming"`` (ignored by the other modes)."""
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
 
     @model_validator(mode="after")
@@ -76,11 +128,33 @@ class AccoConfig(_Block):
                 "max_micro_batches_per_round only applies to policy 'adaptive' "
                 f"(policy is {self.policy!r}); remove it or set policy to 'adaptive'"
             )
+        if self.mode == "streaming" and self.comm_quantization != "none":
+            raise ValueError(
+                f"acco.comm_quantization: got {self.comm_quantization!r} with mode 'streaming'; it applies to "
+                "gradient rounds (sync/dpu/acco). Streaming quantises with acco.streaming.quantize"
+            )
+        if self.comm_quantization == "int8" and self.comm_dtype not in ("auto", "fp32"):
+            raise ValueError(
+                f"acco.comm_dtype: got {self.comm_dtype!r} with comm_quantization 'int8', whose payload is int8; "
+                "allowed with int8: 'auto' or 'fp32'"
+            )
+        quantized = self.streaming.quantize == "int8" if self.mode == "streaming" else self.comm_quantization == "int8"
+        if self.error_feedback and not quantized:
+            where = "acco.streaming.quantize" if self.mode == "streaming" else "acco.comm_quantization"
+            raise ValueError(
+                f"acco.error_feedback: got True, but {where} is not 'int8'; error feedback only applies to "
+                f"int8 exchanges: set {where} to 'int8' or error_feedback to false"
+            )
         return self
 
     def fingerprint(self) -> str:
         """A short hash of every field that must agree across ranks."""
         payload = self.model_dump(exclude={"telemetry"})
+        # Fields added after the first release leave the hash unchanged at their defaults,
+        # so round states saved before them still load.
+        for key, default in _LATER_DEFAULTS.items():
+            if payload.get(key) == default:
+                payload.pop(key)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def quota(self, gradient_accumulation_steps: int) -> int:
@@ -90,7 +164,14 @@ class AccoConfig(_Block):
         return gradient_accumulation_steps
 
     def check_accumulation(self, gradient_accumulation_steps: int) -> None:
-        """Reject a ``gradient_accumulation_steps`` that the mode cannot split."""
+        """Reject a ``gradient_accumulation_steps`` that the mode cannot split, and the
+        ``streaming`` mode, whose rounds are not gradient rounds (every front end that
+        starts a round engine calls this first)."""
+        if self.mode == "streaming":
+            raise AccoConfigError(
+                "acco.mode: got 'streaming'; Streaming DiLoCo runs through ds_acco.streaming.build(model, ...), "
+                "not the gradient round engine. Allowed here: 'sync', 'dpu', 'acco'"
+            )
         if gradient_accumulation_steps < 1:
             raise AccoConfigError(
                 f"gradient_accumulation_steps: got {gradient_accumulation_steps}; must be >= 1"
@@ -101,6 +182,14 @@ class AccoConfig(_Block):
                 "'acco' splits every optimizer step into an estimate and a commit half, so it "
                 "must be even (2, 4, 6, ...)"
             )
+
+
+_LATER_DEFAULTS = {
+    "comm_quantization": "none",
+    "quantization_block_size": 256,
+    "error_feedback": False,
+    "streaming": StreamingConfig().model_dump(),
+}
 
 
 def _describe(error: Mapping[str, Any], prefix: str) -> str:

@@ -37,6 +37,7 @@ from .config import AccoConfig, AccoConfigError, parse_acco_config
 from .dtypes import resolve_dtype
 from .flat_buffer import ShardedGroup
 from .grad_buffers import GradBuffers
+from .int8_collectives import Int8ReduceScatter
 from .shard_optimizer import ShardOptimizer
 from .telemetry import RoundRecord, Telemetry
 
@@ -122,11 +123,17 @@ class RoundEngine:
         self._staging = [g.layout.new_buffer(g.flat) for g in self.groups]
         self._publish = [torch.empty(g.layout.shard_numel, dtype=g.flat.dtype, device=self.device) for g in self.groups]
         self._shard32 = [torch.zeros(g.layout.shard_numel, dtype=torch.float32, device=self.device) for g in self.groups]
+        int8 = self.config.comm_quantization == "int8"  # the int8 exchange reads any dtype, sums in fp32
         self._rs_out = [
-            s if comm == torch.float32 else torch.empty(s.numel(), dtype=comm, device=self.device)
+            s if comm == torch.float32 or int8 else torch.empty(s.numel(), dtype=comm, device=self.device)
             for s in self._shard32
         ]
-        self._comm_scratch = [None if comm == accum else g.layout.new_buffer(g.flat, comm) for g in self.groups]
+        self._comm_scratch = [None if comm == accum or int8 else g.layout.new_buffer(g.flat, comm) for g in self.groups]
+        self._int8_rs = [
+            Int8ReduceScatter(g.layout.padded_numel, self.world_size, block_size=self.config.quantization_block_size,
+                              error_feedback=self.config.error_feedback, device=self.device)
+            for g in self.groups
+        ] if int8 else None
         self._kept = [torch.zeros_like(s) for s in self._shard32] if self.config.mode == "acco" else []
         self._kept_count = 0
         self._kept_nonfinite = False
@@ -300,9 +307,12 @@ class RoundEngine:
         nonfinite = bool(per_rank[:, 1].any())
 
         self._enter_stage(handle, "reduce-scatter")
-        for buf, scratch, out, shard in zip(grads, self._comm_scratch, self._rs_out, self._shard32):
+        for i, (buf, scratch, out, shard) in enumerate(zip(grads, self._comm_scratch, self._rs_out, self._shard32)):
             send = buf if scratch is None else scratch.copy_(buf)
-            self.coll.reduce_scatter_sum(out, send)
+            if self._int8_rs is not None:
+                self._int8_rs[i](self.coll, out, send)
+            else:
+                self.coll.reduce_scatter_sum(out, send)
             buf.zero_()  # "local grads reset": the accumulator goes back to the training thread clean
             if out is not shard:
                 shard.copy_(out)

@@ -1,0 +1,164 @@
+"""Which parameters form each Streaming DiLoCo fragment.
+
+A fragment is a group of whole layers. The default split finds the model's
+stack of blocks (the longest ``nn.ModuleList`` of modules holding parameters:
+``transformer.h`` in GPT-2, ``model.layers`` in Llama, ``encoder.layer`` in BERT),
+cuts it into ``P`` runs of consecutive blocks of (almost) equal length, and adds
+the parameters registered before the stack (embeddings) to the first fragment
+and those registered after it (final norm, untied head) to the last. A model
+without such a stack (e.g. an ``nn.Sequential``) uses its top-level children that
+hold parameters as the layers.
+
+Only trainable parameters (``requires_grad``) are placed; tied parameters count
+once, with the module that registers them first.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence, Union
+
+from torch import nn
+
+FIELD = "acco.streaming.fragments"
+
+
+def _trainable(module: nn.Module) -> list[nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+def find_block_stack(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
+    """The longest ``nn.ModuleList`` whose entries all hold trainable parameters, with its name.
+
+    Returns:
+        ``(qualified_name, module_list)``, or None when the model has none (ties go
+        to the one registered first).
+    """
+    best = None
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0 and all(_trainable(m) for m in module):
+            if best is None or len(module) > len(best[1]):
+                best = (name, module)
+    return best
+
+
+def layer_units(model: nn.Module) -> tuple[str, list[list[nn.Parameter]]]:
+    """The model's layers in order, each as its trainable parameters.
+
+    Returns:
+        ``(description, units)``: where the layers were found (for error messages)
+        and one parameter list per layer. The first unit also holds the parameters
+        registered before the block stack, the last those registered after it.
+
+    Raises:
+        ValueError: the model has no trainable parameters.
+    """
+    stack = find_block_stack(model)
+    if stack is None:
+        units = [_trainable(child) for child in model.children()]
+        units = [u for u in units if u]
+        where = "top-level child modules with parameters"
+        inside = {id(p) for u in units for p in u}
+        leftover = [p for p in model.parameters() if p.requires_grad and id(p) not in inside]
+        if leftover:  # parameters registered on the model itself
+            units = [leftover + units[0]] + units[1:] if units else [leftover]
+    else:
+        name, blocks = stack
+        units = [_trainable(b) for b in blocks]
+        where = f"blocks in {name!r}"
+        in_stack = {id(p) for u in units for p in u}
+        before, after, seen_stack = [], [], False
+        for p in model.parameters():  # registration order, tied parameters once
+            if id(p) in in_stack:
+                seen_stack = True
+            elif p.requires_grad:
+                (after if seen_stack else before).append(p)
+        units[0] = before + units[0]
+        units[-1] = units[-1] + after
+    units = _dedupe(units)
+    if not units:
+        raise ValueError("model: has no trainable parameters to split into fragments")
+    return where, units
+
+
+def _dedupe(units: Iterable[list[nn.Parameter]]) -> list[list[nn.Parameter]]:
+    seen: set[int] = set()
+    out = []
+    for unit in units:
+        kept = []
+        for p in unit:
+            if id(p) not in seen:
+                seen.add(id(p))
+                kept.append(p)
+        if kept:
+            out.append(kept)
+    return out
+
+
+def split_units(units: Sequence[list[nn.Parameter]], fragments: int, where: str = "layers") -> list[list[nn.Parameter]]:
+    """Cut ``units`` into ``fragments`` runs of consecutive units, as equal in count as possible.
+
+    Args:
+        units: the layers in order (parameter lists).
+        fragments: ``P``.
+        where: what the units are, for the error message.
+
+    Returns:
+        ``P`` parameter lists; earlier fragments get the extra unit when ``P`` does
+        not divide the count.
+
+    Raises:
+        ValueError: ``P`` is not between 1 and the number of units (the message names
+            ``acco.streaming.fragments``).
+    """
+    L = len(units)
+    if isinstance(fragments, bool) or not isinstance(fragments, int) or not 1 <= fragments <= L:
+        raise ValueError(
+            f"{FIELD}: got {fragments!r}; the model has {L} {where}, so allowed: an integer from 1 to {L} "
+            "(a fragment is a group of whole layers)"
+        )
+    base, extra = divmod(L, fragments)
+    out, start = [], 0
+    for p in range(fragments):
+        n = base + (1 if p < extra else 0)
+        out.append([q for unit in units[start : start + n] for q in unit])
+        start += n
+    return out
+
+
+def default_fragments(model: nn.Module, fragments: int) -> list[list[nn.Parameter]]:
+    """The default split of ``model`` into ``fragments`` fragments (see the module docstring)."""
+    where, units = layer_units(model)
+    return split_units(units, fragments, where)
+
+
+FragmentSpec = Sequence[Union[nn.Module, nn.Parameter, Sequence[Union[nn.Module, nn.Parameter]]]]
+
+
+def explicit_fragments(spec: FragmentSpec, model: nn.Module, fragments: int) -> list[list[nn.Parameter]]:
+    """Fragments given by the caller: one entry per fragment, each modules and/or parameters.
+
+    Raises:
+        ValueError: the count differs from ``fragments``, a parameter is in two
+            fragments, or a trainable parameter of ``model`` is in none.
+    """
+    if len(spec) != fragments:
+        raise ValueError(f"{FIELD}: got {fragments}, but {len(spec)} explicit fragments were passed")
+    out: list[list[nn.Parameter]] = []
+    owner: dict[int, int] = {}
+    for i, entry in enumerate(spec):
+        items = [entry] if isinstance(entry, (nn.Module, nn.Parameter)) else list(entry)
+        params: list[nn.Parameter] = []
+        for item in items:
+            for p in _trainable(item) if isinstance(item, nn.Module) else [item]:
+                if id(p) in owner and owner[id(p)] != i:
+                    raise ValueError(f"fragments: a parameter is in fragment {owner[id(p)]} and fragment {i}")
+                if id(p) not in owner:
+                    owner[id(p)] = i
+                    params.append(p)
+        if not params:
+            raise ValueError(f"fragments: fragment {i} has no trainable parameters")
+        out.append(params)
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in owner]
+    if missing:
+        raise ValueError(f"fragments: trainable parameters in no fragment: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    return out

@@ -1,15 +1,27 @@
 """Run a function on N real processes joined by a gloo process group, with a hard timeout.
 
-Each worker writes its return value (``torch.save``) or its traceback to a
-temporary folder; the parent joins every process within ``timeout`` seconds,
-kills the rest, and raises with the workers' tracebacks if any failed.
+Two ways, same results:
+
+* **pooled** (default): N long-lived worker processes per world size, started
+  once per test session with a default gloo group that stays up, run one job at
+  a time. Starting a process that imports torch, DeepSpeed and transformers
+  costs seconds of CPU, far more than the tiny jobs themselves, so reuse keeps
+  the suite inside its time budget. Every job builds its own engines and
+  process groups; a job that fails or overruns its timeout kills the pool, and
+  the next job starts a fresh one.
+* **fresh** (``fresh=True``, and always with ``expect_dead``): new processes for
+  one job, for tests that kill or stop workers. Each worker writes its return
+  value or traceback to a temporary folder; the parent joins them within
+  ``timeout`` seconds and kills the rest.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import tempfile
+import time
 import traceback
 from datetime import timedelta
 
@@ -40,8 +52,103 @@ def _worker(rank, world_size, port, outdir, fn, args, kwargs, pg_timeout):
         os._exit(1)
 
 
+def _pool_worker(rank, world_size, port, conn, pg_timeout):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=pg_timeout))
+    while True:
+        job = conn.recv()
+        if job is None:
+            break
+        fn, args, kwargs = job
+        try:
+            conn.send(("ok", fn(rank, world_size, *args, **kwargs)))
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class _Pool:
+    def __init__(self, world_size: int, pg_timeout: float):
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        self.world_size = world_size
+        self.conns, self.procs = [], []
+        for r in range(world_size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_pool_worker, args=(r, world_size, port, child, pg_timeout), daemon=True)
+            proc.start()
+            self.conns.append(parent)
+            self.procs.append(proc)
+
+    def run(self, fn, args, kwargs, timeout: float):
+        for c in self.conns:
+            c.send((fn, args, kwargs))
+        t0 = time.monotonic()
+        results, errors, hung = [None] * self.world_size, [], []
+        for r, c in enumerate(self.conns):
+            if not c.poll(max(0.0, timeout - (time.monotonic() - t0))):
+                hung.append(r)
+                continue
+            try:
+                status, payload = c.recv()
+            except EOFError:
+                errors.append(f"--- rank {r} --- died (exit code {self.procs[r].exitcode})")
+                continue
+            if status == "ok":
+                results[r] = payload
+            else:
+                errors.append(f"--- rank {r} ---\n{payload}")
+        if hung or errors:
+            self.close(kill=True)
+            raise RuntimeError(f"distributed run failed (hung ranks: {hung})\n" + "\n".join(errors))
+        return results
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def close(self, kill: bool = False) -> None:
+        for c, p in zip(self.conns, self.procs):
+            if not kill and p.is_alive():
+                try:
+                    c.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+        for p in self.procs:
+            p.join(0 if kill else 5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+_POOLS: dict[int, _Pool] = {}
+
+
+@atexit.register
+def _close_pools() -> None:
+    for pool in _POOLS.values():
+        pool.close()
+    _POOLS.clear()
+
+
 def run_distributed(fn, world_size: int, *args, timeout: float = 120.0, pg_timeout: float = 60.0,
-                    expect_dead=(), **kwargs):
+                    expect_dead=(), fresh: bool = False, **kwargs):
+    if not fresh and not expect_dead:
+        pool = _POOLS.get(world_size)
+        if pool is None or not pool.alive():
+            pool = _POOLS[world_size] = _Pool(world_size, pg_timeout=600.0)
+        try:
+            return pool.run(fn, args, kwargs, timeout)
+        except RuntimeError:
+            _POOLS.pop(world_size, None)
+            raise
+    return _run_fresh(fn, world_size, *args, timeout=timeout, pg_timeout=pg_timeout, expect_dead=expect_dead,
+                      **kwargs)
+
+
+def _run_fresh(fn, world_size: int, *args, timeout: float = 120.0, pg_timeout: float = 60.0,
+               expect_dead=(), **kwargs):
     """Return the list of per-rank results of ``fn(rank, world_size, *args, **kwargs)``.
 
     Ranks in ``expect_dead`` are allowed to die or hang (fault-injection tests); their
@@ -55,7 +162,6 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 120.0, pg_timeo
         for p in procs:
             p.start()
         deadline = timeout
-        import time
         t0 = time.monotonic()
         for p in procs:
             p.join(max(0.0, deadline - (time.monotonic() - t0)))

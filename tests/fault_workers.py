@@ -24,8 +24,17 @@ class FailingAdamW(torch.optim.AdamW):
         return super().step(closure)
 
 
+_BASELINE: set = set()
+
+
 def comm_threads():
-    return [t.name for t in threading.enumerate() if t.name.startswith("ds_acco")]
+    """ds_acco threads started by the current job (pooled workers may hold earlier jobs' threads)."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("ds_acco") and t not in _BASELINE]
+
+
+def _mark_baseline():
+    _BASELINE.clear()
+    _BASELINE.update(threading.enumerate())
 
 
 def train_until_error(rank, world, *, config, G=4, fail_rank=None, fail_at=None, stall_rank=None,
@@ -33,6 +42,7 @@ def train_until_error(rank, world, *, config, G=4, fail_rank=None, fail_at=None,
     """Train the tiny job; report the first exception's type/message and how long the raise took."""
     from ds_acco import plain
 
+    _mark_baseline()
     model = W.make_model()
     kw = dict(W.OPT_KWARGS, fail_at=fail_at if rank == fail_rank else None)
     engine = plain.build(W.param_groups(model), FailingAdamW, kw, config=config, gradient_accumulation_steps=G)
@@ -99,6 +109,8 @@ def train_with_fault(rank, world, *, config, victim, stage, round_index, sig, G=
     import os
 
     from ds_acco import plain
+
+    _mark_baseline()
 
     def on_stage(index, name):
         if rank == victim and index == round_index and name == stage:

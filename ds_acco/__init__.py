@@ -39,3 +39,13 @@ __all__ = [
     "patch_deepspeed",
     "parse_acco_config",
 ]
+
+
+def acco_fully_shard(*args, **kwargs):
+    """ACCO for a PyTorch FSDP2 (``fully_shard``) model (see ds_acco.fsdp.acco_fully_shard)."""
+    from .fsdp import acco_fully_shard as _acco_fully_shard
+
+    return _acco_fully_shard(*args, **kwargs)
+
+
+__all__.append("acco_fully_shard")

@@ -98,6 +98,9 @@ class AccoConfig(_Block):
     however many micro-batches they finished meanwhile."""
     warmup_steps: int = Field(default=0, ge=0)
     """Optimizer steps run in ``sync`` mode before overlapped rounds start."""
+    backend: Literal["deepspeed", "fsdp"] = "deepspeed"
+    """Front end the block is meant for: ``ds_acco.initialize`` (DeepSpeed) or
+    ``ds_acco.fsdp`` (PyTorch FSDP2); each rejects a block meant for the other."""
     comm_dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Dtype of the gradient reduce-scatter payload (``auto``: the accumulation dtype)."""
     grad_accum_dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
@@ -185,6 +188,7 @@ class AccoConfig(_Block):
 
 
 _LATER_DEFAULTS = {
+    "backend": "deepspeed",
     "comm_quantization": "none",
     "quantization_block_size": 256,
     "error_feedback": False,

@@ -41,6 +41,11 @@ def _get(cfg: Mapping[str, Any], *path: str, default: Any = None) -> Any:
 def check_ds_config(raw: Mapping[str, Any], acco: AccoConfig) -> None:
     """Static checks on the raw DeepSpeed config dict (before the engine is built)."""
     problems = []
+    if acco.backend != "deepspeed":
+        problems.append(
+            f"acco.backend: got {acco.backend!r}; ds_acco.initialize builds DeepSpeed engines (backend "
+            "'deepspeed'); train FSDP2 models with ds_acco.fsdp.acco_fully_shard"
+        )
     stage = _get(raw, "zero_optimization", "stage", default=0)
     if stage != 1:
         problems.append(

@@ -161,10 +161,12 @@ def _run_fresh(fn, world_size: int, *args, timeout: float = 120.0, pg_timeout: f
                  for r in range(world_size)]
         for p in procs:
             p.start()
-        deadline = timeout
         t0 = time.monotonic()
-        for p in procs:
-            p.join(max(0.0, deadline - (time.monotonic() - t0)))
+        for r, p in enumerate(procs):  # the ranks that must finish, within the deadline
+            if r not in expect_dead:
+                p.join(max(0.0, timeout - (time.monotonic() - t0)))
+        for r in expect_dead:  # a killed victim is already gone; a stopped one is killed now
+            procs[r].join(1.0)
         hung = [r for r, p in enumerate(procs) if p.is_alive() and r not in expect_dead]
         for p in procs:
             if p.is_alive():

@@ -122,6 +122,8 @@ def test_failing_workers_fail_the_launch():
 
 
 FAULT_MODULE = """
+import sys
+
 import ds_acco.examples.shakespeare as data
 from ds_acco.examples import train_lm
 

@@ -1,0 +1,477 @@
+"""ACCO for models sharded with PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+Gradient synchronisation leaves the backward pass: FSDP2 keeps the compute
+parameters unsharded and only accumulates gradients, and ACCO's background
+rounds (:class:`~ds_acco.round_engine.RoundEngine`) reduce-scatter them, step
+the optimizer on FSDP2's own sharded parameters and all-gather the result into
+the compute parameters at the next swap. The training loop is the plain one::
+
+    from ds_acco.fsdp import acco_fully_shard
+
+    acco = acco_fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16),
+                            acco_config={"backend": "fsdp", "mode": "acco"},
+                            optimizer_cls=torch.optim.AdamW, optimizer_kwargs={"lr": 3e-4},
+                            gradient_accumulation_steps=8, clip_grad_norm=1.0)
+    for batch in loader:                       # one micro-batch per iteration
+        loss_fn(model(batch)).backward()
+        acco.after_micro_batch()
+    acco.finish(); print(acco.telemetry.summary()); acco.close()
+
+Where the buffers live (see :mod:`ds_acco._fsdp2` for the FSDP2 internals used):
+
+* **master shards**: FSDP2's sharded parameters. The optimizer steps the DTensor
+  parameters ``model.parameters()`` returns after ``fully_shard`` (as with stock
+  FSDP2), and the round engine reads their padded local shards; no second fp32
+  copy exists. Checkpoints therefore hold ordinary FSDP2/DCP state.
+* **compute parameters**: FSDP2's unsharded parameters (same ``nn.Parameter``
+  objects, in ``mp_policy.param_dtype``), each a view of a round-engine buffer;
+  a swap re-points them at the freshly all-gathered buffer.
+* **layout**: one round-engine group per parameter, cut exactly like FSDP2's
+  dim-0 chunks (note in :mod:`ds_acco._fsdp2`).
+
+What it relies on from FSDP2 (all of it in :mod:`ds_acco._fsdp2`, checked at
+start-up): the public ``fully_shard``, ``unshard``/``reshard``,
+``set_requires_gradient_sync(False)``, ``set_reshard_after_forward(False)`` and
+``set_reshard_after_backward(False)`` keep FSDP2 unsharded and silent; the
+internal ``FSDPParam`` gives the padded local shard (``_sharded_param_data``)
+and the unsharded parameter, and ``FSDPParamGroup._to_unsharded()`` re-registers
+the compute parameters after something (``model.state_dict()``, a checkpoint)
+resharded the model, without an all-gather.
+
+Checkpoints go through ``torch.distributed.checkpoint``:
+:meth:`AccoFSDP.save_checkpoint` / :meth:`AccoFSDP.load_checkpoint`
+(:mod:`ds_acco.fsdp_checkpoint`). While training, the rounds own the parameters:
+no ``optimizer.step()``, ``model.to()`` or ``model.load_state_dict()`` of your own.
+
+What is not supported, and fails at start-up with a message saying so: HSDP
+and other 2-D meshes, tensor/expert parallel (DTensor) parameters, CPU offload,
+``shard_placement_fn`` sharding on a dim other than 0, all-gather extensions
+(float8), parameters outside FSDP, and torch outside :data:`TORCH_RANGE`.
+FSDP2's parameter sharding (ZeRO-3) is not kept during training: like ZeRO-1,
+every rank holds the full compute parameters (twice: one set computing, one
+being gathered) while optimizer state and fp32 masters stay sharded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from ._fsdp2 import TORCH_RANGE, FSDP2Model, ManagedParam, check_torch_version
+from .config import AccoConfig, AccoConfigError, parse_acco_config
+from .flat_buffer import FlatLayout, ShardedGroup
+from .round_engine import RoundEngine
+from .shard_optimizer import ShardOptimizer
+from .telemetry import Telemetry
+
+logger = logging.getLogger("ds_acco")
+
+__all__ = ["AccoFSDP", "StockFSDP", "TORCH_RANGE", "acco_fully_shard", "check_torch_version", "split_backend"]
+
+BACKENDS = ("deepspeed", "fsdp")
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+# --------------------------------------------------------------------------- config
+
+
+def split_backend(block: Any) -> tuple[str, Any]:
+    """Read ``"backend"`` out of an ``"acco"`` block; return it and the block without it.
+
+    The FSDP front end checks the key itself so its error can say which front end to
+    use; the rest goes to :func:`ds_acco.parse_acco_config`. A block without the key
+    means ``"deepspeed"`` (``AccoConfig.backend``'s default).
+
+    Raises:
+        AccoConfigError: ``backend`` is not one of :data:`BACKENDS`.
+    """
+    if not isinstance(block, Mapping) or "backend" not in block:
+        return "deepspeed", block
+    rest = dict(block)
+    backend = rest.pop("backend")
+    if backend not in BACKENDS:
+        raise AccoConfigError(f"acco.backend: got {backend!r}; allowed: {', '.join(map(repr, BACKENDS))}")
+    return backend, rest
+
+
+def _fsdp_config(block: Any) -> AccoConfig:
+    backend, rest = split_backend(block)
+    if isinstance(block, Mapping) and "backend" in block and backend != "fsdp":
+        raise AccoConfigError(
+            f"acco.backend: got {backend!r}, but this is the FSDP front end (ds_acco.fsdp.acco_fully_shard); "
+            "use ds_acco.initialize for DeepSpeed, or set acco.backend to 'fsdp'"
+        )
+    return parse_acco_config(rest)
+
+
+def _translate_mp_policy(mp_policy: Any, config: AccoConfig, model: nn.Module) -> tuple[Any, AccoConfig]:
+    """FSDP2's ``reduce_dtype`` becomes ``acco.grad_accum_dtype``; FSDP2 itself gets none.
+
+    FSDP2 would move each backward's gradient out of ``param.grad`` into its own
+    ``reduce_dtype`` accumulator; ACCO accumulates in its round buffers instead.
+    """
+    if mp_policy is None or mp_policy.reduce_dtype is None:
+        return mp_policy, config
+    compute = mp_policy.param_dtype or next(iter(model.parameters())).dtype
+    if mp_policy.reduce_dtype != compute:
+        name = _DTYPE_NAMES.get(mp_policy.reduce_dtype)
+        if name is None:
+            raise AccoConfigError(f"mp_policy.reduce_dtype: got {mp_policy.reduce_dtype}; allowed: fp32, bf16, fp16")
+        if config.grad_accum_dtype == "auto":
+            config = config.model_copy(update={"grad_accum_dtype": name})
+        elif config.grad_accum_dtype != name:
+            raise AccoConfigError(
+                f"mp_policy.reduce_dtype ({name}) and acco.grad_accum_dtype ({config.grad_accum_dtype!r}) disagree; "
+                "set one of them"
+            )
+    return dataclasses.replace(mp_policy, reduce_dtype=None), config
+
+
+def _device_type(group: dist.ProcessGroup) -> str:
+    backend = str(dist.get_backend(group)).lower()
+    for name, device in (("nccl", "cuda"), ("xccl", "xpu"), ("gloo", "cpu")):
+        if name in backend:
+            return device
+    raise AccoConfigError(f"process_group: backend {backend!r}; pass mesh= (a 1-D DeviceMesh) instead")
+
+
+def _shard(model: nn.Module, mesh: Any, process_group: Optional[dist.ProcessGroup], mp_policy: Any) -> nn.Module:
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    if isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules()):
+        if mesh is not None or process_group is not None or mp_policy is not None:
+            raise AccoConfigError(
+                "mesh/process_group/mp_policy: the model is already sharded with fully_shard, which fixed them; "
+                "pass none of them, or pass the unwrapped model"
+            )
+        return model
+    if mesh is not None and process_group is not None:
+        raise AccoConfigError("mesh and process_group: pass one of them, not both")
+    if mesh is None:
+        group = process_group if process_group is not None else dist.group.WORLD
+        device = _device_type(group)
+        if process_group is None:
+            mesh = init_device_mesh(device, (dist.get_world_size(),))
+        else:
+            mesh = DeviceMesh.from_group(process_group, device)
+    if mesh.ndim != 1:
+        raise AccoConfigError(f"mesh: got a {mesh.ndim}-D mesh; ds_acco.fsdp supports a 1-D data-parallel mesh only")
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp_policy or MixedPrecisionPolicy())
+    return model
+
+
+def _optimizer_groups(model: nn.Module, fsdp: FSDP2Model, param_groups: Any) -> list[dict]:
+    """The optimizer's param groups over FSDP2's sharded parameters, checked to cover every trainable one once."""
+    if param_groups is None:
+        spec = [{"params": [p.sharded for p in fsdp.params if p.sharded.requires_grad]}]
+    else:
+        items = list(param_groups(model) if callable(param_groups) else param_groups)
+        if items and not isinstance(items[0], Mapping):
+            items = [{"params": items}]
+        spec = [dict(g, params=list(g["params"])) for g in items]
+    names = {id(p.sharded): p.fqn for p in fsdp.params}
+    seen: dict[int, int] = {}
+    for g in spec:
+        for p in g["params"]:
+            if id(p) not in names:
+                raise AccoConfigError(
+                    f"param_groups: a parameter of shape {tuple(p.shape)} is not one of the model's FSDP2 sharded "
+                    "parameters; build the groups from the sharded model (param_groups=lambda m: ...)"
+                )
+            seen[id(p)] = seen.get(id(p), 0) + 1
+    twice = [names[i] for i, n in seen.items() if n > 1]
+    missing = [p.fqn for p in fsdp.params if p.sharded.requires_grad and id(p.sharded) not in seen]
+    if twice or missing:
+        raise AccoConfigError(
+            f"param_groups: every trainable parameter must appear exactly once; twice: {twice}, missing: {missing}"
+        )
+    return spec
+
+
+# --------------------------------------------------------------------------- front end
+
+
+def acco_fully_shard(
+    model: nn.Module,
+    *,
+    acco_config: Union[AccoConfig, Mapping[str, Any], None],
+    gradient_accumulation_steps: int,
+    mesh: Any = None,
+    process_group: Optional[dist.ProcessGroup] = None,
+    mp_policy: Any = None,
+    optimizer_cls: type = torch.optim.AdamW,
+    optimizer_kwargs: Optional[dict] = None,
+    param_groups: Union[None, Iterable[Any], Callable[[nn.Module], Iterable[Any]]] = None,
+    clip_grad_norm: Optional[float] = None,
+    lr_scheduler: Optional[Callable[[torch.optim.Optimizer], Any]] = None,
+    grad_scale: Union[float, Callable[[], float]] = 1.0,
+) -> Union["AccoFSDP", "StockFSDP"]:
+    """Shard ``model`` with FSDP2 (unless it already is) and train it with ACCO rounds.
+
+    Args:
+        model: an unwrapped module (``fully_shard`` is applied to it with ``mesh`` /
+            ``process_group`` and ``mp_policy``), or the root of a model you already
+            sharded with ``fully_shard`` (then pass none of those three).
+        acco_config: the ``"acco"`` block (dict or :class:`AccoConfig`); a
+            ``"backend"`` key must say ``"fsdp"``. ``"enabled": false`` or ``None``
+            returns :class:`StockFSDP`: stock FSDP2 accumulation behind the same calls.
+        gradient_accumulation_steps: ``G``, micro-batches per rank per optimizer step.
+        mesh / process_group: the 1-D data-parallel mesh, or a group to build it from
+            (default: every rank).
+        mp_policy: FSDP2's ``MixedPrecisionPolicy``; its ``reduce_dtype`` becomes
+            ``acco.grad_accum_dtype`` (FSDP2 itself then gets none).
+        optimizer_cls / optimizer_kwargs: built over FSDP2's sharded parameters.
+        param_groups: optimizer param groups, or a function of the sharded model
+            returning them (e.g. weight decay on weights only); default: all
+            trainable parameters.
+        clip_grad_norm: clip the mean gradient to this global L2 norm.
+        lr_scheduler: a factory called with the optimizer; stepped once per commit.
+        grad_scale: the factor backward multiplied gradients by (see RoundEngine).
+
+    Raises:
+        AccoConfigError: a wrong option, or an FSDP2 feature ACCO does not support.
+        RuntimeError: torch outside :data:`TORCH_RANGE`.
+    """
+    check_torch_version()
+    config = _fsdp_config(acco_config)
+    if config.enabled:
+        config.check_accumulation(gradient_accumulation_steps)
+        mp_policy, config = _translate_mp_policy(mp_policy, config, model)
+    elif isinstance(gradient_accumulation_steps, bool) or not isinstance(gradient_accumulation_steps, int) or (
+            gradient_accumulation_steps < 1):
+        raise AccoConfigError(f"gradient_accumulation_steps: got {gradient_accumulation_steps!r}; must be >= 1")
+    if not dist.is_initialized():
+        raise RuntimeError("ds_acco.fsdp: call torch.distributed.init_process_group() before acco_fully_shard")
+    model = _shard(model, mesh, process_group, mp_policy)
+    fsdp = FSDP2Model(model)
+    optimizer = optimizer_cls(_optimizer_groups(model, fsdp, param_groups), **(optimizer_kwargs or {}))
+    scheduler = lr_scheduler(optimizer) if lr_scheduler is not None else None
+    if not config.enabled:
+        return StockFSDP(model, fsdp, optimizer, scheduler, gradient_accumulation_steps, clip_grad_norm, grad_scale)
+    return AccoFSDP(model, fsdp, optimizer, scheduler, config, gradient_accumulation_steps, clip_grad_norm, grad_scale)
+
+
+class _DTensorShardOptimizer(ShardOptimizer):
+    """A :class:`ShardOptimizer` whose master shards are FSDP2's sharded DTensor parameters.
+
+    A round hands one padded 1-D fp32 gradient shard per group; each becomes its
+    parameter's DTensor gradient: a view of the round's buffer, unpadded and shaped
+    like the local shard (cast when the sharded parameters are not fp32).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: list[ManagedParam], lr_scheduler: Any):
+        super().__init__(optimizer, [p.sharded for p in params], lr_scheduler)
+        with torch.no_grad():
+            self._specs = [
+                (p.sharded.to_local().shape, p.sharded.device_mesh, p.sharded.placements, p.sharded.shape,
+                 p.sharded.stride())
+                for p in params
+            ]
+
+    def _set_grads(self, grads) -> None:
+        for param, grad, (local_shape, mesh, placements, shape, stride) in zip(self.masters, grads, self._specs):
+            local = grad.narrow(0, 0, local_shape.numel()).view(local_shape)
+            if local.dtype != param.dtype:
+                local = local.to(param.dtype)
+            param.grad = DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
+
+
+class AccoFSDP:
+    """An FSDP2 model whose gradient rounds run in the background (see the module docstring).
+
+    Attributes:
+        module: the ``fully_shard`` model.
+        engine: the :class:`RoundEngine` (its ``groups`` are one per trainable parameter).
+        optimizer: the torch optimizer over FSDP2's sharded parameters.
+        lr_scheduler: stepped once per commit, or None.
+    """
+
+    def __init__(self, module: nn.Module, fsdp: FSDP2Model, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
+                 config: AccoConfig, gradient_accumulation_steps: int, clip_grad_norm: Optional[float],
+                 grad_scale: Union[float, Callable[[], float]]):
+        self.module, self.fsdp, self.optimizer, self.lr_scheduler = module, fsdp, optimizer, lr_scheduler
+        self.closed = False
+        world = len(fsdp.ranks)
+        self.params = [p for p in fsdp.params if p.trainable]
+        if not self.params:
+            raise AccoConfigError("model: no trainable parameter under fully_shard; nothing for ACCO to train")
+        fsdp.hold_unsharded()
+        groups = []
+        try:
+            for p in fsdp.params:
+                if not p.trainable:
+                    fsdp.own_storage(p, None)  # frozen: a private copy, never updated
+                    continue
+                layout = FlatLayout.for_params([p.unsharded], world, alignment=p.row_numel)
+                if layout.shard_numel != p.master.numel():
+                    raise RuntimeError(
+                        f"ds_acco.fsdp: {p.fqn}: FSDP2 shard has {p.master.numel()} elements, the dim-0 chunk layout "
+                        f"{layout.shard_numel}; is torch {torch.__version__} supported?"
+                    )
+                flat = layout.new_buffer(p.unsharded)
+                view = layout.views(flat)[0]
+                with torch.no_grad():
+                    view.copy_(p.unsharded.detach())
+                fsdp.own_storage(p, view)
+                groups.append(ShardedGroup(params=[p.unsharded], layout=layout, flat=flat, master=p.master))
+            shard_opt = _DTensorShardOptimizer(optimizer, self.params, lr_scheduler)
+            self.engine = RoundEngine(
+                groups, shard_opt, config=config, gradient_accumulation_steps=gradient_accumulation_steps,
+                clip_grad_norm=clip_grad_norm, process_group=fsdp.process_group, grad_scale=grad_scale,
+            )
+            if self.engine.rank != fsdp.shard_rank:  # master shard r must be the round's shard r
+                self.engine.close(drain=False)
+                raise RuntimeError(f"ds_acco.fsdp: round rank {self.engine.rank} != FSDP2 shard rank {fsdp.shard_rank}")
+        except BaseException:
+            fsdp.release()
+            raise
+        if self.engine.rank == 0:
+            logger.info("ds_acco.fsdp: mode=%s policy=%s G=%d over %d FSDP2 parameters, dp=%d", config.mode,
+                        config.policy, gradient_accumulation_steps, len(groups), world)
+
+    # ------------------------------------------------------------ training loop
+    @property
+    def config(self) -> AccoConfig:
+        return self.engine.config
+
+    @property
+    def telemetry(self) -> Telemetry:
+        return self.engine.telemetry
+
+    @property
+    def commits(self) -> int:
+        """Optimizer steps (commits) applied so far."""
+        return self.engine.commits
+
+    @property
+    def micro_batches(self) -> int:
+        return self.engine.micro_batches
+
+    def after_micro_batch(self) -> bool:
+        """Call after every backward; True when the compute parameters changed (see RoundEngine)."""
+        return self.engine.after_micro_batch()
+
+    def finish(self) -> None:
+        """Drain the rounds so the compute parameters equal the committed ones (e.g. before evaluation)."""
+        self.engine.finish()
+
+    def close(self, drain: bool = True) -> None:
+        """Stop the rounds and hand the model back to stock FSDP2 (sharded; its next forward all-gathers).
+
+        ``drain``: finish the round in flight first (its update is applied). Telemetry stays readable.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.engine.close(drain=drain)
+        finally:
+            self.fsdp.release()
+
+    # ------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, checkpoint_id: Any, extra: Optional[dict] = None) -> None:
+        """Save model, optimizer, scheduler and round state with ``torch.distributed.checkpoint`` (collective).
+
+        ``extra``: replicated values of your own (e.g. every rank's data cursor, gathered).
+        """
+        from .fsdp_checkpoint import save
+
+        save(self, checkpoint_id, extra)
+
+    def load_checkpoint(self, checkpoint_id: Any) -> Optional[dict]:
+        """Load what :meth:`save_checkpoint` wrote (collective); returns its ``extra``.
+
+        Same world size and acco block: resumes exactly (fixed policy: bit-identically).
+        Another world size, or a :class:`StockFSDP` checkpoint: model, optimizer and
+        scheduler load (resharded by DCP); rounds bootstrap afresh.
+        """
+        from .fsdp_checkpoint import load
+
+        return load(self, checkpoint_id)
+
+    def _check_checkpointable(self) -> None:
+        if self.closed:
+            raise AccoConfigError("checkpoint: this AccoFSDP is closed; save or load before close()")
+
+
+class StockFSDP:
+    """``"enabled": false``: stock FSDP2 gradient accumulation behind :class:`AccoFSDP`'s calls.
+
+    Backward reduce-scatters only on the ``G``-th micro-batch (``set_requires_gradient_sync``);
+    FSDP2 sums and divides by ``world * G * grad_scale`` (so the update uses the mean
+    gradient, as ACCO's does), then clipping, the optimizer and the scheduler step.
+    """
+
+    telemetry = None
+
+    def __init__(self, module: nn.Module, fsdp: FSDP2Model, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
+                 gradient_accumulation_steps: int, clip_grad_norm: Optional[float],
+                 grad_scale: Union[float, Callable[[], float]]):
+        self.module, self.fsdp, self.optimizer, self.lr_scheduler = module, fsdp, optimizer, lr_scheduler
+        self.G, self.clip, self._grad_scale = gradient_accumulation_steps, float(clip_grad_norm or 0.0), grad_scale
+        self.commits = self.micro_batches = self._n = 0
+        self._params = [p.sharded for p in fsdp.params if p.sharded.requires_grad]
+        for m in fsdp.modules:
+            m.set_force_sum_reduction_for_comms(True)
+        self._sync(self.G == 1)
+
+    def _sync(self, on: bool) -> None:
+        if on:
+            scale = float(self._grad_scale() if callable(self._grad_scale) else self._grad_scale)
+            for m in self.fsdp.modules:
+                m.set_gradient_divide_factor(float(len(self.fsdp.ranks) * self.G) * scale)
+        self.module.set_requires_gradient_sync(on)
+
+    def after_micro_batch(self) -> bool:
+        self._n += 1
+        self.micro_batches += 1
+        if self._n < self.G:
+            if self._n == self.G - 1:
+                self._sync(True)
+            return False
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self._params, self.clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self.commits += 1
+        self._n = 0
+        self._sync(self.G == 1)
+        return True
+
+    def finish(self) -> None:
+        """Nothing runs in the background; accumulated gradients of an unfinished step stay."""
+
+    def close(self, drain: bool = True) -> None:
+        self.module.set_requires_gradient_sync(True)
+
+    def save_checkpoint(self, checkpoint_id: Any, extra: Optional[dict] = None) -> None:
+        """Same entries as :meth:`AccoFSDP.save_checkpoint`, without round state; at a step boundary."""
+        from .fsdp_checkpoint import save
+
+        save(self, checkpoint_id, extra)
+
+    def load_checkpoint(self, checkpoint_id: Any) -> Optional[dict]:
+        """Load a checkpoint of either class (resharded by DCP when the world size differs)."""
+        from .fsdp_checkpoint import load
+
+        return load(self, checkpoint_id)
+
+    def _check_checkpointable(self) -> None:
+        if self._n:
+            raise AccoConfigError(
+                f"checkpoint: {self._n} micro-batches of an unfinished step are accumulated; stock FSDP2 "
+                "checkpoints are taken right after an optimizer step"
+            )
+
+    def _restart(self, commits: int, micro_batches: int) -> None:
+        self.commits, self.micro_batches, self._n = commits, micro_batches, 0
+        self._sync(self.G == 1)

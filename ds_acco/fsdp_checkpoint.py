@@ -1,0 +1,208 @@
+"""Checkpoints of :class:`ds_acco.fsdp.AccoFSDP` (and :class:`~ds_acco.fsdp.StockFSDP`) through
+``torch.distributed.checkpoint`` (DCP).
+
+The DCP state dict has these entries:
+
+* ``"model"`` / ``"optim"``: what ``torch.distributed.checkpoint.state_dict.get_state_dict``
+  returns for the model and the optimizer: FSDP2's sharded parameters (the fp32
+  master shards) and the optimizer state, DTensors keyed by parameter name, the
+  same entries a stock FSDP2 job saves. ``"optim"`` is absent before the first
+  commit (DCP would otherwise initialise the live optimizer with a zero step).
+* ``"acco"``: replicated metadata (world size, config fingerprint, commits,
+  scheduler state, compute dtypes, layout) as one opaque blob.
+* ``"acco_rank<r>"`` (ACCO only): rank ``r``'s round state
+  (:meth:`RoundEngine.state_dict`) and its shard of the compute parameters (they
+  differ from the masters after an estimate), as one opaque blob per rank.
+* ``"extra"``: the caller's replicated values, if any.
+
+On load with the same world size and ``"acco"`` block the run continues exactly
+where it stopped (bit-identically under the fixed policy). With another world
+size, or from a stock-FSDP2 checkpoint, DCP reshards ``"model"`` and ``"optim"``
+onto this mesh; the per-rank round state does not apply, so the compute
+parameters are all-gathered from the loaded masters and rounds bootstrap afresh
+(:meth:`RoundEngine.reset_rounds`). :class:`StockFSDP` saves and loads the same
+entries without round state, so checkpoints move both ways between ACCO and
+stock FSDP2 (``"enabled": false``).
+
+Blobs are ``torch.save`` payloads in an ``io.BytesIO``: DCP flattens nested
+dicts and lists into one entry per leaf, and a load would then need a template
+of the exact same structure (which depends on whether a round was in flight);
+an opaque value is stored and returned whole.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+import torch
+
+from .config import AccoConfigError
+
+if TYPE_CHECKING:
+    from .fsdp import AccoFSDP, StockFSDP
+
+logger = logging.getLogger("ds_acco")
+
+FORMAT = 1
+META_KEY = "acco"
+EXTRA_KEY = "extra"
+Trainer = Union["AccoFSDP", "StockFSDP"]
+
+
+def rank_key(rank: int) -> str:
+    return f"acco_rank{rank}"
+
+
+def _blob(obj: Any) -> io.BytesIO:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
+
+
+def _unblob(value: Any, device: Optional[torch.device] = None) -> Any:
+    if isinstance(value, io.BytesIO):
+        value.seek(0)
+        return torch.load(value, map_location=device, weights_only=False)
+    return value
+
+
+def _layout(trainer: Trainer) -> dict:
+    engine = getattr(trainer, "engine", None)
+    return {
+        "fqns": [p.fqn for p in trainer.fsdp.params if p.trainable],
+        "padded_numels": [g.layout.padded_numel for g in engine.groups] if engine else None,
+        "compute_dtypes": [str(g.flat.dtype) for g in engine.groups] if engine else None,
+    }
+
+
+def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> None:
+    """Write the full training state to ``checkpoint_id`` (a folder); collective over all ranks."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    trainer._check_checkpointable()
+    engine = getattr(trainer, "engine", None)
+    rounds = engine.state_dict() if engine else None  # waits for the round in flight (no swap): all at rest
+    pending_commit = bool(rounds and rounds["pending"] and rounds["pending"]["kind"] == "commit")
+    has_optim = bool(trainer.optimizer.state)
+    sched = trainer.lr_scheduler
+    meta = dict(
+        _layout(trainer),
+        format=FORMAT,
+        world_size=len(trainer.fsdp.ranks),
+        fingerprint=engine.config.fingerprint() if engine else None,
+        mode=engine.config.mode if engine else "stock",
+        policy=engine.config.policy if engine else None,
+        commits=trainer.commits,
+        # a commit that finished but is not swapped in yet is already in the masters and the optimizer
+        applied_commits=trainer.commits + int(pending_commit),
+        micro_batches=trainer.micro_batches,
+        optimizer=has_optim,
+        lr_scheduler=sched.state_dict() if sched is not None else None,
+        extra=extra is not None,
+    )
+    trainer.fsdp.to_sharded()  # DCP's helpers name parameters through model.named_parameters()
+    try:
+        if has_optim:
+            model_sd, optim_sd = get_state_dict(trainer.module, trainer.optimizer)
+        else:
+            model_sd, optim_sd = get_model_state_dict(trainer.module), None
+        state = {"model": model_sd, META_KEY: _blob(meta)}
+        if engine:
+            compute = [g.layout.shard(g.flat, engine.rank).clone() for g in engine.groups]
+            state[rank_key(engine.rank)] = _blob({"rounds": rounds, "compute": compute})
+        if optim_sd is not None:
+            state["optim"] = optim_sd
+        if extra is not None:
+            state[EXTRA_KEY] = _blob(extra)
+        dcp.save(state, checkpoint_id=checkpoint_id)
+    finally:
+        if engine:
+            trainer.fsdp.to_unsharded()
+
+
+def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
+    """Restore what :func:`save` wrote; collective. Returns the saved ``extra`` (or None).
+
+    Raises:
+        AccoConfigError: the checkpoint was not written by :func:`save`, or names other parameters.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                         set_model_state_dict, set_state_dict)
+
+    trainer._check_checkpointable()
+    engine = getattr(trainer, "engine", None)
+    if engine:
+        engine.reset_rounds()  # waits for and drops the round in flight; the comm thread is idle from here
+    probe: dict = {META_KEY: None}
+    try:
+        dcp.load(probe, checkpoint_id=checkpoint_id)
+    except Exception as exc:  # noqa: BLE001 - re-raised with what to do
+        raise AccoConfigError(f"checkpoint {checkpoint_id}: no ds_acco FSDP metadata ('{META_KEY}'): {exc}") from exc
+    meta = _unblob(probe[META_KEY])
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise AccoConfigError(f"checkpoint {checkpoint_id}: unknown ds_acco FSDP format {meta!r:.200}")
+    mine = _layout(trainer)
+    if meta["fqns"] != mine["fqns"]:
+        raise AccoConfigError(
+            f"checkpoint {checkpoint_id}: saved parameters {meta['fqns'][:5]}... differ from this model's "
+            f"{mine['fqns'][:5]}..."
+        )
+    exact = bool(engine) and meta["fingerprint"] == engine.config.fingerprint() and all(
+        meta[k] == v for k, v in dict(mine, world_size=engine.world_size).items())
+
+    trainer.fsdp.to_sharded()
+    try:
+        if meta["optimizer"]:
+            model_sd, optim_sd = get_state_dict(trainer.module, trainer.optimizer)
+        else:
+            trainer.optimizer.state.clear()  # the checkpoint predates the first commit
+            model_sd, optim_sd = get_model_state_dict(trainer.module), None
+        state: dict = {"model": model_sd}
+        if optim_sd is not None:
+            state["optim"] = optim_sd
+        if exact:
+            state[rank_key(engine.rank)] = None
+        if meta["extra"]:
+            state[EXTRA_KEY] = None
+        dcp.load(state, checkpoint_id=checkpoint_id)
+        if optim_sd is not None:
+            set_state_dict(trainer.module, trainer.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+        else:
+            set_model_state_dict(trainer.module, state["model"])
+    finally:
+        if engine:
+            trainer.fsdp.to_unsharded()
+    for p in trainer.fsdp.params:
+        with torch.no_grad():
+            local = p.sharded.to_local()
+        if local.numel() and local.data_ptr() != p.master.data_ptr():
+            raise RuntimeError(f"ds_acco.fsdp: loading replaced the sharded parameter {p.fqn}; master shard lost")
+    if trainer.lr_scheduler is not None and meta["lr_scheduler"] is not None:
+        trainer.lr_scheduler.load_state_dict(meta["lr_scheduler"])
+
+    if not engine:
+        trainer._restart(meta["applied_commits"], meta["micro_batches"])
+    elif exact:
+        saved = _unblob(state[rank_key(engine.rank)], engine.device)
+        with torch.no_grad():
+            for g, shard in zip(engine.groups, saved["compute"]):
+                engine.coll.all_gather(g.flat, shard.to(g.flat.dtype))
+        engine.load_state_dict(saved["rounds"])
+    else:
+        with torch.no_grad():
+            for g in engine.groups:  # compute parameters = the loaded masters, as after a commit
+                engine.coll.all_gather(g.flat, g.master.to(g.flat.dtype))
+        engine.reset_rounds(commits=meta["applied_commits"])
+        engine.micro_batches = meta["micro_batches"]
+        if engine.rank == 0:
+            logger.warning(
+                "ds_acco.fsdp: %s was saved by %d ranks (mode %s, policy %s); model, optimizer and scheduler "
+                "loaded onto %d ranks (%s), rounds bootstrap afresh at step %d", checkpoint_id, meta["world_size"],
+                meta["mode"], meta["policy"], engine.world_size, engine.config.mode, engine.commits)
+    return _unblob(state.get(EXTRA_KEY))

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Train ds_acco.examples.train_lm_fsdp (PyTorch FSDP2 + ACCO) on one machine with torchrun.
+set -euo pipefail
+
+usage() {
+  cat <<USAGE
+usage: $(basename "$0") [-n NPROC] [-p PORT] CONFIG [train_lm_fsdp args...]
+
+  -n NPROC  processes (ranks) on this machine (default: \$NPROC or 2)
+  -p PORT   rendezvous port (default: \$MASTER_PORT; unset: torchrun --standalone picks a free one)
+  CONFIG    JSON config with an "acco" block saying "backend": "fsdp", e.g. ds_configs/fsdp_acco.json
+  the rest  goes to train_lm_fsdp (--steps, --model-size, --save-dir, --resume, ...; see its --help)
+
+Runs: torchrun --standalone --nproc_per_node NPROC -m ds_acco.examples.train_lm_fsdp \\
+        --config CONFIG [args...]
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and MASTER_* for every rank. Each rank uses
+gloo on CPU, or NCCL on GPU LOCAL_RANK when CUDA is available. OMP_NUM_THREADS
+defaults to (cores / NPROC), at least 1. If a rank fails torchrun stops the others and
+this script exits non-zero.
+
+example: $(basename "$0") -n 2 ds_configs/fsdp_acco.json --steps 50
+USAGE
+}
+
+NPROC="${NPROC:-2}"
+PORT="${MASTER_PORT:-}"
+while getopts ":hn:p:" opt; do
+  case "$opt" in
+    h) usage; exit 0 ;;
+    n) NPROC="$OPTARG" ;;
+    p) PORT="$OPTARG" ;;
+    :) echo "error: -$OPTARG needs a value" >&2; usage >&2; exit 2 ;;
+    *) echo "error: unknown option -$OPTARG" >&2; usage >&2; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+if [[ $# -lt 1 ]]; then usage >&2; exit 2; fi
+CONFIG="$1"; shift
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / NPROC > 0 ? $(nproc) / NPROC : 1 ))}"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
+
+if [[ -n "$PORT" ]]; then
+  RDZV=(--nnodes 1 --master_addr 127.0.0.1 --master_port "$PORT")
+else
+  RDZV=(--standalone)
+fi
+exec torchrun "${RDZV[@]}" --nproc_per_node "$NPROC" \
+  -m ds_acco.examples.train_lm_fsdp --config "$CONFIG" "$@"

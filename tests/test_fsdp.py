@@ -1,0 +1,228 @@
+"""ACCO on FSDP2 (ds_acco.fsdp): exactness, stock-FSDP2 parity, DCP checkpoints, a GPT under torchrun.
+
+Real gloo processes. Starting them is most of the cost on a small machine, so
+each job runs several scenarios (tests/fsdp_workloads.py) and the tests read the
+results of two module-scoped jobs: two ranks (every mode, stock FSDP2, and a run
+checkpointed mid-step then resumed into fresh objects) and three ranks (every
+mode, and a resharded load of the two-rank checkpoint); plus a one-rank job
+(resharded load, checkpoints exchanged with stock FSDP2, refused set-ups) and
+one torchrun launch of the example.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ds_acco.config import AccoConfig, AccoConfigError
+from tests import fsdp_workloads as F
+from tests.dist_harness import run_distributed
+from tests.test_exactness import assert_trajectories_equal, reference
+
+G, STEPS = 4, 8
+RESUME_STEPS, SAVE_AT = 8, 13  # micro-batch 13 of RESUME's job: mid-step, a round in flight
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("fsdp_ckpt") / "step")
+
+
+@pytest.fixture(scope="module")
+def two(ckpt):
+    results = run_distributed(F.first_job, 2, G=G, steps=STEPS, resume_steps=RESUME_STEPS, save_at=SAVE_AT,
+                              ckpt=ckpt, timeout=240)
+    for other in results[1:]:  # every rank computes with the same parameters
+        for mode in F.MODES:
+            assert_trajectories_equal(other["modes"][mode], results[0]["modes"][mode], atol=0, rtol=0)
+    return results[0]
+
+
+@pytest.fixture(scope="module")
+def three(two, ckpt):
+    return run_distributed(F.third_job, 3, G=G, steps=STEPS, ckpt=ckpt, timeout=240)[0]
+
+
+def _modes(world, two, three):
+    return (two if world == 2 else three)["modes"]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("mode", F.MODES)
+def test_fixed_policy_matches_reference(mode, world, two, three):
+    got = _modes(world, two, three)
+    assert_trajectories_equal(got[mode], reference(mode, world, G, steps=STEPS))
+    assert got[mode + "_grads_bound"] == [True] * 4  # backward accumulated straight into the round buffers
+    if mode == "acco":
+        assert got["acco_kinds"][:4] == ["estimate", "commit", "estimate", "commit"]
+        assert all(c == [G // 2] * world for c in got["acco_counts"])
+
+
+def test_layer_by_layer_bf16_adaptive_and_frozen(two):
+    got = two["variants"]
+    assert got["nested_groups"] == 2
+    assert_trajectories_equal(got["nested"], reference("acco", 2, G, steps=STEPS))
+    # bf16 compute parameters, fp32 masters (FSDP2's sharded parameters), fp32 accumulation from reduce_dtype
+    assert got["bf16_dtypes"] == {"compute": {"torch.bfloat16"}, "master": {"torch.float32"},
+                                  "accumulator": "torch.float32", "grads_bound": False}
+    assert_trajectories_equal(got["bf16"], reference("acco", 2, G, steps=STEPS), atol=3e-2, rtol=3e-2)
+    # adaptive policy: the slow rank contributes less; the update follows the recorded counts
+    counts = got["adaptive_counts"]
+    assert sum(c[0] for c in counts[1:]) > sum(c[1] for c in counts[1:]) and all(min(c) >= 1 for c in counts)
+    assert_trajectories_equal(got["adaptive"], reference("acco", 2, G, steps=4, counts=counts))
+    # a frozen parameter gets no round-engine group and keeps its value (order: 0.w, 2.w, 0.b, 2.b)
+    assert got["frozen"] == {"groups": 3, "changed": [True, True, False, True]}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sync_equals_stock_fsdp2_and_disabled_is_stock(world, two, three):
+    got = _modes(world, two, three)
+    assert_trajectories_equal(got["sync"], got["stock"])
+    assert_trajectories_equal(got["disabled"], got["stock"])
+    assert_trajectories_equal(got["stock"], reference("sync", world, G, steps=STEPS))
+    # the modes differ, so the comparisons above can fail
+    with pytest.raises(AssertionError):
+        assert_trajectories_equal(got["acco"], got["stock"])
+
+
+@pytest.mark.parametrize("mode", F.MODES)
+def test_close_hands_back_committed_parameters(mode, two):
+    closed = two["modes"][mode + "_closed"]
+    assert closed["sharded"]
+    # close() drains the round in flight: in dpu that is one more commit
+    want = reference(mode, 2, G, steps=STEPS + (mode == "dpu"))[-1]
+    assert_trajectories_equal([closed["params"]], [want])
+
+
+def test_resume_is_bit_identical(two):
+    resumed, full = two["resumed"], two["full"]
+    assert len(resumed) == len(full) == RESUME_STEPS
+    for t, (a, b) in enumerate(zip(resumed, full)):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y), f"step {t} differs after resume"
+    assert two["saved"]["in_flight"], "the checkpoint should have been taken with a round in flight"
+
+
+def _assert_loaded(loaded, saved):
+    for key in ("masters", "exp_avg", "exp_avg_sq"):
+        for a, b in zip(loaded[key], saved[key]):
+            assert torch.equal(a, b), key
+    assert loaded["lr"] == saved["lr"]
+    assert loaded["extra_k"] == SAVE_AT
+    # rounds bootstrap afresh: the compute parameters are the loaded masters, and training goes on
+    for compute, master in zip(loaded["compute"], loaded["masters"]):
+        assert torch.equal(compute, master)
+    assert loaded["continued"] == 2
+
+
+def test_resharded_load_on_three_ranks(two, three):
+    loaded = three["resharded"]
+    _assert_loaded(loaded, two["saved"])
+    assert loaded["commits"] >= two["saved"]["commits"]
+
+
+def test_resharded_load_on_one_rank_and_stock_fsdp2_interchange(two, ckpt, tmp_path):
+    got = run_distributed(F.one_rank_job, 1, ckpt=ckpt, ckpt2=str(tmp_path / "stock"), timeout=120)[0]
+    _assert_loaded(got["resharded"], two["saved"])
+    # stock FSDP2 ("enabled": false) loads the ACCO checkpoint ...
+    for a, b in zip(got["stock_loaded"]["masters"], two["saved"]["masters"][0::2]):  # param group 0: weights
+        assert torch.equal(a, b)
+    # ... and ACCO loads stock FSDP2's checkpoint: its compute parameters are the saved masters
+    assert got["acco_from_stock"]["commits"] == got["stock_saved"]["commits"]
+    for a, b in zip(got["acco_from_stock"]["full"], got["stock_saved"]["full"]):
+        assert torch.equal(a, b)
+    # unsupported set-ups fail at start-up, saying what is wrong
+    refused = got["refused"]
+    assert refused["2d_mesh"].startswith("AccoConfigError: mesh: got a 2-D mesh"), refused
+    assert refused["offload"].startswith("AccoConfigError: offload_policy: CPUOffloadPolicy"), refused
+    assert refused["reduce_dtype"].startswith("AccoConfigError: mp_policy.reduce_dtype: got torch.float32"), refused
+    assert refused["unsharded_params"].startswith("AccoConfigError: param_groups: a parameter"), refused
+    assert refused["odd_G"].startswith("AccoConfigError: gradient_accumulation_steps: got 3"), refused
+
+
+def test_gpt_trains_under_torchrun(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "ds_acco.examples.train_lm_fsdp", "--config", os.path.join(REPO, "ds_configs", "fsdp_acco.json"),
+           "--steps", "4", "--seq-len", "32", "--eval-batches", "2", "--save-dir", str(tmp_path / "ck")]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("[train_lm_fsdp] done")]
+    assert line, proc.stdout[-3000:]
+    m = re.search(r"final train loss ([\d.]+) .* comm hidden ([\d.]+)%", line[0])
+    assert m, line[0]
+    assert 0 < float(m.group(1)) < 10 and 0 <= float(m.group(2)) <= 100
+    assert os.path.isdir(tmp_path / "ck")
+
+
+# ----------------------------------------------------------------- in-process checks (no processes)
+
+
+def test_backend_is_read_from_the_acco_block():
+    from ds_acco.fsdp import _fsdp_config, split_backend
+
+    assert split_backend({"mode": "acco"}) == ("deepspeed", {"mode": "acco"})
+    assert split_backend({"backend": "fsdp", "mode": "dpu"}) == ("fsdp", {"mode": "dpu"})
+    assert _fsdp_config({"backend": "fsdp", "mode": "dpu"}).mode == "dpu"
+    with pytest.raises(AccoConfigError, match="acco.backend: got 'deepspeed'"):
+        _fsdp_config({"backend": "deepspeed"})
+    with pytest.raises(AccoConfigError, match="acco.backend: got 'megatron'; allowed: 'deepspeed', 'fsdp'"):
+        split_backend({"backend": "megatron"})
+    with pytest.raises(AccoConfigError, match="polcy"):
+        _fsdp_config({"backend": "fsdp", "polcy": "fixed"})
+
+
+def test_torch_range_is_checked():
+    from ds_acco._fsdp2 import check_torch_version
+
+    check_torch_version("2.13.0+cpu")
+    for bad in ("2.12.1", "2.14.0", "3.0.0"):
+        with pytest.raises(RuntimeError, match=r"supports torch >=2\.13,<2\.14 .* installed torch is " + bad):
+            check_torch_version(bad)
+
+
+def test_reduce_dtype_becomes_grad_accum_dtype():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from ds_acco.fsdp import _translate_mp_policy
+
+    model = F.W.make_model()
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    new_policy, config = _translate_mp_policy(policy, AccoConfig(), model)
+    assert new_policy.reduce_dtype is None and new_policy.param_dtype == torch.bfloat16
+    assert config.grad_accum_dtype == "fp32"
+    with pytest.raises(AccoConfigError, match="disagree"):
+        _translate_mp_policy(policy, AccoConfig(grad_accum_dtype="bf16"), model)
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+def test_json_config_means_what_it_means_to_deepspeed():
+    from deepspeed.runtime.lr_schedules import WarmupLR
+
+    from ds_acco.fsdp_config import load_job_config, warmup_lr
+
+    job = load_job_config(os.path.join(REPO, "ds_configs", "fsdp_acco.json"))
+    assert (job.micro_batch_size, job.gradient_accumulation_steps, job.clip_grad_norm) == (4, 4, 1.0)
+    assert job.optimizer_cls is torch.optim.AdamW and job.optimizer_kwargs["betas"] == (0.9, 0.95)
+    assert job.acco["backend"] == "fsdp" and job.mp_policy is None and job.ignored == []
+    assert load_job_config({"bf16": {"enabled": True}}).mp_policy.param_dtype == torch.bfloat16
+    assert load_job_config({"optimizer": {"type": "Adam", "params": {"lr": 1.0}}}).optimizer_cls is torch.optim.AdamW
+    assert load_job_config({"zero_optimization": {"stage": 1}}).ignored == ["zero_optimization"]
+    with pytest.raises(AccoConfigError, match="fp16.enabled"):
+        load_job_config({"fp16": {"enabled": True}})
+    with pytest.raises(AccoConfigError, match="acco.backend: got 'deepspeed'"):
+        load_job_config({"acco": {"backend": "deepspeed"}})
+    for kind in ("linear", "log"):  # WarmupLR: the same learning rate at every step as DeepSpeed's
+        ours, theirs = [torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.5) for _ in range(2)]
+        sched = warmup_lr(1e-4, 1e-3, 5, kind)(ours)
+        ds = WarmupLR(theirs, warmup_min_lr=1e-4, warmup_max_lr=1e-3, warmup_num_steps=5, warmup_type=kind)
+        for _ in range(8):
+            assert ours.param_groups[0]["lr"] == theirs.param_groups[0]["lr"]
+            sched.step()
+            ds.step()

@@ -25,22 +25,8 @@ USAGE
 
 NPROC="${NPROC:-2}"
 PORT="${MASTER_PORT:-29500}"
-while getopts ":hn:p:" opt; do
-  case "$opt" in
-    h) usage; exit 0 ;;
-    n) NPROC="$OPTARG" ;;
-    p) PORT="$OPTARG" ;;
-    :) echo "error: -$OPTARG needs a value" >&2; usage >&2; exit 2 ;;
-    *) echo "error: unknown option -$OPTARG" >&2; usage >&2; exit 2 ;;
-  esac
-done
-shift $((OPTIND - 1))
-if [[ $# -lt 1 ]]; then usage >&2; exit 2; fi
-CONFIG="$1"; shift
-
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / NPROC > 0 ? $(nproc) / NPROC : 1 ))}"
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+# shellcheck source=launchers/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # A RANK/WORLD_SIZE left over from an outer launcher would confuse the children.
 unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
 

@@ -105,3 +105,14 @@ def test_hf_trainer_gets_acco_from_its_deepspeed_config(tmp_path):
     losses = res["losses"]
     assert len(losses) == 5 and all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0] - 0.2
+
+
+@pytest.mark.parametrize("version, ok", [("0.19.8", True), ("0.19.0+abc", True), ("0.18.9", False), ("0.20.0", False)])
+def test_supported_deepspeed_range(version, ok):
+    from ds_acco.deepspeed_checks import check_deepspeed_version
+
+    if ok:
+        check_deepspeed_version(version)
+    else:
+        with pytest.raises(RuntimeError, match=f"found {version}.*>= 0.19.0, < 0.20.0"):
+            check_deepspeed_version(version)

@@ -152,7 +152,21 @@ def test_one_rank_dying_mid_run_ends_an_mpi_job(tmp_path):
     assert not SUMMARY.search(result.stdout)
 
 
-@pytest.mark.parametrize("launcher", ["deepspeed_local.sh", "torchrun.sh", "mpirun.sh", "slurm.sbatch"])
+FSDP_SUMMARY = re.compile(r"\[train_lm_fsdp\] done: steps (\d+) \| ranks (\d+) \| final train loss (\S+) \|.*"
+                          r"comm hidden ([\d.]+)%")
+
+
+def test_fsdp_example_under_mpiexec():
+    result = _launch("fsdp_mpirun.sh", os.path.join(CONFIGS, "fsdp_acco.json"), "--steps", "3", "--seq-len", "64")
+    assert result.returncode == 0, result.stdout[-4000:]
+    found = FSDP_SUMMARY.findall(result.stdout)
+    assert len(found) == 1, result.stdout[-4000:]
+    steps, ranks, loss, hidden = found[0]
+    assert int(steps) >= 3 and int(ranks) == 2 and math.isfinite(float(loss)) and 0 <= float(hidden) <= 100
+
+
+@pytest.mark.parametrize("launcher", ["deepspeed_local.sh", "torchrun.sh", "mpirun.sh", "fsdp_torchrun.sh",
+                                      "fsdp_mpirun.sh", "slurm.sbatch"])
 def test_launcher_help(launcher):
     result = subprocess.run(["bash", os.path.join(LAUNCHERS, launcher), "-h"], capture_output=True, text=True,
                             timeout=30)

@@ -64,6 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
     p.add_argument("--resume", action="store_true", help="load the newest checkpoint in --save-dir, if any")
     p.add_argument("--log-every", type=int, default=10, help="rank 0 prints the loss every N steps")
+    p.add_argument("--distributed-port", type=int, default=int(os.environ.get("MASTER_PORT", 29500)),
+                   help="rendezvous port when ranks come from mpiexec (default: $MASTER_PORT or 29500)")
     args = p.parse_args(argv)
     if not os.path.isfile(args.config):
         p.error(f"--config: no such file: {args.config}")
@@ -74,11 +76,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _init_distributed():
+def _init_distributed(distributed_port: int = 29500):
     """torchrun's environment, or a world of one on a free port; returns the device."""
     import torch
     import torch.distributed as dist
 
+    mpi_launched = any(v in os.environ for v in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK"))
+    if "RANK" not in os.environ and mpi_launched:
+        # mpiexec sets only its own variables: map them to RANK/WORLD_SIZE/LOCAL_RANK/MASTER_*
+        # with DeepSpeed's mpi4py discovery (the same code its launcher path uses).
+        from deepspeed.comm.comm import mpi_discovery
+
+        mpi_discovery(distributed_port=distributed_port, verbose=False)
     if "RANK" not in os.environ:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -110,7 +119,7 @@ def main(argv=None) -> int:
 
     job = load_job_config(args.config)  # a wrong config fails before any process group exists
     seq_len = args.seq_len or SIZES[args.model_size].n_positions
-    device = _init_distributed()
+    device = _init_distributed(args.distributed_port)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
 

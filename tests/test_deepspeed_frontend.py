@@ -114,5 +114,5 @@ def test_supported_deepspeed_range(version, ok):
     if ok:
         check_deepspeed_version(version)
     else:
-        with pytest.raises(RuntimeError, match=f"found {version}.*>= 0.19.0, < 0.20.0"):
+        with pytest.raises(RuntimeError, match=rf">= 0\.19\.0, < 0\.20\.0; found {version}"):
             check_deepspeed_version(version)

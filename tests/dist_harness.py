@@ -165,8 +165,11 @@ def _run_fresh(fn, world_size: int, *args, timeout: float = 120.0, pg_timeout: f
         for r, p in enumerate(procs):  # the ranks that must finish, within the deadline
             if r not in expect_dead:
                 p.join(max(0.0, timeout - (time.monotonic() - t0)))
-        for r in expect_dead:  # a killed victim is already gone; a stopped one is killed now
-            procs[r].join(1.0)
+        for r in expect_dead:
+            # With survivors, a victim that is still there once they are done is stopped (SIGSTOP):
+            # kill it now. When every rank is a victim, each must get to its own death.
+            grace = max(0.0, timeout - (time.monotonic() - t0)) if len(expect_dead) == world_size else 1.0
+            procs[r].join(grace)
         hung = [r for r, p in enumerate(procs) if p.is_alive() and r not in expect_dead]
         for p in procs:
             if p.is_alive():

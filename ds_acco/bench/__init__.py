@@ -1,0 +1,9 @@
+"""Benchmarks of ds_acco against stock DeepSpeed ZeRO-1 on an emulated cluster (``python -m ds_acco.bench``).
+
+Modules: :mod:`~ds_acco.bench.cluster` (network namespaces, tc shaping, cgroup CPU
+quotas; also ``launchers/local_cluster.py``), :mod:`~ds_acco.bench.worker` (train_lm
+plus memory and interface counters), :mod:`~ds_acco.bench.configs` (the compared
+DeepSpeed configs), :mod:`~ds_acco.bench.runner` (sweeps and result rows),
+:mod:`~ds_acco.bench.analysis` (derived figures and targets), :mod:`~ds_acco.bench.memory`
+(analytic memory model), :mod:`~ds_acco.bench.plots` (PNGs).
+"""

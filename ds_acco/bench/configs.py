@@ -1,0 +1,97 @@
+"""The DeepSpeed configs a benchmark compares, generated from the ``ds_configs/`` templates.
+
+Every config shares ``zero1_baseline.json``'s optimizer, scheduler, clipping and
+ZeRO-1 block, and the benchmark's micro-batch size and accumulation steps, so the
+model, data, seed, micro-batch and tokens per optimizer step are the same in every
+run; only how gradients travel differs:
+
+==================  ============================================================
+``zero1``           stock DeepSpeed ZeRO-1, ``overlap_comm: false``
+``zero1_overlap``   stock DeepSpeed ZeRO-1, ``overlap_comm: true`` (zero1_overlap.json)
+``sync``            ds_acco ``mode: sync`` (its ZeRO-1 reference, no overlap)
+``dpu``             ds_acco ``mode: dpu`` (one-step delayed update; dpu.json)
+``acco_fixed``      ds_acco ``mode: acco``, ``policy: fixed`` (acco_fixed.json)
+``acco_adaptive``   ds_acco ``mode: acco``, ``policy: adaptive`` (acco_adaptive.json)
+==================  ============================================================
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TEMPLATE_DIR = os.path.join(REPO, "ds_configs")
+
+CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive")
+STOCK = ("zero1", "zero1_overlap")
+LABELS = {
+    "zero1": "DeepSpeed ZeRO-1",
+    "zero1_overlap": "DeepSpeed ZeRO-1 overlap_comm",
+    "sync": "ds_acco sync",
+    "dpu": "ds_acco dpu",
+    "acco_fixed": "ds_acco acco fixed",
+    "acco_adaptive": "ds_acco acco adaptive",
+}
+_ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "acco_fixed.json",
+                  "acco_adaptive": "acco_adaptive.json"}
+
+
+def _load(name: str, template_dir: str) -> dict:
+    with open(os.path.join(template_dir, name), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: Optional[int] = None,
+                telemetry_jsonl: Optional[str] = None, max_micro_batches_per_round: Optional[int] = None,
+                template_dir: str = TEMPLATE_DIR) -> dict:
+    """The DeepSpeed config dict of benchmark config ``name`` (one of :data:`CONFIGS`).
+
+    Args:
+        micro_batch: ``train_micro_batch_size_per_gpu``.
+        grad_accum: ``gradient_accumulation_steps`` (even, for acco fixed).
+        warmup_steps: ``acco.warmup_steps`` (None: the template's).
+        telemetry_jsonl: ``acco.telemetry.jsonl_path`` (one record per round per rank).
+        max_micro_batches_per_round: adaptive cap (None: the template's).
+
+    Raises:
+        ValueError: unknown name or a bad number.
+    """
+    if name not in CONFIGS:
+        raise ValueError(f"config: got {name!r}; allowed: {', '.join(CONFIGS)}")
+    for field, value in (("micro_batch", micro_batch), ("grad_accum", grad_accum)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{field}: got {value!r}; allowed: an integer >= 1")
+    cfg = _load("zero1_baseline.json", template_dir)
+    cfg["train_micro_batch_size_per_gpu"] = micro_batch
+    cfg["gradient_accumulation_steps"] = grad_accum
+    cfg.pop("train_batch_size", None)
+    cfg["steps_per_print"] = 10 ** 9  # keep DeepSpeed's periodic prints out of the logs
+    if name == "zero1_overlap":
+        cfg["zero_optimization"] = copy.deepcopy(_load("zero1_overlap.json", template_dir)["zero_optimization"])
+    if name in _ACCO_TEMPLATE:
+        acco = copy.deepcopy(_load(_ACCO_TEMPLATE[name], template_dir)["acco"])
+        if name == "sync":
+            acco["mode"] = "sync"
+            acco.pop("max_micro_batches_per_round", None)
+        if warmup_steps is not None:
+            acco["warmup_steps"] = warmup_steps
+        if max_micro_batches_per_round is not None and acco.get("policy") == "adaptive":
+            acco["max_micro_batches_per_round"] = max_micro_batches_per_round
+        telemetry = dict(acco.get("telemetry", {}))
+        telemetry["log_every"] = 0
+        if telemetry_jsonl:
+            telemetry["jsonl_path"] = telemetry_jsonl
+        acco["telemetry"] = telemetry
+        cfg["acco"] = acco
+    return cfg
+
+
+def validate(cfg: dict) -> None:
+    """Check the ``"acco"`` block the way ds_acco will at start-up (raises AccoConfigError)."""
+    if "acco" in cfg:
+        from ds_acco.config import parse_acco_config
+
+        parse_acco_config(cfg["acco"]).check_accumulation(cfg["gradient_accumulation_steps"])

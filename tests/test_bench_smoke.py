@@ -1,0 +1,233 @@
+"""Smoke tests of the emulated cluster (launchers/local_cluster.py) and the benchmark runner.
+
+The cluster tests need root and iproute2 (network namespaces, tc, cgroup v1 cpu);
+they are skipped elsewhere. The benchmark smoke sweep runs everywhere: on
+namespaces when it can, else on loopback (``python -m ds_acco.bench`` falls back by
+itself). It launches tiny-model train_lm jobs on 2 hosts for 3 steps, every
+benchmark path once (bandwidth runs, a slow host with the hosts alone, the memory
+and convergence tables from those runs, all plots), and asserts on the numbers in
+the outputs, not just on files existing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ds_acco.bench import analysis, cluster, configs, memory, plots, runner
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHER = os.path.join(REPO, "launchers", "local_cluster.py")
+NETNS = cluster.netns_available()
+CGROUP = NETNS and os.path.isfile(os.path.join(cluster.CPU_CGROUP_ROOT, "cpu.cfs_quota_us"))
+needs_netns = pytest.mark.skipif(not NETNS, reason="needs root and iproute2 (ip, tc)")
+
+# Rank 1 streams NBYTES to rank 0 over the emulated link; rank 0 prints the rate it received.
+TRANSFER = r"""
+import os, socket, time
+rank, addr, port = int(os.environ["RANK"]), os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1
+n = 3_000_000
+if rank == 0:
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((addr, port)); s.listen(1)
+    c, _ = s.accept(); got, t0 = 0, None
+    while got < n:
+        b = c.recv(1 << 20)
+        if not b: break
+        t0 = t0 or time.time(); got += len(b)
+    print("RATE_BIT_S", got * 8 / (time.time() - t0), os.environ["GLOO_SOCKET_IFNAME"], os.environ["WORLD_SIZE"])
+    c.sendall(b"k")
+else:
+    for _ in range(100):
+        try: c = socket.create_connection((addr, port)); break
+        except OSError: time.sleep(0.05)
+    c.sendall(b"x" * n); c.recv(1)
+"""
+
+
+def _leftovers(pid: int) -> list[str]:
+    tag = f"{cluster.PREFIX}_{pid}_"
+    names = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+             if n.startswith(tag)]
+    if os.path.isdir(cluster.CPU_CGROUP_ROOT):
+        names += [n for n in os.listdir(cluster.CPU_CGROUP_ROOT) if n.startswith(tag)]
+    return names
+
+
+# --------------------------------------------------------------------------- pure parts (fast)
+
+
+def test_parsers_and_errors():
+    assert cluster.parse_rate("100mbit") == 1e8 and cluster.parse_rate("1gbit") == 1e9
+    assert cluster.parse_rate("2mbps") == 16e6 and cluster.parse_rate("unshaped") is None
+    assert cluster.parse_delay("1ms") == pytest.approx(1e-3) and cluster.parse_delay(None) is None
+    assert cluster.parse_host_map(["host1=50"], 2, "q") == {1: 50.0}
+    assert cluster.parse_host_map(["host0=0:1,host1=1"], 2, "c", cluster.parse_cpu_list) == {0: (0, 1), 1: (1,)}
+    for bad in ("fast", "-3mbit", "10 parsecs"):
+        with pytest.raises(ValueError, match="rate"):
+            cluster.parse_rate(bad)
+    with pytest.raises(ValueError, match="host2 does not exist"):
+        cluster.parse_host_map(["host2=50"], 2, "--cpu-quota")
+    with pytest.raises(ValueError, match="loopback"):
+        cluster.LocalCluster(2, rate=1e8, netns=False)
+
+
+def test_not_root_is_refused(monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert cluster.main(["--hosts", "2", "--", "true"]) == 2
+    assert "root is required" in capsys.readouterr().err
+
+
+def test_configs_share_everything_but_the_gradient_path(tmp_path):
+    made = {name: configs.make_config(name, micro_batch=2, grad_accum=4, warmup_steps=1,
+                                      telemetry_jsonl=str(tmp_path / "t.jsonl")) for name in configs.CONFIGS}
+    for name, cfg in made.items():
+        configs.validate(cfg)
+        assert cfg["train_micro_batch_size_per_gpu"] == 2 and cfg["gradient_accumulation_steps"] == 4
+        assert cfg["optimizer"] == made["zero1"]["optimizer"] and cfg["scheduler"] == made["zero1"]["scheduler"]
+    assert "acco" not in made["zero1"] and made["zero1_overlap"]["zero_optimization"]["overlap_comm"] is True
+    modes = {n: (c["acco"]["mode"], c["acco"]["policy"]) for n, c in made.items() if "acco" in c}
+    assert modes == {"sync": ("sync", "fixed"), "dpu": ("dpu", "fixed"), "acco_fixed": ("acco", "fixed"),
+                     "acco_adaptive": ("acco", "adaptive")}
+    assert all(c["acco"]["telemetry"]["jsonl_path"] == str(tmp_path / "t.jsonl") for c in made.values() if "acco" in c)
+
+
+def test_memory_model():
+    P, N = 1_000_000, 2
+    assert memory.total("zero1", N, P) == pytest.approx(12 * P + 16 * P / N)
+    assert memory.total("sync", N, P) == pytest.approx(16 * P + 36 * P / N)
+    assert memory.total("sync", N, P, clipping=False) == pytest.approx(16 * P + 20 * P / N)
+    assert memory.total("acco_adaptive", N, P) == pytest.approx(16 * P + 52 * P / N)
+    assert memory.formula("acco_fixed") == "16·P + 52·P/N"
+    # acco = ZeRO-1 + one model-sized buffer + O(P/N)
+    assert memory.total("acco_fixed", N, P) - memory.total("zero1", N, P) == pytest.approx(4 * P + 36 * P / N)
+
+
+def test_timeline_reconstruction():
+    recs = [dict(index=0, kind="commit", mode="sync", counts=[2, 2], compute_s=1.0, round_s=0.5, waited_s=0.5),
+            dict(index=1, kind="estimate", mode="acco", counts=[1, 1], compute_s=0.4, round_s=0.3, waited_s=0.0),
+            dict(index=2, kind="commit", mode="acco", counts=[2, 2], compute_s=0.5, round_s=0.6, waited_s=0.1)]
+    iv = plots.reconstruct(recs)
+    assert iv[0]["comm"] == (1.0, 1.5) and iv[0]["wait"] == (1.0, 1.5)
+    assert iv[1]["compute"] == (1.5, 1.9) and iv[1]["comm"][1] == pytest.approx(1.9)  # bootstrap: ends at swap
+    assert iv[2]["comm"][0] == pytest.approx(1.9) and iv[2]["wait"] == (pytest.approx(2.4), pytest.approx(2.5))
+
+
+def test_loopback_sweep_has_no_shaped_runs():
+    sweep = runner.build_sweep("full", netns=False, root=False, rates=["unshaped", "10mbit"])
+    assert {r.rate for r in sweep.runs if r.scenario == "bandwidth"} == {"unshaped"}
+    assert {r.config for r in sweep.runs if r.scenario == "bandwidth"} == set(configs.CONFIGS)
+    slow = [r for r in sweep.runs if r.scenario == "slow_host"]
+    assert slow and all(not r.cpu_quota and r.workload.compute_delay_ms == "0,20" for r in slow)
+
+
+# --------------------------------------------------------------------------- the cluster (root)
+
+
+@needs_netns
+def test_cluster_shapes_links_and_tears_down(tmp_path):
+    stats = tmp_path / "stats.json"
+    args = [sys.executable, LAUNCHER, "--hosts", "2", "--rate", "20mbit", "--quiet", "--log-dir", str(tmp_path),
+            "--stats-json", str(stats), "--timeout", "60"]
+    if CGROUP:
+        args += ["--cpu-quota", "host1=50"]
+    proc = subprocess.run(args + ["--", sys.executable, "-c", TRANSFER], capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    line = (tmp_path / "host0.log").read_text()
+    m = re.search(r"RATE_BIT_S (\S+) eth0 2", line)
+    assert m, line
+    rate = float(m.group(1))
+    assert 2e6 < rate < 20e6 * 1.15, f"received {rate / 1e6:.1f} Mbit/s over a 20mbit link"
+    st = json.loads(stats.read_text())
+    assert [h["exit_code"] for h in st["hosts"]] == [0, 0]
+    assert st["hosts"][1]["delta"]["tx_bytes"] >= 3_000_000  # the interface counters saw the payload
+    assert [h["ip"] for h in st["hosts"]] == ["10.77.0.1", "10.77.0.2"]
+    if CGROUP:
+        assert st["hosts"][1]["cpu_quota_pct"] == 50.0
+    owner = int(os.path.basename(st["hosts"][0]["netns"]).split("_")[1])
+    assert _leftovers(owner) == [], "namespaces or cgroups left behind"
+
+
+@needs_netns
+def test_cluster_failure_and_signal_teardown(tmp_path):
+    # a failing host stops the others and its exit status comes back
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, LAUNCHER, "--hosts", "2", "--quiet", "--log-dir", str(tmp_path), "--",
+                           "bash", "-c", 'if [ "$RANK" = 1 ]; then exit 3; fi; sleep 60'],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3 and time.monotonic() - t0 < 30, proc.stderr
+    # SIGTERM mid-run: everything is torn down, 128 + 15 comes back
+    args = [sys.executable, LAUNCHER, "--hosts", "2", "--rate", "10mbit", "--quiet", "--log-dir", str(tmp_path)]
+    if CGROUP:
+        args += ["--cpu-quota", "host0=30"]
+    p = subprocess.Popen(args + ["--", "sleep", "61.25"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not _leftovers(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _leftovers(p.pid), "the cluster never came up"
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    assert _leftovers(p.pid) == []
+    assert subprocess.run(["pgrep", "-f", "^sleep 61.25$"], capture_output=True).returncode != 0, "host left running"
+
+
+# --------------------------------------------------------------------------- the benchmark smoke sweep
+
+
+def _finite_positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_bench_smoke_sweep(tmp_path):
+    out = tmp_path / "bench"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "ds_acco.bench", "run", "--sweep", "smoke", "--out", str(out),
+                           "--no-progress"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((out / "results.json").read_text())
+    runs = {r["id"]: r for r in result["runs"]}
+    expected = {("bandwidth", "zero1", 2), ("bandwidth", "acco_adaptive", 2), ("slow_host", "acco_adaptive", 2),
+                ("alone", "zero1", 1)}
+    assert {(r["scenario"], r["config"], r["hosts"]) for r in runs.values()} == expected
+    assert len(runs) == 5 and all(r["ok"] for r in runs.values()), [r.get("error_tail") for r in runs.values()]
+    for r in runs.values():
+        assert _finite_positive(r["tokens_per_s"]) and _finite_positive(r["summary_tokens_per_s"]), r["id"]
+        assert r["steps"] == 3 and _finite_positive(r["steps_per_s"])
+        assert math.isfinite(r["final_train_loss"]) and 0 < r["val_loss"] < 7, r["id"]  # ln(257) = 5.55 at start
+        assert all(_finite_positive(d["peak_rss_mb"]) and d["peak_rss_mb"] >= d["baseline_rss_mb"] for d in r["ranks"])
+        assert [c["step"] for c in r["curve"]] == [1, 2, 3]
+        assert r["params"] == pytest.approx(220_000, rel=0.05)
+    acco = next(r for r in runs.values() if r["scenario"] == "bandwidth" and r["config"] == "acco_adaptive")
+    zero1 = next(r for r in runs.values() if r["scenario"] == "bandwidth" and r["config"] == "zero1")
+    assert 0 <= acco["comm_hidden_pct"] <= 100 and zero1["comm_hidden_pct"] is None
+    assert acco["ring_bytes_sent_per_step"] > 0 and len(acco["timeline"]) == 2 and acco["timeline"][0]
+    if result["netns"]:
+        assert zero1["iface_tx_bytes_per_step"] > 0 and acco["iface_tx_bytes_per_step"] > 0
+    slow = next(r for r in runs.values() if r["scenario"] == "slow_host")
+    assert slow["ranks"][0]["micro_batches"] >= slow["ranks"][1]["micro_batches"]  # rank 1 is the slow one
+    a = result["analysis"]
+    assert _finite_positive(a["slow_host"]["alone_host0_tokens_per_s"])
+    assert {m["config"] for m in a["memory"]} == {"zero1", "acco_adaptive"}
+    assert any(t["target"].startswith("slow host") and t["value"] is not None for t in a["targets"])
+    # plots from the run, and again through the plot command
+    for name in plots.PLOTS:
+        assert (out / name).stat().st_size > 5000, name
+    replot = tmp_path / "replot"
+    proc = subprocess.run([sys.executable, "-m", "ds_acco.bench", "plot", str(out / "results.json"), "--out",
+                           str(replot)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(replot)) == sorted(plots.PLOTS) and all(
+        (replot / n).stat().st_size > 5000 for n in plots.PLOTS)
+    csv = (out / "results.csv").read_text().splitlines()
+    assert len(csv) == 1 + len(runs) and csv[0].startswith("id,scenario,config")
+    print(f"bench smoke sweep: {elapsed:.1f}s ({'netns' if result['netns'] else 'loopback'})")

@@ -77,7 +77,7 @@ def tokens_vs_bandwidth(result: dict, path: str) -> Optional[str]:
     ax.set_title("throughput")
     ax2.set_ylabel("% of step (train_s)")
     ax2.set_ylim(-2, 102)
-    ax2.set_title("communication exposed: ZeRO-1 1-compute/step; ds_acco waits")
+    ax2.set_title("exposed communication\n(ZeRO-1: 1 - compute/step; ds_acco: training-thread wait)", fontsize=9)
     ax.legend(fontsize=7)
     fig.suptitle(_title(result, "tokens/s vs link bandwidth"), fontsize=9)
     fig.tight_layout()
@@ -107,6 +107,11 @@ def loss_vs_tokens(result: dict, path: str) -> Optional[str]:
             ax2.plot([t for t, _ in v], [y for _, y in v], color=COLORS[cfg], marker=MARKERS[cfg], label=LABELS[cfg])
     ax.set_title("training loss (rank 0, smoothed)")
     ax2.set_title("held-out validation loss")
+    ref = next((r for r in runs if r["config"] == "zero1"), runs[0])
+    ref_vals = [y for _, y in val_points(ref)] + [p["loss"] for p in ref["curve"] if p.get("loss") is not None][:1]
+    if ref_vals:  # keep a diverging run from squashing the others
+        ax.set_ylim(top=1.1 * max(ref_vals))
+        ax2.set_ylim(top=1.3 * max(y for _, y in val_points(ref)) if val_points(ref) else None)
     for a in (ax, ax2):
         a.set_xlabel("tokens (all workers)")
         a.set_ylabel("loss (nats/byte)")

@@ -566,11 +566,22 @@ CSV_FIELDS = ("id", "scenario", "config", "rate", "hosts", "cpu_quota", "ok", "s
               "steady_step_s", "mean_counts_per_commit", "qdisc_drops", "wall_s", "load1", "foreign_runnable")
 
 
+def _rounded(obj, digits: int = 5):
+    """Floats to ``digits`` significant digits (measurements are not more precise), recursively."""
+    if isinstance(obj, float):
+        return float(f"{obj:.{digits}g}") if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_rounded(v, digits) for v in obj]
+    return obj
+
+
 def write_outputs(result: dict, out_dir: str) -> tuple[str, str]:
     os.makedirs(out_dir, exist_ok=True)
     json_path = os.path.join(out_dir, "results.json")
     with open(json_path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1, default=str)
+        json.dump(_rounded(result), f, separators=(",", ":"), default=str)
     os.replace(json_path + ".tmp", json_path)
     csv_path = os.path.join(out_dir, "results.csv")
     with open(csv_path, "w", newline="", encoding="utf-8") as f:

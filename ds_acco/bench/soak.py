@@ -134,33 +134,11 @@ def _report(args, per_rank: list, summary: dict) -> None:
         pass
 
 
-def _spawned(rank, world, port, args):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    _run(args)
-
-
-def _run(args):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    try:
-        soak(args)
-    finally:
-        dist.destroy_process_group()
-
-
 def main(argv=None):
+    from ds_acco.local_launch import run_ranks
+
     args = parse_args(argv)
-    if "RANK" in os.environ:
-        _run(args)
-        return
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_spawned, args=(args.nproc, port, args), nprocs=args.nproc)
+    run_ranks(soak, args, args.nproc)
 
 
 if __name__ == "__main__":

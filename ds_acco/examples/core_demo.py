@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import time
 
 import torch
@@ -64,34 +63,16 @@ def worker(args) -> None:
     engine.close()
 
 
-def _spawned(rank, world, port, args):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    _run(args)
-
-
-def _run(args):
-    torch.set_num_threads(1)
+def _worker_with_logging(args) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    dist.init_process_group("gloo")
-    try:
-        worker(args)
-    finally:
-        dist.destroy_process_group()
+    worker(args)
 
 
 def main(argv=None):
+    from ds_acco.local_launch import run_ranks
+
     args = parse_args(argv)
-    if "RANK" in os.environ:
-        _run(args)
-        return
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_spawned, args=(args.nproc, port, args), nprocs=args.nproc)
+    run_ranks(_worker_with_logging, args, args.nproc)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from ds_acco.bench import analysis, cluster, configs, memory, plots, runner
+from ds_acco.bench import cluster, configs, memory, plots, runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO, "launchers", "local_cluster.py")

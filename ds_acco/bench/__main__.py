@@ -136,6 +136,8 @@ def main(argv=None) -> int:
     r.add_argument("--rerun", default=None, metavar="REGEX",
                    help="with --resume: run again the kept runs whose id matches REGEX")
     r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--jobs", type=int, default=None,
+                   help="launches at once (default: 2 for 'smoke', whose numbers are not measurements; 1 otherwise)")
     r.add_argument("--dry-run", action="store_true", help="print the runs' commands and exit")
     pl = sub.add_parser("plot", help="write the PNG plots of a results.json (next to it unless --out)")
     pl.add_argument("results")
@@ -177,7 +179,7 @@ def main(argv=None) -> int:
 
     from .cluster import missing_requirements
     from .plots import plot_all
-    from .runner import LoadGate, build_sweep, execute, launch_command, prepare_run, run_sweep  # noqa: F401
+    from .runner import LoadGate, build_sweep, launch_command, prepare_run, run_sweep
 
     netns = not args.no_netns
     if netns and missing_requirements(netns=True):
@@ -209,8 +211,12 @@ def main(argv=None) -> int:
             import re
 
             previous["runs"] = [x for x in previous["runs"] if not re.search(args.rerun, x["id"])]
+    jobs = args.jobs if args.jobs is not None else (2 if args.sweep == "smoke" else 1)
+    if jobs > 1 and max_load is not None:
+        print("[bench] --jobs > 1 runs launches side by side: the load gate is off and the figures are "
+              "not measurements", file=sys.stderr)
     result = run_sweep(sweep, args.out, netns=netns, gate=gate, progress=not args.no_progress,
-                       log=lambda m: print(m, file=sys.stderr), previous=previous)
+                       log=lambda m: print(m, file=sys.stderr), previous=previous, jobs=max(1, jobs))
     plots = plot_all(result, args.out)
     params = next((r["params"] for r in result["runs"] if r.get("params") and r["scenario"] == "memory"),
                   next((r["params"] for r in result["runs"] if r.get("params")), None))

@@ -619,12 +619,15 @@ def machine_info() -> dict:
 
 
 def run_sweep(sweep: Sweep, out_dir: str, *, netns: bool, gate: LoadGate, progress: bool = True,
-              log=print, previous: Optional[dict] = None, retries: int = 1) -> dict:
+              log=print, previous: Optional[dict] = None, retries: int = 1, jobs: int = 1) -> dict:
     """Run every spec of ``sweep``; returns (and writes, after every run) the result document.
 
     With a load gate, a run during which other processes were runnable (mean > 0.5,
     sampled every second) is measured again, up to ``retries`` times while the gate's
     waiting budget lasts; every attempt's load is kept in the row's ``attempts``.
+
+    ``jobs > 1`` runs that many launches at once, with no load gate: only for the
+    smoke sweep, whose numbers are not measurements.
     """
     from tqdm import tqdm
 
@@ -636,8 +639,10 @@ def run_sweep(sweep: Sweep, out_dir: str, *, netns: bool, gate: LoadGate, progre
         done = {r["id"]: r for r in previous.get("runs", []) if r.get("ok")}
     else:
         done = {}
-    bar = tqdm(sweep.runs, unit="run", disable=not progress, dynamic_ncols=True, file=sys.stderr)
     t_sweep = time.monotonic()
+    if jobs > 1:
+        return _run_parallel(sweep, out_dir, netns=netns, jobs=jobs, result=result, done=done, t_sweep=t_sweep)
+    bar = tqdm(sweep.runs, unit="run", disable=not progress, dynamic_ncols=True, file=sys.stderr)
     for spec in bar:
         bar.set_postfix_str(spec.run_id, refresh=True)
         if spec.run_id in done:
@@ -673,6 +678,30 @@ def run_sweep(sweep: Sweep, out_dir: str, *, netns: bool, gate: LoadGate, progre
     result["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     result["sweep_wall_s"] = round(time.monotonic() - t_sweep, 1)
     result["load_wait_s"] = round(gate.waited_s, 1)
+    write_outputs(result, out_dir)
+    return result
+
+
+def _run_parallel(sweep: Sweep, out_dir: str, *, netns: bool, jobs: int, result: dict, done: dict,
+                  t_sweep: float) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .analysis import analyse
+
+    def one(spec: RunSpec) -> dict:
+        if spec.run_id in done:
+            return done[spec.run_id]
+        load = {"loadavg": list(loadavg()), "foreign_runnable": None, "quiet": None, "waited_s": 0.0,
+                "parallel_jobs": jobs}
+        run_dir, rc, wall = execute(spec, out_dir, netns=netns, timeout_s=sweep.timeout_s)
+        return parse_run(spec, run_dir, rc, wall, load)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        result["runs"] = list(pool.map(one, sweep.runs))
+    result["analysis"] = analyse(result["runs"])
+    result["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    result["sweep_wall_s"] = round(time.monotonic() - t_sweep, 1)
+    result["load_wait_s"] = 0.0
     write_outputs(result, out_dir)
     return result
 

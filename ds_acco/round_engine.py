@@ -374,7 +374,8 @@ class RoundEngine:
         """Clip the mean gradient shards in place by the norm over every rank's shards."""
         sq = torch.zeros(1, dtype=torch.float64, device=self.device)
         for shard in self._shard32:
-            sq += shard.double().pow(2).sum()
+            # vector_norm reduces without a shard-sized temporary (a .double() copy cost 8 B/element)
+            sq += torch.linalg.vector_norm(shard).double() ** 2
         self.coll.all_reduce_sum(sq)
         norm = math.sqrt(float(sq.item()))
         coef = self.clip / (norm + 1e-6)

@@ -437,6 +437,8 @@ class RoundEngine:
             "kept": [k.clone() for k in self._kept],
             "kept_count": self._kept_count,
             "kept_nonfinite": self._kept_nonfinite,
+            "residuals": [rs.residual.clone() if rs.residual is not None else None for rs in self._int8_rs]
+            if self._int8_rs is not None else None,
             "pending": pending,
         }
 
@@ -468,6 +470,12 @@ class RoundEngine:
         for kept, saved in zip(self._kept, state["kept"]):
             kept.copy_(saved)
         self._kept_count, self._kept_nonfinite = state["kept_count"], state["kept_nonfinite"]
+        saved_residuals = state.get("residuals") or [None] * len(self.groups)  # absent before error feedback was saved
+        for rs, saved in zip(self._int8_rs or [], saved_residuals):
+            if rs.residual is not None and saved is not None:
+                rs.residual.copy_(saved)
+            else:
+                rs.reset_error_feedback()
         pending = state["pending"]
         if pending is not None:
             for full, part in zip(self._staging, pending["staging_shards"]):
@@ -489,6 +497,8 @@ class RoundEngine:
         for kept in self._kept:
             kept.zero_()
         self._kept_count, self._kept_nonfinite, self._n = 0, False, 0
+        for rs in self._int8_rs or []:
+            rs.reset_error_feedback()
         self._next_kind = ESTIMATE if self.config.mode == "acco" else COMMIT
         if commits is not None:
             self.commits = commits

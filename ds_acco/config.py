@@ -66,6 +66,11 @@ class StreamingConfig(_Block):
     """Pseudo-gradient reduce-scatter payload: blockwise int8 or fp32."""
     all_gather_dtype: Literal["bf16", "int8", "fp32"] = "bf16"
     """Wire dtype of the all-gather of the updated global fragment."""
+    fragment_modules: Optional[list[list[str]]] = None
+    """Which layers form each fragment, by qualified name (as ``model.named_modules()`` or
+    ``model.named_parameters()`` spell them, relative to the model passed to DeepSpeed):
+    one list per fragment, ``fragments`` lists, every trainable parameter in exactly
+    one. None: the default split (consecutive blocks of the model's layer stack)."""
 
     @model_validator(mode="after")
     def _schedule(self) -> "StreamingConfig":
@@ -74,6 +79,11 @@ class StreamingConfig(_Block):
             raise ValueError(
                 f"acco.streaming.sync_every: got {H}; must be >= acco.streaming.fragments ({P}) so that "
                 "every fragment gets its own sync step in each window of sync_every inner steps"
+            )
+        if self.fragment_modules is not None and len(self.fragment_modules) != P:
+            raise ValueError(
+                f"acco.streaming.fragment_modules: got {len(self.fragment_modules)} lists; allowed: one list of "
+                f"module names per fragment, acco.streaming.fragments = {P}"
             )
         if tau * P >= H:
             raise ValueError(
@@ -172,8 +182,9 @@ class AccoConfig(_Block):
         starts a round engine calls this first)."""
         if self.mode == "streaming":
             raise AccoConfigError(
-                "acco.mode: got 'streaming'; Streaming DiLoCo runs through ds_acco.streaming.build(model, ...), "
-                "not the gradient round engine. Allowed here: 'sync', 'dpu', 'acco'"
+                "acco.mode: got 'streaming'; Streaming DiLoCo runs through ds_acco.streaming.build(model, ...) "
+                "or ds_acco.initialize with zero_optimization.stage 0, not the gradient round engine. "
+                "Allowed here: 'sync', 'dpu', 'acco'"
             )
         if gradient_accumulation_steps < 1:
             raise AccoConfigError(

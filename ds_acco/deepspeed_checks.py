@@ -47,10 +47,13 @@ def check_ds_config(raw: Mapping[str, Any], acco: AccoConfig) -> None:
             "'deepspeed'); train FSDP2 models with ds_acco.fsdp.acco_fully_shard"
         )
     stage = _get(raw, "zero_optimization", "stage", default=0)
-    if stage != 1:
+    if acco.mode == "streaming":
+        problems.extend(_streaming_problems(raw, stage))
+    elif stage != 1:
         problems.append(
             f"zero_optimization.stage: got {stage!r}; ACCO shards optimizer states ZeRO-1 style and "
-            "needs stage 1 (stages 0, 2 and 3 are not supported with an enabled \"acco\" block)"
+            "needs stage 1 (stages 0, 2 and 3 are not supported with acco.mode "
+            f"{acco.mode!r}; acco.mode 'streaming' runs on stage 0)"
         )
     for key in ("offload_optimizer", "offload_param"):
         device = _get(raw, "zero_optimization", key, "device", default="none")
@@ -70,13 +73,35 @@ def check_ds_config(raw: Mapping[str, Any], acco: AccoConfig) -> None:
     if _get(raw, "fp16", "enabled", default=False) and not acco.check_finite:
         problems.append("acco.check_finite: got false; fp16 loss scaling needs overflow detection, set it to true")
     G = raw.get("gradient_accumulation_steps")
-    if isinstance(G, int) and not isinstance(G, bool):
+    if isinstance(G, int) and not isinstance(G, bool) and acco.mode != "streaming":
         try:
             acco.check_accumulation(G)
         except AccoConfigError as exc:
             problems.append(str(exc))
     if problems:
         raise AccoConfigError("DeepSpeed config not supported with ACCO:\n  " + "\n  ".join(problems))
+
+
+def _streaming_problems(raw: Mapping[str, Any], stage: Any) -> list[str]:
+    """Streaming keeps a full fp32 replica and a local inner optimizer on every rank."""
+    problems = []
+    if stage != 0:
+        problems.append(
+            f"zero_optimization.stage: got {stage!r}; acco.mode 'streaming' keeps a full replica and its own "
+            "inner optimizer on every rank (only the global parameters and outer momentum are sharded, by "
+            "ds_acco), so it needs stage 0: set zero_optimization.stage to 0 or remove the block"
+        )
+    for block in ("fp16", "bf16"):
+        if _get(raw, block, "enabled", default=False):
+            problems.append(
+                f"{block}.enabled: got true; acco.mode 'streaming' trains fp32 replicas (DeepSpeed's {block} "
+                "optimizer would keep master weights the fragment merges cannot reach). For "
+                f"{'bfloat16' if block == 'bf16' else 'float16'} compute use "
+                f'"torch_autocast": {{"enabled": true, "dtype": "{"bfloat16" if block == "bf16" else "float16"}"}}'
+            )
+    if _get(raw, "amp", "enabled", default=False):
+        problems.append("amp.enabled: got true; acco.mode 'streaming' supports torch_autocast, not apex amp")
+    return problems
 
 
 def check_model(model: Any) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from typing import Any, Optional
 
 import torch
@@ -30,6 +29,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
 from . import deepspeed_elastic as elastic
+from .deepspeed_atomic import atomic_save, atomic_torch_save, latest_tag
 from .config import AccoConfig, AccoConfigError
 from .flat_buffer import FlatLayout, ShardedGroup, rebind_params
 from .round_engine import COMMIT, RoundEngine
@@ -39,12 +39,6 @@ from .telemetry import RoundRecord
 logger = logging.getLogger("ds_acco")
 
 ROUND_STATE_FILE = "acco_round_state_dp_rank_{rank}.pt"
-
-
-def _atomic_save(obj: Any, path: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 class AccoDeepSpeedEngine(DeepSpeedEngine):
@@ -183,42 +177,23 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
         return ds_dist.get_rank(group=self.optimizer.real_dp_process_group[0])
 
     def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):
-        """DeepSpeed's checkpoint plus the round state, written atomically.
-
-        Every rank writes into ``<tag>.partial``; only when all have finished does rank 0
-        rename it to ``<tag>`` and then replace ``latest``, so a save interrupted at any
-        point leaves the previous good checkpoint (and ``latest``) untouched. Assumes
-        ``save_dir`` is one shared filesystem, as DeepSpeed's own ``latest`` does.
-        """
+        """DeepSpeed's checkpoint plus the round state, written atomically (see :mod:`ds_acco.deepspeed_atomic`)."""
         if self.acco is None:
             return super().save_checkpoint(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
         rounds = self.acco.state_dict()  # waits for the round in flight; nothing is swapped early
         tag = str(tag if tag is not None else f"global_step{self.global_steps}")
-        partial = f"{tag}.partial"
-        if self.global_rank == 0:
-            shutil.rmtree(os.path.join(save_dir, partial), ignore_errors=True)  # debris of a crashed save
-        ds_dist.barrier()
         client_state = dict(client_state or {})
         client_state["ds_acco"] = {"mode": self.acco.config.mode, "policy": self.acco.config.policy,
                                    "commits": self.acco.commits}
-        ok = super().save_checkpoint(save_dir, partial, client_state, False, exclude_frozen_parameters)
-        _atomic_save({"rounds": rounds, "samples": self._acco_samples},
-                     os.path.join(save_dir, partial, ROUND_STATE_FILE.format(rank=self._acco_dp_rank())))
-        ds_dist.barrier()
-        if self.global_rank == 0:
-            final = os.path.join(save_dir, tag)
-            old = f"{final}.old{os.getpid()}"
-            if os.path.exists(final):
-                os.replace(final, old)
-            os.replace(os.path.join(save_dir, partial), final)
-            shutil.rmtree(old, ignore_errors=True)
-            if save_latest:
-                latest_tmp = os.path.join(save_dir, f"latest.tmp{os.getpid()}")
-                with open(latest_tmp, "w", encoding="utf-8") as f:
-                    f.write(tag)
-                os.replace(latest_tmp, os.path.join(save_dir, "latest"))
-        ds_dist.barrier()
-        return ok
+
+        def write(partial: str) -> bool:
+            ok = super(AccoDeepSpeedEngine, self).save_checkpoint(save_dir, partial, client_state, False,
+                                                                  exclude_frozen_parameters)
+            atomic_torch_save({"rounds": rounds, "samples": self._acco_samples},
+                              os.path.join(save_dir, partial, ROUND_STATE_FILE.format(rank=self._acco_dp_rank())))
+            return ok
+
+        return atomic_save(save_dir, tag, self.global_rank, write, save_latest)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
@@ -227,12 +202,10 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
                                            load_lr_scheduler_states, load_module_only, custom_load_fn)
         self.acco.reset_rounds()
         if tag is None:
-            latest = os.path.join(load_dir, "latest")
-            if not os.path.exists(latest):
+            tag = latest_tag(load_dir)
+            if tag is None:
                 return super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
                                                load_lr_scheduler_states, load_module_only, custom_load_fn)
-            with open(latest, encoding="utf-8") as f:
-                tag = f.read().strip()
         dp = ds_dist.get_world_size(group=self.optimizer.real_dp_process_group[0])
         if not load_module_only and elastic.saved_dp_world_size(load_dir, str(tag)) != dp:
             return self._acco_load_resharded(load_dir, str(tag), load_module_strict, load_optimizer_states,

@@ -5,7 +5,8 @@ It reads the config the way DeepSpeed does (``config`` / ``config_params`` /
 the combination with the rest of the file before any process-group work, then
 calls DeepSpeed's own ``initialize`` with the engine class pointed at
 :class:`~ds_acco.deepspeed_engine.AccoDeepSpeedEngine` for the duration of the
-call. Everything else (mesh set-up, config resolution, the returned 4-tuple) is
+call (:class:`~ds_acco.deepspeed_streaming.StreamingDeepSpeedEngine` for
+``mode: "streaming"``). Everything else (mesh set-up, config resolution, the returned 4-tuple) is
 DeepSpeed's code, unforked.
 
 :func:`patch_deepspeed` installs it as ``deepspeed.initialize``, so an unmodified
@@ -84,9 +85,12 @@ def initialize(
         return _STOCK_INITIALIZE(**kwargs)
     check_deepspeed_version(deepspeed.__version__)
     check_model(model)
-    from .deepspeed_engine import AccoDeepSpeedEngine
+    if acco.mode == "streaming":
+        from .deepspeed_streaming import StreamingDeepSpeedEngine as engine_class
+    else:
+        from .deepspeed_engine import AccoDeepSpeedEngine as engine_class
 
-    with _engine_class(functools.partial(AccoDeepSpeedEngine, acco_config=acco)):
+    with _engine_class(functools.partial(engine_class, acco_config=acco)):
         return _STOCK_INITIALIZE(**kwargs)
 
 

@@ -162,3 +162,32 @@ def explicit_fragments(spec: FragmentSpec, model: nn.Module, fragments: int) -> 
     if missing:
         raise ValueError(f"fragments: trainable parameters in no fragment: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
     return out
+
+
+def named_fragments(names: Sequence[Sequence[str]], model: nn.Module, fragments: int) -> list[list[nn.Parameter]]:
+    """Fragments given by qualified names (``acco.streaming.fragment_modules`` in a JSON config).
+
+    Raises:
+        ValueError: a name matches no module or parameter of ``model``, or the
+            fragments do not cover every trainable parameter exactly once.
+    """
+    spec: list[list[Union[nn.Module, nn.Parameter]]] = []
+    for i, entry in enumerate(names):
+        items: list[Union[nn.Module, nn.Parameter]] = []
+        for j, name in enumerate(entry):
+            try:
+                items.append(model.get_submodule(name) if name else model)
+            except AttributeError:
+                try:
+                    items.append(model.get_parameter(name))
+                except AttributeError:
+                    top = ", ".join(n for n, _ in model.named_children())
+                    raise ValueError(
+                        f"acco.streaming.fragment_modules[{i}][{j}]: got {name!r}; no module or parameter of "
+                        f"{type(model).__name__} has that name (top-level modules: {top})"
+                    ) from None
+        spec.append(items)
+    try:
+        return explicit_fragments(spec, model, fragments)
+    except ValueError as exc:
+        raise ValueError(f"acco.streaming.fragment_modules: {exc}") from None

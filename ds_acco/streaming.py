@@ -59,7 +59,7 @@ from .collectives import RoundCollectives
 from .comm_thread import AccoRoundError, CommThread, RoundHandle, record_ready
 from .config import AccoConfig, AccoConfigError, parse_acco_config
 from .flat_buffer import FlatLayout, flatten_into
-from .fragments import FragmentSpec, default_fragments, explicit_fragments
+from .fragments import FragmentSpec, default_fragments, explicit_fragments, named_fragments
 from .int8_collectives import Int8ReduceScatter, ShardAllGather
 from .telemetry import RoundRecord, Telemetry
 
@@ -306,6 +306,90 @@ class StreamingEngine:
         handle.stage = "done"
         return _Outcome(time.perf_counter() - start, self.coll.wire.sent - sent0, self.coll.wire.received - recv0)
 
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """This rank's streaming state: global fragments, outer momentum, residuals, schedule.
+
+        A round in flight is waited for but *not* merged: its result is already in the
+        fragment's ``anchor`` and ``master``, and the merge stays due at the same inner
+        step, so saving does not change the trajectory. The replica ``θ_i`` and the inner
+        optimizer are the front end's to save (they differ on every rank).
+        """
+        self._ensure_open()
+        pending = None
+        if self._inflight is not None:
+            flight = self._inflight
+            outcome: _Outcome = flight.handle.wait()
+            pending = {"fragment": flight.fragment.index, "step": flight.step, "due": flight.due,
+                       "index": flight.handle.index, "outcome": vars(outcome).copy()}
+        return {
+            "format": 1,
+            "fingerprint": self.config.fingerprint(),
+            "world_size": self.world_size,
+            "padded_numels": [f.layout.padded_numel for f in self.fragments],
+            "inner_steps": self.inner_steps,
+            "round_index": self._round_index,
+            "peak_round_bytes": self.peak_round_bytes,
+            "fragments": [
+                {"anchor": f.anchor.clone(), "master": f.master.clone(), "outer": f.outer.state_dict(),
+                 "residual": None if f.rs is None or f.rs.residual is None else f.rs.residual.clone(),
+                 "last_sync": f.last_sync}
+                for f in self.fragments
+            ],
+            "pending": pending,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` output saved by this rank with the same config and world size.
+
+        Raises:
+            AccoConfigError: saved with another streaming config, world size or fragment layout.
+            AccoRoundError: a round is in flight here.
+        """
+        self._ensure_open()
+        if self._inflight is not None:
+            raise AccoRoundError("load_state_dict needs an idle streaming engine; a round is in flight")
+        mine = (self.config.fingerprint(), self.world_size, [f.layout.padded_numel for f in self.fragments])
+        theirs = (state["fingerprint"], state["world_size"], state["padded_numels"])
+        if mine != theirs:
+            raise AccoConfigError(
+                "the streaming state in this checkpoint does not fit this job: saved (config fingerprint, world "
+                f"size, fragment sizes) = {theirs}, now {mine}. Resume with the same acco block, model and world size."
+            )
+        for frag, saved in zip(self.fragments, state["fragments"]):
+            frag.anchor.copy_(saved["anchor"])
+            frag.master.copy_(saved["master"])
+            frag.outer.load_state_dict(saved["outer"])
+            frag.last_sync = saved["last_sync"]
+            if frag.rs is not None and frag.rs.residual is not None:
+                if saved["residual"] is None:
+                    frag.rs.reset_error_feedback()
+                else:
+                    frag.rs.residual.copy_(saved["residual"])
+        self.inner_steps, self._round_index = state["inner_steps"], state["round_index"]
+        self.peak_round_bytes = state["peak_round_bytes"]
+        pending = state["pending"]
+        if pending is not None:
+            handle = RoundHandle(pending["index"], f"fragment {pending['fragment']}", self.config.timeout_s)
+            handle._finish(_Outcome(**pending["outcome"]), None, None)
+            self._inflight = _InFlight(handle, self.fragments[pending["fragment"]], pending["step"], pending["due"],
+                                       time.perf_counter())
+
+    def reset(self, inner_steps: int) -> None:
+        """Start the global state afresh from the current replica (a checkpoint without streaming state)."""
+        self._ensure_open()
+        if self._inflight is not None:
+            self._complete(self.inner_steps)
+        src = dist.get_process_group_ranks(self.coll.group)[0]
+        for frag in self.fragments:
+            dist.broadcast(frag.flat, src=src, group=self.coll.group)
+            frag.reset_global(self.rank)
+            frag.outer.state.clear()
+            frag.last_sync = inner_steps
+            if frag.rs is not None:
+                frag.rs.reset_error_feedback()
+        self.inner_steps = inner_steps
+
     # ------------------------------------------------------------ lifecycle
     def summary(self) -> dict:
         """Telemetry summary plus ``peak_round_bytes`` (the largest round's bytes sent)."""
@@ -356,6 +440,16 @@ def _streaming_config(config: Union[AccoConfig, dict]) -> AccoConfig:
     return cfg
 
 
+def fragments_of(model: nn.Module, config: AccoConfig, explicit: Optional[FragmentSpec] = None) -> list[list[nn.Parameter]]:
+    """``explicit`` fragments if given, else ``acco.streaming.fragment_modules``, else the default split."""
+    P = config.streaming.fragments
+    if explicit is not None:
+        return explicit_fragments(explicit, model, P)
+    if config.streaming.fragment_modules is not None:
+        return named_fragments(config.streaming.fragment_modules, model, P)
+    return default_fragments(model, P)
+
+
 def build(
     model: nn.Module,
     inner_optimizer_cls: type = torch.optim.AdamW,
@@ -376,7 +470,8 @@ def build(
         config: the ``"acco"`` block, ``mode: "streaming"``.
         process_group: the data-parallel group (default WORLD).
         fragments: optional explicit fragments, one entry per fragment (modules and/or
-            parameters); default :func:`ds_acco.fragments.default_fragments`.
+            parameters); default ``acco.streaming.fragment_modules``, else
+            :func:`ds_acco.fragments.default_fragments`.
         param_groups: what to pass to the inner optimizer (default: the model's
             trainable parameters), e.g. groups with and without weight decay.
 
@@ -387,9 +482,8 @@ def build(
         AccoConfigError: a wrong config value, or ``fragments`` the model cannot provide.
     """
     cfg = _streaming_config(config)
-    P = cfg.streaming.fragments
     try:
-        frags = default_fragments(model, P) if fragments is None else explicit_fragments(fragments, model, P)
+        frags = fragments_of(model, cfg, fragments)
     except ValueError as exc:
         raise AccoConfigError(str(exc)) from None
     groups = list(param_groups) if param_groups is not None else [p for p in model.parameters() if p.requires_grad]

@@ -32,7 +32,8 @@ SUMMARY = re.compile(
     r"\[train_lm\] done: steps (?P<steps>\d+) \| ranks (?P<ranks>\d+) \| final train loss (?P<loss>\S+) \| "
     r"val loss (?P<val>\S+) \| tokens/s (?P<tps>\S+) \| comm hidden (?P<hidden>n/a|[\d.]+%)"
 )
-OWN_CONFIGS = {"zero1_baseline", "zero1_overlap", "acco_fixed", "acco_adaptive", "dpu", "acco_bf16", "zero1_bf16"}
+OWN_CONFIGS = {"zero1_baseline", "zero1_overlap", "acco_fixed", "acco_adaptive", "dpu", "acco_bf16", "zero1_bf16",
+               "streaming_int8"}
 
 
 def _clean_env() -> dict:
@@ -240,6 +241,7 @@ def test_config_files(monkeypatch):
     from deepspeed.runtime.config import DeepSpeedConfig
 
     import ds_acco
+    from ds_acco.deepspeed_checks import check_ds_config
 
     paths = sorted(glob.glob(os.path.join(CONFIGS, "*.json")))
     names = {os.path.splitext(os.path.basename(p))[0] for p in paths}
@@ -262,8 +264,10 @@ def test_config_files(monkeypatch):
         assert ds.world_size == 2, name
         assert ds.train_batch_size == ds.train_micro_batch_size_per_gpu * ds.gradient_accumulation_steps * 2, name
         if backend == "deepspeed":
-            assert ds.zero_optimization_stage == 1, name
-        if acco.enabled:
+            assert ds.zero_optimization_stage == (0 if acco.enabled and acco.mode == "streaming" else 1), name
+        if acco.enabled and backend == "deepspeed":
+            check_ds_config(cfg, acco)
+        elif acco.enabled:
             acco.check_accumulation(ds.gradient_accumulation_steps)
         if os.path.splitext(name)[0] in OWN_CONFIGS:
             assert (ds.train_micro_batch_size_per_gpu, ds.gradient_accumulation_steps) == (4, 4), name
@@ -271,7 +275,7 @@ def test_config_files(monkeypatch):
             assert raw["optimizer"]["params"].get("torch_adam") is True, f"{name}: would JIT-build FusedAdam"
             assert raw["scheduler"]["type"] == "WarmupLR", name
             assert ds.bfloat16_config.enabled == ("bf16" in name), name
-            assert acco.enabled == name.startswith(("acco_", "dpu")), name
+            assert acco.enabled == name.startswith(("acco_", "dpu", "streaming")), name
 
 
 def test_model_size_choices_match_models():

@@ -1,0 +1,66 @@
+"""Atomic DeepSpeed checkpoints: a save interrupted at any point leaves the last good one.
+
+Both DeepSpeed front ends (ACCO rounds and streaming) write their tag through
+:func:`atomic_save`: every rank writes into ``<tag>.partial``; only when all
+have finished does rank 0 rename it to ``<tag>`` and then replace ``latest``.
+Stock DeepSpeed writes into ``<tag>`` directly and updates ``latest`` as it
+goes, so a job killed mid-save can resume from a half-written tag.
+Assumes ``save_dir`` is one shared filesystem, as DeepSpeed's own ``latest`` does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Callable
+
+import torch
+from deepspeed import comm as ds_dist
+
+
+def atomic_torch_save(obj: Any, path: str) -> None:
+    """``torch.save`` through a temporary name, so a reader never sees half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str], Any], save_latest: bool) -> Any:
+    """Run ``write(partial_tag)`` on every rank, then publish ``tag`` (and ``latest``) at once.
+
+    Args:
+        save_dir: the checkpoint folder (shared by all ranks).
+        tag: the final tag name.
+        global_rank: this process's rank; rank 0 renames and writes ``latest``.
+        write: saves this rank's files under ``save_dir/<partial_tag>``; its return value is returned.
+        save_latest: replace ``latest`` with ``tag`` once the tag is complete.
+    """
+    partial = f"{tag}.partial"
+    if global_rank == 0:
+        shutil.rmtree(os.path.join(save_dir, partial), ignore_errors=True)  # debris of a crashed save
+    ds_dist.barrier()
+    result = write(partial)
+    ds_dist.barrier()
+    if global_rank == 0:
+        final = os.path.join(save_dir, tag)
+        old = f"{final}.old{os.getpid()}"
+        if os.path.exists(final):
+            os.replace(final, old)
+        os.replace(os.path.join(save_dir, partial), final)
+        shutil.rmtree(old, ignore_errors=True)
+        if save_latest:
+            latest_tmp = os.path.join(save_dir, f"latest.tmp{os.getpid()}")
+            with open(latest_tmp, "w", encoding="utf-8") as f:
+                f.write(tag)
+            os.replace(latest_tmp, os.path.join(save_dir, "latest"))
+    ds_dist.barrier()
+    return result
+
+
+def latest_tag(load_dir: str) -> str | None:
+    """The tag named by ``load_dir/latest``, or None when there is none."""
+    path = os.path.join(load_dir, "latest")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip()

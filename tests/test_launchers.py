@@ -114,6 +114,28 @@ def test_launcher_trains_two_ranks(launcher, config, tmp_path):
         assert summary["acco"]["rounds"] >= STEPS
 
 
+def test_streaming_config_trains_checkpoints_and_resumes_under_deepspeed_launcher(tmp_path):
+    """ds_configs/streaming_int8.json with a short sync window: fragments sync, bytes are reported."""
+    with open(os.path.join(CONFIGS, "streaming_int8.json")) as f:
+        cfg = json.load(f)
+    cfg["acco"]["streaming"].update(sync_every=4, overlap_steps=1)  # fragment 0 at steps 4, 8; fragment 1 at 2, 6
+    config, ckpt, log = tmp_path / "streaming.json", tmp_path / "ckpt", tmp_path / "steps.jsonl"
+    config.write_text(json.dumps(cfg))
+    args = ["--model-size", "tiny", "--seq-len", "64", "--eval-every", "0", "--no-progress", "--save-dir", str(ckpt)]
+    first = _summary(_launch("deepspeed_local.sh", str(config), *args, "--steps", "6"))
+    assert first["steps"] == 6 and first["hidden"] is not None
+    assert sorted(os.listdir(ckpt / "global_step6")) == [
+        "acco_streaming_state_dp_rank_0.pt", "acco_streaming_state_dp_rank_1.pt", "mp_rank_00_model_states.pt"]
+    result = _launch("deepspeed_local.sh", str(config), *args, "--steps", "10", "--resume", "--log-jsonl", str(log))
+    assert "resumed" in result.stdout and "at step 6" in result.stdout, result.stdout[-3000:]
+    second = _summary(result)
+    assert second["steps"] == 10 and second["loss"] < first["loss"] < LN_VOCAB, (first, second)
+    summary = [json.loads(line) for line in log.read_text().splitlines()][-1]["acco"]
+    # merged after the resume: step 6's round (due at 7) and step 8's (due at 9); step 10's is in flight
+    assert summary["rounds"] >= 2 and summary["bytes_sent"] > 0
+    assert 0 < summary["peak_round_bytes"] <= summary["bytes_sent"]
+
+
 def test_failing_workers_fail_the_launch():
     """deepspeed runner -> launch.py -> workers: the longest chain an exit status travels."""
     result = _launch("deepspeed_local.sh", "ds_configs/zero1_baseline.json", "--steps", "-1", timeout=120)

@@ -213,8 +213,7 @@ def main(argv=None) -> int:
         return distributed_validation_loss(engine.module, val_batches, rank, world)
 
     if rank == 0:
-        mode = "stock DeepSpeed" if getattr(engine, "acco", None) is None else (
-            f"acco mode={engine.acco.config.mode} policy={engine.acco.config.policy}")
+        mode = _describe_mode(engine)
         print(f"[train_lm] {args.model_size} GPT ({count_parameters(model) / 1e6:.2f}M params), {world} ranks, "
               f"micro-batch {micro_bs} x accum {grad_accum} x seq {args.seq_len}, {mode}", flush=True)
 
@@ -277,6 +276,9 @@ def main(argv=None) -> int:
                        tokens_per_s=tokens_per_s, comm_hidden_pct=hidden, tokens=int(tokens), train_s=train_s)
         if getattr(engine, "acco", None) is not None:
             summary["acco"] = engine.acco.telemetry.summary()
+            summary["acco"]["bytes_sent_per_step"] = summary["acco"]["bytes_sent"] / max(engine.global_steps, 1)
+            if hasattr(engine.acco, "peak_round_bytes"):  # streaming: the largest fragment round
+                summary["acco"]["peak_round_bytes"] = engine.acco.peak_round_bytes
         log.write(event="summary", **summary)
         print(f"[train_lm] done: steps {engine.global_steps} | ranks {world} | final train loss {train_loss:.4f} | "
               f"val loss {val_loss:.4f} | tokens/s {tokens_per_s:.0f} | comm hidden {format_pct(hidden)}",
@@ -284,6 +286,18 @@ def main(argv=None) -> int:
     log.close()
     torch.distributed.barrier()
     return 0
+
+
+def _describe_mode(engine) -> str:
+    acco = getattr(engine, "acco", None)
+    if acco is None:
+        return "stock DeepSpeed"
+    c = acco.config
+    if c.mode == "streaming":
+        s = c.streaming
+        return (f"acco mode=streaming fragments={s.fragments} sync_every={s.sync_every} "
+                f"overlap_steps={s.overlap_steps} quantize={s.quantize}")
+    return f"acco mode={c.mode} policy={c.policy}"
 
 
 def _abort_mpi_peers(exc: BaseException) -> None:

@@ -197,9 +197,9 @@ def test_bench_smoke_sweep(tmp_path):
     result = json.loads((out / "results.json").read_text())
     runs = {r["id"]: r for r in result["runs"]}
     expected = {("bandwidth", "zero1", 2), ("bandwidth", "acco_adaptive", 2), ("slow_host", "acco_adaptive", 2),
-                ("alone", "zero1", 1)}
+                ("alone", "zero1", 1), ("streaming", "zero1", 2), ("streaming", "streaming_int8", 2)}
     assert {(r["scenario"], r["config"], r["hosts"]) for r in runs.values()} == expected
-    assert len(runs) == 5 and all(r["ok"] for r in runs.values()), [r.get("error_tail") for r in runs.values()]
+    assert len(runs) == 7 and all(r["ok"] for r in runs.values()), [r.get("error_tail") for r in runs.values()]
     for r in runs.values():
         assert _finite_positive(r["tokens_per_s"]) and _finite_positive(r["summary_tokens_per_s"]), r["id"]
         assert r["steps"] == 3 and _finite_positive(r["steps_per_s"])
@@ -213,6 +213,13 @@ def test_bench_smoke_sweep(tmp_path):
     assert acco["ring_bytes_sent_per_step"] > 0 and len(acco["timeline"]) == 2 and acco["timeline"][0]
     if result["netns"]:
         assert zero1["iface_tx_bytes_per_step"] > 0 and acco["iface_tx_bytes_per_step"] > 0
+    # streaming (H = P = 4: fragments 1, 2, 3 sync at steps 1, 2, 3; one fragment's bytes at a time)
+    stream = next(r for r in runs.values() if r["config"] == "streaming_int8")
+    assert 0 < stream["peak_round_bytes"] < stream["ring_bytes_sent_per_step"] * 3
+    table = {e["config"]: e for e in result["analysis"]["streaming"]}
+    assert set(table) == {"zero1", "streaming_int8"}
+    if result["netns"]:
+        assert 0 < table["streaming_int8"]["iface_tx_bytes_per_step_vs_zero1"] < 0.5
     slow = next(r for r in runs.values() if r["scenario"] == "slow_host")
     assert slow["ranks"][0]["micro_batches"] >= slow["ranks"][1]["micro_batches"]  # rank 1 is the slow one
     a = result["analysis"]

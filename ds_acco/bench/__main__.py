@@ -31,6 +31,7 @@ def _fmt(x, spec=".0f", none="-"):
 def report(result: dict, out=sys.stdout) -> None:
     """Print the tables: throughput per config and rate, slow host, memory, convergence, targets."""
     from .analysis import rates_in_order
+    from .streaming_report import print_streaming
 
     a = result.get("analysis") or {}
     runs = [r for r in result["runs"] if r.get("ok")]
@@ -83,6 +84,7 @@ def report(result: dict, out=sys.stdout) -> None:
         for cfg, v in conv.items():
             p(f"| {cfg} | {v['tokens']:.0f} | {_fmt(v['val_loss'], '.4f')} | {_fmt(v['zero1_val_loss'], '.4f')} "
               f"| {_fmt(v['rel_diff'] and 100 * v['rel_diff'], '+.2f')}% | {_fmt(v['final_train_loss'], '.4f')} |")
+    print_streaming(a.get("streaming") or [], p)
     if a.get("targets"):
         p("\n## targets")
         for t in a["targets"]:
@@ -108,7 +110,7 @@ def _slow_table(sh: dict, key: str, p) -> None:
 
 def _print_memory_model(params: float, world: int) -> None:
     print(f"\nAnalytic memory model per worker, P = {params / 1e6:.2f}M parameters, N = {world} (fp32):")
-    for cfg in cfgs.CONFIGS:
+    for cfg in cfgs.DEFAULT_CONFIGS:
         total = memory.total(cfg, world, int(params))
         print(f"  {cfg:14s} {memory.formula(cfg):18s} = {total / 2 ** 20:8.1f} MB")
         for k, v in memory.components(cfg, world, int(params)).items():
@@ -121,9 +123,10 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="run a sweep, write results.json/results.csv and the plots")
     r.add_argument("--sweep", default="smoke", help="smoke or full")
     r.add_argument("--out", default="bench_results", help="output folder (runs/ holds per-run logs)")
-    r.add_argument("--only", default=None, help="comma list of parts: bandwidth,slow_host,slow_host_small,memory,convergence "
-                        "(default all but slow_host_small)")
-    r.add_argument("--configs", default=None, help=f"comma list of configs (default all: {','.join(cfgs.CONFIGS)})")
+    r.add_argument("--only", default=None, help="comma list of parts: bandwidth,slow_host,slow_host_small,memory,convergence,"
+                        "streaming (default all but slow_host_small)")
+    r.add_argument("--configs", default=None, help=f"comma list of configs, from {','.join(cfgs.CONFIGS)} (default: "
+                   f"{','.join(cfgs.DEFAULT_CONFIGS)}; part streaming: {','.join(cfgs.STREAMING_COMPARISON)})")
     r.add_argument("--rates", default=None, help="comma list of link rates, e.g. unshaped,100mbit,10mbit")
     r.add_argument("--steps", type=int, default=None, help="override optimizer steps of the runs")
     r.add_argument("--no-netns", action="store_true", help="loopback: no namespaces (unshaped runs only)")

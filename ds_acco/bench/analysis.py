@@ -81,6 +81,8 @@ def comm_fractions(runs: list[dict]) -> dict:
 
 def bandwidth_targets(runs: list[dict], fractions: dict) -> list[dict]:
     out = []
+    if not any(r["scenario"] == "bandwidth" for r in runs):
+        return out
     base_adaptive = _find(runs, "bandwidth", "acco_adaptive", UNSHAPED)
     heavy = [rate for rate, row in fractions.items() if rate != UNSHAPED and (row.get("zero1") or 0) >= 0.5]
     if not heavy:
@@ -205,6 +207,8 @@ def memory_table(runs: list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def analyse(runs: list[dict]) -> dict:
+    from .streaming_report import streaming_table
+
     ok = _ok(runs)
     fractions = comm_fractions(ok)
     slow_t, slow_table = slow_host_targets(ok)
@@ -219,5 +223,6 @@ def analyse(runs: list[dict]) -> dict:
         "slow_host_small": small_table,
         "convergence": conv_table,
         "memory": mem_table,
+        "streaming": streaming_table(runs),
         "failed_runs": [r["id"] for r in runs if not r.get("ok")],
     }

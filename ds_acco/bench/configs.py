@@ -12,7 +12,15 @@ run; only how gradients travel differs:
 ``dpu``             ds_acco ``mode: dpu`` (one-step delayed update; dpu.json)
 ``acco_fixed``      ds_acco ``mode: acco``, ``policy: fixed`` (acco_fixed.json)
 ``acco_adaptive``   ds_acco ``mode: acco``, ``policy: adaptive`` (acco_adaptive.json)
+``zero1_bf16``      stock DeepSpeed ZeRO-1 in bf16 (bf16 gradients and parameters
+                    on the wire: the bytes of bf16 DDP; zero1_bf16.json)
+``streaming_int8``  ds_acco ``mode: streaming`` on stage 0, int8 pseudo-gradients,
+                    bf16 all-gather (streaming_int8.json, :data:`STREAMING_BLOCK`)
+``streaming_fp32``  the same schedule with fp32 both ways (what int8 saves)
 ==================  ============================================================
+
+The streaming configs keep the optimizer, scheduler, clipping, micro-batch and
+accumulation, so an inner step sees the same tokens as a ZeRO-1 step.
 """
 
 from __future__ import annotations
@@ -25,8 +33,16 @@ from typing import Optional
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEMPLATE_DIR = os.path.join(REPO, "ds_configs")
 
-CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive")
-STOCK = ("zero1", "zero1_overlap")
+CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive", "zero1_bf16", "streaming_int8",
+           "streaming_fp32")
+STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
+STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
+"""The configs of the sweep part ``streaming`` (not in the default bandwidth comparison)."""
+DEFAULT_CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive")
+"""What ``--configs`` means when not given, for every part but ``streaming``."""
+STREAMING_BLOCK = {"fragments": 4, "sync_every": 40, "overlap_steps": 2, "alpha": 0.5, "outer_lr": 0.7,
+                   "outer_momentum": 0.9}
+"""H = 40 inner steps per fragment, P = 4: a fragment round every 10 inner steps, merged 2 steps later."""
 LABELS = {
     "zero1": "DeepSpeed ZeRO-1",
     "zero1_overlap": "DeepSpeed ZeRO-1 overlap_comm",
@@ -34,6 +50,9 @@ LABELS = {
     "dpu": "ds_acco dpu",
     "acco_fixed": "ds_acco acco fixed",
     "acco_adaptive": "ds_acco acco adaptive",
+    "zero1_bf16": "DeepSpeed ZeRO-1 bf16",
+    "streaming_int8": "ds_acco streaming int8",
+    "streaming_fp32": "ds_acco streaming fp32",
 }
 _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "acco_fixed.json",
                   "acco_adaptive": "acco_adaptive.json"}
@@ -46,7 +65,7 @@ def _load(name: str, template_dir: str) -> dict:
 
 def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: Optional[int] = None,
                 telemetry_jsonl: Optional[str] = None, max_micro_batches_per_round: Optional[int] = None,
-                template_dir: str = TEMPLATE_DIR) -> dict:
+                streaming_sync_every: Optional[int] = None, template_dir: str = TEMPLATE_DIR) -> dict:
     """The DeepSpeed config dict of benchmark config ``name`` (one of :data:`CONFIGS`).
 
     Args:
@@ -55,6 +74,8 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
         warmup_steps: ``acco.warmup_steps`` (None: the template's).
         telemetry_jsonl: ``acco.telemetry.jsonl_path`` (one record per round per rank).
         max_micro_batches_per_round: adaptive cap (None: the template's).
+        streaming_sync_every: streaming ``H`` (None: :data:`STREAMING_BLOCK`'s); ``overlap_steps``
+            drops to 0 when ``H / P`` leaves no room for it.
 
     Raises:
         ValueError: unknown name or a bad number.
@@ -71,6 +92,23 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
     cfg["steps_per_print"] = 10 ** 9  # keep DeepSpeed's periodic prints out of the logs
     if name == "zero1_overlap":
         cfg["zero_optimization"] = copy.deepcopy(_load("zero1_overlap.json", template_dir)["zero_optimization"])
+    if name == "zero1_bf16":
+        cfg["bf16"] = copy.deepcopy(_load("zero1_bf16.json", template_dir)["bf16"])
+    if name.startswith("streaming"):
+        template = _load("streaming_int8.json", template_dir)
+        cfg["zero_optimization"] = copy.deepcopy(template["zero_optimization"])
+        acco = copy.deepcopy(template["acco"])
+        acco["streaming"].update(STREAMING_BLOCK)
+        block = acco["streaming"]
+        if streaming_sync_every is not None:
+            block["sync_every"] = streaming_sync_every
+            if block["overlap_steps"] * block["fragments"] >= streaming_sync_every:
+                block["overlap_steps"] = 0
+        if name == "streaming_fp32":
+            acco["streaming"].update(quantize="none", all_gather_dtype="fp32")
+        acco["telemetry"] = dict(acco.get("telemetry", {}), log_every=0,
+                                 **({"jsonl_path": telemetry_jsonl} if telemetry_jsonl else {}))
+        cfg["acco"] = acco
     if name in _ACCO_TEMPLATE:
         acco = copy.deepcopy(_load(_ACCO_TEMPLATE[name], template_dir)["acco"])
         if name == "sync":
@@ -93,5 +131,6 @@ def validate(cfg: dict) -> None:
     """Check the ``"acco"`` block the way ds_acco will at start-up (raises AccoConfigError)."""
     if "acco" in cfg:
         from ds_acco.config import parse_acco_config
+        from ds_acco.deepspeed_checks import check_ds_config
 
-        parse_acco_config(cfg["acco"]).check_accumulation(cfg["gradient_accumulation_steps"])
+        check_ds_config(cfg, parse_acco_config(cfg["acco"]))

@@ -9,7 +9,10 @@
 * ``timeline.png``: per-round compute / wait / communication timeline of rank 0
   and rank 1, reconstructed from the round telemetry, for ds_acco ``sync`` and
   ``acco adaptive`` on the same link;
-* ``memory.png``: measured peak-RSS growth per worker against the analytic model.
+* ``memory.png``: measured peak-RSS growth per worker against the analytic model;
+* ``streaming_loss_vs_tokens.png`` / ``streaming_bytes.png``: the ``streaming`` part
+  (Streaming DiLoCo against ZeRO-1 and acco on one slow link), see
+  :mod:`ds_acco.bench.streaming_report`.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from .analysis import UNSHAPED, rates_in_order, val_points
 from .configs import CONFIGS, LABELS
 
 COLORS = {"zero1": "#444444", "zero1_overlap": "#999999", "sync": "#1f77b4", "dpu": "#2ca02c",
-          "acco_fixed": "#ff7f0e", "acco_adaptive": "#d62728"}
-MARKERS = {"zero1": "s", "zero1_overlap": "D", "sync": "^", "dpu": "v", "acco_fixed": "o", "acco_adaptive": "*"}
+          "acco_fixed": "#ff7f0e", "acco_adaptive": "#d62728", "zero1_bf16": "#8c564b", "streaming_int8": "#9467bd",
+          "streaming_fp32": "#17becf"}
+MARKERS = {"zero1": "s", "zero1_overlap": "D", "sync": "^", "dpu": "v", "acco_fixed": "o", "acco_adaptive": "*",
+           "zero1_bf16": "P", "streaming_int8": "X", "streaming_fp32": "x"}
 
 
 def _plt():
@@ -92,11 +97,23 @@ def _curve_runs(result: dict) -> list[dict]:
 
 
 def loss_vs_tokens(result: dict, path: str) -> Optional[str]:
-    runs = _curve_runs(result)
+    return _loss_vs_tokens(result, _curve_runs(result), path)
+
+
+def streaming_loss_vs_tokens(result: dict, path: str) -> Optional[str]:
+    """The ``streaming`` part: Streaming DiLoCo against ZeRO-1 and acco on one slow link."""
+    return _loss_vs_tokens(result, _ok(result, "streaming"), path, wallclock=True)
+
+
+def _loss_vs_tokens(result: dict, runs: list[dict], path: str, wallclock: bool = False) -> Optional[str]:
+    """Training and validation loss against tokens (and, with ``wallclock``, against training time)."""
     if not runs:
         return None
     plt = _plt()
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    from matplotlib.ticker import FuncFormatter
+
+    fig, axes = plt.subplots(1, 3 if wallclock else 2, figsize=(16 if wallclock else 11, 4.2))
+    ax, ax2 = axes[0], axes[1]
     for r in runs:
         cfg = r["config"]
         c = [p for p in r["curve"] if p.get("loss") is not None]
@@ -114,12 +131,26 @@ def loss_vs_tokens(result: dict, path: str) -> Optional[str]:
         ax2.set_ylim(top=1.3 * max(y for _, y in val_points(ref)) if val_points(ref) else None)
     for a in (ax, ax2):
         a.set_xlabel("tokens (all workers)")
+        a.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1e3:.0f}k"))
+    if wallclock:
+        ax3 = axes[2]
+        for r in runs:
+            c = [p for p in r["curve"] if p.get("loss") is not None and p.get("train_s") is not None]
+            if c:
+                ax3.plot([p["train_s"] for p in c], _smooth([p["loss"] for p in c]), color=COLORS[r["config"]],
+                         label=LABELS[r["config"]])
+        ax3.set_title("training loss against training time (rank 0)")
+        ax3.set_xlabel("seconds of training (evaluation excluded)")
+        if ref_vals:
+            ax3.set_ylim(top=1.1 * max(ref_vals))
+    for a in axes:
         a.set_ylabel("loss (nats/byte)")
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
     scen = runs[0]["scenario"]
     wl = runs[0]["workload"]
-    fig.suptitle(_title(result, f"loss vs tokens: {wl['model_size']} model, seq {wl['seq_len']}, {scen} runs"),
+    link = f", {runs[0]['rate']}" if scen == "streaming" else ""
+    fig.suptitle(_title(result, f"loss vs tokens: {wl['model_size']} model, seq {wl['seq_len']}, {scen} runs{link}"),
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -272,7 +303,15 @@ PLOTS = {
     "loss_vs_wallclock.png": loss_vs_wallclock,
     "timeline.png": timeline,
     "memory.png": memory_plot,
+    "streaming_loss_vs_tokens.png": streaming_loss_vs_tokens,
+    "streaming_bytes.png": lambda result, path: _streaming_bytes_plot(result, path),
 }
+
+
+def _streaming_bytes_plot(result: dict, path: str) -> Optional[str]:
+    from .streaming_report import bytes_plot
+
+    return bytes_plot(result, path)
 
 
 def plot_all(result: dict, out_dir: str) -> list[str]:

@@ -139,9 +139,9 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
         ``load_optimizer_states=False``) every replica takes rank 0's weights and the
         global fragments start afresh from them.
 
-        Raises:
-            AccoConfigError: the checkpoint was saved by another number of ranks (streaming
-                state is per rank; load with ``load_module_only=True`` to restart it).
+        With another number of ranks than at the save, rank ``r`` continues saved rank
+        ``r mod N_saved``'s replica and inner optimizer, and the global fragments and outer
+        momentum are re-sharded exactly (see :meth:`StreamingEngine.load_resharded`).
         """
         stock = (load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
                  load_module_only, custom_load_fn)
@@ -154,15 +154,11 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
         self.acco.finish()  # nothing may be in flight while the buffers are overwritten
         wanted = load_optimizer_states and not load_module_only
         saved_world = len(glob.glob(os.path.join(load_dir, tag, STREAMING_STATE_FILE.format(rank="*"))))
-        if wanted and saved_world and saved_world != self.acco.world_size:
-            raise AccoConfigError(
-                f"{load_dir}/{tag} holds streaming state of {saved_world} ranks; this job has "
-                f"{self.acco.world_size}. Every rank's replica, inner optimizer and global shard are its own: "
-                "resume with the same number of ranks, or pass load_module_only=True to restart the streaming "
-                "state from rank 0's replica."
-            )
         path, client_state = super().load_checkpoint(load_dir, tag, *stock[2:])
         if path is None:
+            return path, client_state
+        if wanted and saved_world and saved_world != self.acco.world_size:
+            self._load_resharded(load_dir, tag, saved_world, load_module_strict)
             return path, client_state
         state_file = os.path.join(load_dir, tag, STREAMING_STATE_FILE.format(rank=self._dp_rank()))
         found = torch.tensor([int(wanted and os.path.exists(state_file))])
@@ -182,3 +178,20 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
                                load_dir, tag, self.global_steps)
             self.acco.reset(inner_steps=self.global_steps)
         return path, client_state
+
+    def _load_resharded(self, load_dir: str, tag: str, saved_world: int, strict: bool) -> None:
+        """Resume a checkpoint of ``saved_world`` ranks: rank r takes saved rank ``r mod saved_world``'s
+        replica and inner optimizer; the global fragments and outer momentum are re-sharded exactly."""
+        files = [os.path.join(load_dir, tag, STREAMING_STATE_FILE.format(rank=r)) for r in range(saved_world)]
+        missing = [f for f in files if not os.path.exists(f)]
+        if missing:
+            raise AccoConfigError(f"{load_dir}/{tag}: streaming state files missing: {missing}")
+        saved = [torch.load(f, map_location="cpu", weights_only=False, mmap=True) for f in files]
+        mine = saved[self._dp_rank() % saved_world]
+        self.module.load_state_dict(mine["module"], strict=strict)
+        self.optimizer.load_state_dict(mine["optimizer"])
+        self.acco.load_resharded([s["streaming"] for s in saved])
+        if self.global_rank == 0:
+            logger.info("ds_acco: %s/%s was saved by %d ranks; streaming state re-sharded for %d (int8 residuals "
+                        "restart at zero, a pending merge was applied at load)", load_dir, tag, saved_world,
+                        self.acco.world_size)

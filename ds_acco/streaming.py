@@ -327,6 +327,7 @@ class StreamingEngine:
             "fingerprint": self.config.fingerprint(),
             "world_size": self.world_size,
             "padded_numels": [f.layout.padded_numel for f in self.fragments],
+            "numels": [f.layout.numel for f in self.fragments],
             "inner_steps": self.inner_steps,
             "round_index": self._round_index,
             "peak_round_bytes": self.peak_round_bytes,
@@ -374,6 +375,58 @@ class StreamingEngine:
             handle._finish(_Outcome(**pending["outcome"]), None, None)
             self._inflight = _InFlight(handle, self.fragments[pending["fragment"]], pending["step"], pending["due"],
                                        time.perf_counter())
+
+    def load_resharded(self, saved: Sequence[dict]) -> None:
+        """Restore the streaming state of a job with another number of ranks.
+
+        ``saved`` holds :meth:`state_dict` of *every* rank of that job, in rank order.
+        The global fragments and outer momentum are re-sharded exactly; int8 residuals
+        start at zero; a round that was waiting to be merged is merged into this
+        rank's replica now (its result is in the saved anchor). Load the replica
+        first.
+
+        Raises:
+            AccoConfigError: another streaming config or another model, or ranks missing.
+        """
+        self._ensure_open()
+        if self._inflight is not None:
+            raise AccoRoundError("load_resharded needs an idle streaming engine; a round is in flight")
+        first = saved[0]
+        numels = [f.layout.numel for f in self.fragments]
+        if len(saved) != first["world_size"] or first["fingerprint"] != self.config.fingerprint() or first.get(
+                "numels") != numels:
+            raise AccoConfigError(
+                f"the streaming state does not fit this job: {len(saved)} rank state(s) of a {first['world_size']}-rank "
+                f"job, fingerprint {first['fingerprint']} and fragment sizes {first.get('numels')}; this job has "
+                f"fingerprint {self.config.fingerprint()} and fragment sizes {numels}. Use the same acco block and model."
+            )
+        for p, frag in enumerate(self.fragments):
+            n = numels[p]
+            parts = [state["fragments"][p] for state in saved]
+            frag.anchor.zero_()
+            frag.anchor[:n].copy_(parts[0]["anchor"][:n])
+            frag.master.copy_(self._my_shard(frag, [x["master"] for x in parts]))
+            outer = frag.outer.state_dict()
+            buffers = [x["outer"]["state"].get(0, {}).get("momentum_buffer") for x in parts]
+            outer["state"] = {0: {"momentum_buffer": self._my_shard(frag, buffers)}} if all(
+                b is not None for b in buffers) else {}
+            frag.outer.load_state_dict(outer)
+            frag.last_sync = parts[0]["last_sync"]
+            if frag.rs is not None:
+                frag.rs.reset_error_feedback()
+        self.inner_steps, self._round_index = first["inner_steps"], first["round_index"]
+        pending = first["pending"]
+        if pending is not None:
+            frag = self.fragments[pending["fragment"]]
+            frag.flat.mul_(self.alpha).add_(frag.anchor, alpha=1.0 - self.alpha)
+            frag.last_sync = pending["step"]
+
+    def _my_shard(self, frag: _Fragment, shards: Sequence[torch.Tensor]) -> torch.Tensor:
+        """This rank's slice of a fragment-sized fp32 vector saved as another job's shards."""
+        full = torch.zeros(frag.layout.padded_numel, dtype=torch.float32, device=self.device)
+        n = frag.layout.numel
+        full[:n].copy_(torch.cat([s.to(self.device, torch.float32) for s in shards])[:n])
+        return frag.layout.shard(full, self.rank).clone()
 
     def reset(self, inner_steps: int) -> None:
         """Start the global state afresh from the current replica (a checkpoint without streaming state)."""

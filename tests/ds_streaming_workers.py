@@ -77,12 +77,15 @@ def train_ds_streaming(rank, world, *, config, steps, save_at_step=None, ckpt_di
         _, client = engine.load_checkpoint(ckpt_dir)
         k, trajectory = client["k"], list(client["trajectory"])
         out["loaded_steps"] = engine.global_steps
+        out["loaded_global"] = global_state(engine.acco)
+        out["loaded_replica"] = [p.detach().clone() for p in engine.module.parameters()]
     counter = _CollectiveCounter()
     with counter:
         while engine.global_steps < steps:
             if save_at_step is not None and engine.global_steps == save_at_step and k % G == 0:
                 out["in_flight_at_save"] = bool(getattr(engine.acco, "in_flight", False))
                 engine.save_checkpoint(ckpt_dir, client_state={"k": k, "trajectory": trajectory})
+                out["saved_global"] = global_state(engine.acco)
                 break
             x, y = W.batch(rank, k)
             k += 1
@@ -102,4 +105,21 @@ def train_ds_streaming(rank, world, *, config, steps, save_at_step=None, ckpt_di
         out["records"] = [(r.step, r.fragment, r.applied_step, r.bytes_sent) for r in acco.telemetry.records]
         out["summary"] = acco.summary()
     engine.destroy()
+    return out
+
+
+def global_state(streaming) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Per fragment: the full θ_g and outer momentum, gathered from every rank's shard."""
+    out = []
+    for frag in streaming.fragments:
+        n, world = frag.layout.numel, streaming.world_size
+        parts = []
+        for shard in (frag.master.detach(), frag.outer.state.get(frag.master, {}).get("momentum_buffer")):
+            if shard is None:
+                parts.append(None)
+                continue
+            full = torch.empty(shard.numel() * world, dtype=shard.dtype)
+            dist.all_gather_into_tensor(full, shard.contiguous())
+            parts.append(full[:n].clone())
+        out.append(tuple(parts))
     return out

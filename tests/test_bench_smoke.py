@@ -93,9 +93,16 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
         assert cfg["train_micro_batch_size_per_gpu"] == 2 and cfg["gradient_accumulation_steps"] == 4
         assert cfg["optimizer"] == made["zero1"]["optimizer"] and cfg["scheduler"] == made["zero1"]["scheduler"]
     assert "acco" not in made["zero1"] and made["zero1_overlap"]["zero_optimization"]["overlap_comm"] is True
-    modes = {n: (c["acco"]["mode"], c["acco"]["policy"]) for n, c in made.items() if "acco" in c}
+    modes = {n: (c["acco"]["mode"], c["acco"].get("policy", "fixed")) for n, c in made.items() if "acco" in c}
     assert modes == {"sync": ("sync", "fixed"), "dpu": ("dpu", "fixed"), "acco_fixed": ("acco", "fixed"),
-                     "acco_adaptive": ("acco", "adaptive")}
+                     "acco_adaptive": ("acco", "adaptive"), "streaming_int8": ("streaming", "fixed"),
+                     "streaming_fp32": ("streaming", "fixed")}
+    assert made["zero1_bf16"]["bf16"] == {"enabled": True} and "bf16" not in made["zero1"]
+    for name in ("streaming_int8", "streaming_fp32"):  # stage 0, the benchmark's fragment schedule
+        assert made[name]["zero_optimization"] == {"stage": 0}
+        assert {k: made[name]["acco"]["streaming"][k] for k in configs.STREAMING_BLOCK} == configs.STREAMING_BLOCK
+    assert made["streaming_int8"]["acco"]["streaming"]["quantize"] == "int8"
+    assert made["streaming_fp32"]["acco"]["streaming"]["quantize"] == "none"
     assert all(c["acco"]["telemetry"]["jsonl_path"] == str(tmp_path / "t.jsonl") for c in made.values() if "acco" in c)
 
 
@@ -123,7 +130,9 @@ def test_timeline_reconstruction():
 def test_loopback_sweep_has_no_shaped_runs():
     sweep = runner.build_sweep("full", netns=False, root=False, rates=["unshaped", "10mbit"])
     assert {r.rate for r in sweep.runs if r.scenario == "bandwidth"} == {"unshaped"}
-    assert {r.config for r in sweep.runs if r.scenario == "bandwidth"} == set(configs.CONFIGS)
+    assert {r.config for r in sweep.runs if r.scenario == "bandwidth"} == set(configs.DEFAULT_CONFIGS)
+    streaming = [r for r in sweep.runs if r.scenario == "streaming"]
+    assert {r.config for r in streaming} == set(configs.STREAMING_COMPARISON) and {r.rate for r in streaming} == {None}
     slow = [r for r in sweep.runs if r.scenario == "slow_host"]
     assert slow and all(not r.cpu_quota and r.workload.compute_delay_ms == "0,20" for r in slow)
 

@@ -83,13 +83,25 @@ def test_resume_mid_round_with_int8_error_feedback_is_bit_identical(tmp_path):
     assert not torch.equal(full[0]["trajectory"][5][0], full[1]["trajectory"][5][0])
 
 
-def test_resume_with_another_world_size_is_refused(tmp_path):
-    cfg = S.ds_streaming_config(FRAGMENTS)
+def test_resume_on_another_world_size_reshards_the_global_state(tmp_path):
+    block = dict(fragments=2, sync_every=4, overlap_steps=1, alpha=0.5, quantize="int8", all_gather_dtype="bf16")
+    cfg = S.ds_streaming_config(block, acco_extra={"error_feedback": True, "quantization_block_size": 8})
     ckpt = str(tmp_path / "ckpt")
-    run_distributed(S.train_ds_streaming, 2, config=cfg, steps=4, save_at_step=2, ckpt_dir=ckpt, timeout=300)
-    with pytest.raises(Exception, match="streaming state of 2 ranks; this job has 3"):
-        run_distributed(S.train_ds_streaming, 3, config=cfg, steps=4, ckpt_dir=ckpt, resume=True, timeout=300,
-                        fresh=True)
+    saved = run_distributed(S.train_ds_streaming, 2, config=cfg, steps=8, save_at_step=4, ckpt_dir=ckpt, timeout=300)
+    want = saved[0]["saved_global"]
+    assert all(momentum is not None for _, momentum in want)  # both fragments have synced by step 4
+    for world in (3, 1):
+        runs = run_distributed(S.train_ds_streaming, world, config=cfg, steps=8, ckpt_dir=ckpt, resume=True,
+                               timeout=300)
+        for rank, run in enumerate(runs):
+            assert run["loaded_steps"] == 4 and len(run["trajectory"]) == 8
+            for (m, mom), (m0, mom0) in zip(run["loaded_global"], want):
+                assert torch.equal(m, m0) and torch.equal(mom, mom0), f"world {world} rank {rank}"
+            assert all(torch.isfinite(p).all() for p in run["trajectory"][-1])
+        if world == 3:  # rank 2 continues saved rank 0's replica, rank 1 its own
+            same = [torch.equal(a, b) for a, b in zip(runs[2]["loaded_replica"], runs[0]["loaded_replica"])]
+            assert all(same)
+            assert not torch.equal(runs[1]["loaded_replica"][0], runs[0]["loaded_replica"][0])
 
 
 @pytest.mark.parametrize("edit, needles", [

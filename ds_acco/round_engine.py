@@ -39,7 +39,7 @@ from .flat_buffer import ShardedGroup
 from .grad_buffers import GradBuffers
 from .int8_collectives import Int8ReduceScatter
 from .shard_optimizer import ShardOptimizer
-from .telemetry import RoundRecord, Telemetry
+from .telemetry import RoundRecord, Telemetry, ensure_log_output
 
 logger = logging.getLogger("ds_acco")
 
@@ -141,6 +141,8 @@ class RoundEngine:
         tcfg = self.config.telemetry
         path = f"{tcfg.jsonl_path}.rank{self.rank}" if tcfg.jsonl_path else None
         self.telemetry = Telemetry(keep_last=tcfg.keep_last, jsonl_path=path)
+        if tcfg.log_every and self.rank == 0:
+            ensure_log_output()
         self._comm = CommThread(self.device)
 
         self.commits = 0

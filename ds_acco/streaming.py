@@ -61,7 +61,7 @@ from .config import AccoConfig, AccoConfigError, parse_acco_config
 from .flat_buffer import FlatLayout, flatten_into
 from .fragments import FragmentSpec, default_fragments, explicit_fragments, named_fragments
 from .int8_collectives import Int8ReduceScatter, ShardAllGather
-from .telemetry import RoundRecord, Telemetry
+from .telemetry import RoundRecord, Telemetry, ensure_log_output
 
 logger = logging.getLogger("ds_acco")
 
@@ -201,6 +201,8 @@ class StreamingEngine:
         tcfg = self.config.telemetry
         path = f"{tcfg.jsonl_path}.rank{self.rank}" if tcfg.jsonl_path else None
         self.telemetry = Telemetry(keep_last=tcfg.keep_last, jsonl_path=path)
+        if tcfg.log_every and self.rank == 0:
+            ensure_log_output()
         self.peak_round_bytes = 0
         self._comm = CommThread(self.device, name="ds_acco-streaming")
         self.inner_steps = 0

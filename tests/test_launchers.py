@@ -122,8 +122,12 @@ def test_streaming_config_trains_checkpoints_and_resumes_under_deepspeed_launche
     config, ckpt, log = tmp_path / "streaming.json", tmp_path / "ckpt", tmp_path / "steps.jsonl"
     config.write_text(json.dumps(cfg))
     args = ["--model-size", "tiny", "--seq-len", "64", "--eval-every", "0", "--no-progress", "--save-dir", str(ckpt)]
-    first = _summary(_launch("deepspeed_local.sh", str(config), *args, "--steps", "6"))
+    launched = _launch("deepspeed_local.sh", str(config), *args, "--steps", "6")
+    first = _summary(launched)
     assert first["steps"] == 6 and first["hidden"] is not None
+    # telemetry.log_every = 4 in the config: round 0 (fragment 1, launched at step 2) is logged by rank 0 only
+    lines = [line for line in launched.stdout.splitlines() if "[ds_acco] round 0 " in line]
+    assert len(lines) == 1 and "fragment 1" in lines[0] and "hidden" in lines[0], launched.stdout[-3000:]
     assert sorted(os.listdir(ckpt / "global_step6")) == [
         "acco_streaming_state_dp_rank_0.pt", "acco_streaming_state_dp_rank_1.pt", "mp_rank_00_model_states.pt"]
     result = _launch("deepspeed_local.sh", str(config), *args, "--steps", "10", "--resume", "--log-jsonl", str(log))

@@ -18,10 +18,13 @@ import os
 import sys
 
 if __name__ == "__main__":
-    # Load the module by path: importing the ds_acco package would import torch (seconds).
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ds_acco", "bench", "cluster.py")
-    spec = importlib.util.spec_from_file_location("_ds_acco_local_cluster", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    sys.exit(module.main())
+    # Load ds_acco/bench as a package of its own, by path: importing the ds_acco package
+    # would import torch (seconds). The cluster modules import nothing outside the folder.
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ds_acco", "bench")
+    spec = importlib.util.spec_from_file_location("_ds_acco_bench", os.path.join(bench, "__init__.py"),
+                                                  submodule_search_locations=[bench])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = package  # dataclasses and relative imports look modules up by name
+    spec.loader.exec_module(package)
+    cluster = importlib.import_module("_ds_acco_bench.cluster")
+    sys.exit(cluster.main())

@@ -38,9 +38,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -48,227 +46,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import IO, Optional, Sequence
 
-PREFIX = "dsacco"
+# parsing and system helpers live in cluster_units / cluster_system; re-exported for callers of this module
+from .cluster_system import (CPU_CGROUP_ROOT, PREFIX, _delete_netns, _operstate, _remove_cgroup, _run,  # noqa: F401
+                             clean_stale, free_port, missing_requirements, netns_available)
+from .cluster_units import (ClusterError, format_rate, parse_cpu_list, parse_delay, parse_host_map,  # noqa: F401
+                            parse_rate)
+
 SUBNET = "10.77.0"  # /24, only ever configured inside namespaces this module creates
 IFACE = "eth0"
-CPU_CGROUP_ROOT = "/sys/fs/cgroup/cpu"
 CFS_PERIOD_US = 100_000
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "GROUP_RANK",
                 "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE", "CUDA_VISIBLE_DEVICES",
                 "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "TORCHELASTIC_RUN_ID")
-
-_RATE_UNITS = {  # tc's units: "bit" suffixes are bits/s, "bps" suffixes are BYTES/s
-    "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
-    "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9,
-}
-_TIME_UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "msec": 1e-3, "us": 1e-6, "usec": 1e-6}
-
-
-class ClusterError(RuntimeError):
-    """The emulated cluster could not be built; the message says what is missing."""
-
-
-# --------------------------------------------------------------------------- parsing
-
-
-def parse_rate(text: Optional[str]) -> Optional[float]:
-    """``"100mbit"`` -> 1e8 bits/s; ``None``, ``""``, ``"unshaped"``, ``"none"`` -> None (no shaping).
-
-    Raises:
-        ValueError: not a positive number with one of tc's units (bit, kbit, mbit, gbit, bps, kbps, ...).
-    """
-    if text is None or str(text).strip().lower() in ("", "none", "unshaped", "off"):
-        return None
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+)\s*", str(text))
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in _RATE_UNITS or float(m.group(1)) <= 0:
-        raise ValueError(f"rate: got {text!r}; allowed: a positive number with a unit "
-                         f"({', '.join(_RATE_UNITS)}), e.g. 100mbit, or 'unshaped'")
-    return float(m.group(1)) * _RATE_UNITS[unit]
-
-
-def parse_delay(text: Optional[str]) -> Optional[float]:
-    """``"1ms"`` -> 0.001 s; None/empty/"0" -> None."""
-    if text is None or str(text).strip() in ("", "0"):
-        return None
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-z]+)\s*", str(text))
-    if not m or m.group(2) not in _TIME_UNITS:
-        raise ValueError(f"delay: got {text!r}; allowed: a number with a unit ({', '.join(_TIME_UNITS)}), e.g. 1ms")
-    value = float(m.group(1)) * _TIME_UNITS[m.group(2)]
-    return value if value > 0 else None
-
-
-def format_rate(bits_per_s: Optional[float]) -> str:
-    if bits_per_s is None:
-        return "unshaped"
-    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
-        if bits_per_s >= scale:
-            return f"{bits_per_s / scale:g}{unit}"
-    return f"{bits_per_s:g}bit"
-
-
-def parse_host_map(items: Sequence[str], hosts: int, what: str, cast=float) -> dict[int, object]:
-    """``["host1=50"]`` or ``["1=50", "h0=25"]`` or ``["host0=1,host1=0"]`` -> ``{1: 50.0, ...}``."""
-    out: dict[int, object] = {}
-    for item in items:
-        for part in filter(None, str(item).split(",") if cast is not str else [item]):
-            m = re.fullmatch(r"\s*(?:host|h)?(\d+)\s*=\s*(.+?)\s*", part)
-            if not m:
-                raise ValueError(f"{what}: got {part!r}; allowed: host<i>=VALUE, e.g. host1=50")
-            index = int(m.group(1))
-            if not 0 <= index < hosts:
-                raise ValueError(f"{what}: host{index} does not exist; hosts are host0..host{hosts - 1}")
-            try:
-                out[index] = cast(m.group(2))
-            except ValueError:
-                raise ValueError(f"{what}: got {part!r}; the value is not valid") from None
-    return out
-
-
-def parse_cpu_list(text: str) -> tuple[int, ...]:
-    """``"0"``, ``"0-1"``, ``"0:2"`` (colon-separated, since commas separate hosts) -> CPU ids."""
-    cpus: list[int] = []
-    for part in text.replace(":", " ").split():
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            cpus.extend(range(int(lo), int(hi) + 1))
-        else:
-            cpus.append(int(part))
-    if not cpus:
-        raise ValueError(f"cpus: got {text!r}; allowed: CPU ids such as 0, 0-1 or 0:2")
-    return tuple(cpus)
-
-
-# --------------------------------------------------------------------------- system helpers
-
-
-def _run(cmd: Sequence[str], check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess:
-    proc = subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise ClusterError(f"`{' '.join(cmd)}` failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
-    return proc
-
-
-def missing_requirements(netns: bool = True, need_cgroup: bool = False) -> list[str]:
-    """What this machine lacks for a cluster of the given kind (empty: nothing)."""
-    problems = []
-    needs_root = netns or need_cgroup
-    if needs_root and os.geteuid() != 0:
-        problems.append("root is required (network namespaces, tc and cgroups); run as root, or use "
-                        "--no-netns (loopback, no shaping, no CPU quota)")
-    if netns:
-        for tool in ("ip", "tc"):
-            if shutil.which(tool) is None:
-                problems.append(f"`{tool}` not found: install iproute2 (apt-get install -y iproute2)")
-    if need_cgroup and not os.path.isfile(os.path.join(CPU_CGROUP_ROOT, "cpu.cfs_quota_us")):
-        problems.append(f"no cgroup-v1 cpu controller at {CPU_CGROUP_ROOT} (needed for a CPU quota)")
-    return problems
-
-
-def netns_available() -> bool:
-    """True when this process can build namespaced clusters (root, ``ip`` and ``tc`` present)."""
-    return not missing_requirements(netns=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _netns_list() -> list[str]:
-    if shutil.which("ip") is None:
-        return []
-    out = _run(["ip", "netns", "list"], check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def _kill_pids(pids: Sequence[int], sig: int = signal.SIGKILL) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _netns_pids(ns: str) -> list[int]:
-    out = _run(["ip", "netns", "pids", ns], check=False).stdout
-    return [int(p) for p in out.split() if p.isdigit()]
-
-
-def _delete_netns(ns: str) -> Optional[str]:
-    _kill_pids(_netns_pids(ns))
-    proc = _run(["ip", "netns", "del", ns], check=False)
-    return None if proc.returncode == 0 else f"ip netns del {ns}: {proc.stderr.strip()}"
-
-
-def _operstate(ns: str, dev: str) -> str:
-    proc = _run(["ip", "-n", ns, "-j", "link", "show", "dev", dev], check=False)
-    try:
-        return json.loads(proc.stdout)[0].get("operstate", "?")
-    except (ValueError, LookupError):
-        return "missing"
-
-
-def _remove_cgroup(path: str, attempts: int = 50) -> Optional[str]:
-    if not os.path.isdir(path):
-        return None
-    for _ in range(attempts):
-        try:
-            with open(os.path.join(path, "cgroup.procs")) as f:
-                _kill_pids([int(p) for p in f.read().split()])
-            os.rmdir(path)
-            return None
-        except FileNotFoundError:
-            return None
-        except OSError:
-            time.sleep(0.1)  # tasks still exiting
-    return f"could not remove cgroup {path}"
-
-
-def _owner_pid(name: str, prefix: str) -> Optional[int]:
-    m = re.fullmatch(rf"{re.escape(prefix)}_(\d+)_\w+", name)
-    return int(m.group(1)) if m else None
-
-
-def clean_stale(prefix: str = PREFIX, log: IO = sys.stderr) -> list[str]:
-    """Delete namespaces and cgroups named ``<prefix>_<pid>_*`` whose ``pid`` is gone.
-
-    Resources of a live launcher (another cluster running right now) are left alone.
-    Returns the names removed.
-    """
-    removed = []
-    for ns in _netns_list():
-        pid = _owner_pid(ns, prefix)
-        if pid is not None and not _pid_alive(pid):
-            err = _delete_netns(ns)
-            if err:
-                print(f"[local_cluster] stale namespace {ns}: {err}", file=log)
-            else:
-                removed.append(ns)
-    if os.path.isdir(CPU_CGROUP_ROOT) and os.geteuid() == 0:
-        for name in os.listdir(CPU_CGROUP_ROOT):
-            pid = _owner_pid(name, prefix)
-            if pid is not None and not _pid_alive(pid):
-                err = _remove_cgroup(os.path.join(CPU_CGROUP_ROOT, name))
-                if err:
-                    print(f"[local_cluster] {err}", file=log)
-                else:
-                    removed.append(name)
-    if removed:
-        print(f"[local_cluster] removed stale resources of dead launchers: {', '.join(removed)}", file=log)
-    return removed
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 # --------------------------------------------------------------------------- the cluster
 

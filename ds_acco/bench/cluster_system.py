@@ -1,0 +1,152 @@
+"""System plumbing of the emulated cluster: commands, namespaces, cgroups, stale-resource cleanup.
+
+Every resource the cluster creates is named ``<prefix>_<owner pid>_<role>``, so
+:func:`clean_stale` can tell a live cluster's resources from those of a launcher
+that was SIGKILLed and could not clean up after itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import IO, Optional, Sequence
+
+from .cluster_units import ClusterError
+
+PREFIX = "dsacco"
+CPU_CGROUP_ROOT = "/sys/fs/cgroup/cpu"
+
+
+def _run(cmd: Sequence[str], check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    proc = subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise ClusterError(f"`{' '.join(cmd)}` failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def missing_requirements(netns: bool = True, need_cgroup: bool = False) -> list[str]:
+    """What this machine lacks for a cluster of the given kind (empty: nothing)."""
+    problems = []
+    needs_root = netns or need_cgroup
+    if needs_root and os.geteuid() != 0:
+        problems.append("root is required (network namespaces, tc and cgroups); run as root, or use "
+                        "--no-netns (loopback, no shaping, no CPU quota)")
+    if netns:
+        for tool in ("ip", "tc"):
+            if shutil.which(tool) is None:
+                problems.append(f"`{tool}` not found: install iproute2 (apt-get install -y iproute2)")
+    if need_cgroup and not os.path.isfile(os.path.join(CPU_CGROUP_ROOT, "cpu.cfs_quota_us")):
+        problems.append(f"no cgroup-v1 cpu controller at {CPU_CGROUP_ROOT} (needed for a CPU quota)")
+    return problems
+
+
+def netns_available() -> bool:
+    """True when this process can build namespaced clusters (root, ``ip`` and ``tc`` present)."""
+    return not missing_requirements(netns=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _netns_list() -> list[str]:
+    if shutil.which("ip") is None:
+        return []
+    out = _run(["ip", "netns", "list"], check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _kill_pids(pids: Sequence[int], sig: int = signal.SIGKILL) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _netns_pids(ns: str) -> list[int]:
+    out = _run(["ip", "netns", "pids", ns], check=False).stdout
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def _delete_netns(ns: str) -> Optional[str]:
+    _kill_pids(_netns_pids(ns))
+    proc = _run(["ip", "netns", "del", ns], check=False)
+    return None if proc.returncode == 0 else f"ip netns del {ns}: {proc.stderr.strip()}"
+
+
+def _operstate(ns: str, dev: str) -> str:
+    proc = _run(["ip", "-n", ns, "-j", "link", "show", "dev", dev], check=False)
+    try:
+        return json.loads(proc.stdout)[0].get("operstate", "?")
+    except (ValueError, LookupError):
+        return "missing"
+
+
+def _remove_cgroup(path: str, attempts: int = 50) -> Optional[str]:
+    if not os.path.isdir(path):
+        return None
+    for _ in range(attempts):
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                _kill_pids([int(p) for p in f.read().split()])
+            os.rmdir(path)
+            return None
+        except FileNotFoundError:
+            return None
+        except OSError:
+            time.sleep(0.1)  # tasks still exiting
+    return f"could not remove cgroup {path}"
+
+
+def _owner_pid(name: str, prefix: str) -> Optional[int]:
+    m = re.fullmatch(rf"{re.escape(prefix)}_(\d+)_\w+", name)
+    return int(m.group(1)) if m else None
+
+
+def clean_stale(prefix: str = PREFIX, log: IO = sys.stderr) -> list[str]:
+    """Delete namespaces and cgroups named ``<prefix>_<pid>_*`` whose ``pid`` is gone.
+
+    Resources of a live launcher (another cluster running right now) are left alone.
+    Returns the names removed.
+    """
+    removed = []
+    for ns in _netns_list():
+        pid = _owner_pid(ns, prefix)
+        if pid is not None and not _pid_alive(pid):
+            err = _delete_netns(ns)
+            if err:
+                print(f"[local_cluster] stale namespace {ns}: {err}", file=log)
+            else:
+                removed.append(ns)
+    if os.path.isdir(CPU_CGROUP_ROOT) and os.geteuid() == 0:
+        for name in os.listdir(CPU_CGROUP_ROOT):
+            pid = _owner_pid(name, prefix)
+            if pid is not None and not _pid_alive(pid):
+                err = _remove_cgroup(os.path.join(CPU_CGROUP_ROOT, name))
+                if err:
+                    print(f"[local_cluster] {err}", file=log)
+                else:
+                    removed.append(name)
+    if removed:
+        print(f"[local_cluster] removed stale resources of dead launchers: {', '.join(removed)}", file=log)
+    return removed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

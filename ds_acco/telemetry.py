@@ -82,6 +82,8 @@ class Telemetry:
     total_compute_s: float = 0.0
     total_bytes_sent: int = 0
     total_bytes_received: int = 0
+    peak_round_bytes: int = 0
+    """The most bytes one round sent (a whole gradient round, or one streaming fragment)."""
     rounds: int = 0
     skipped_steps: int = 0
 
@@ -95,6 +97,7 @@ class Telemetry:
         self.total_compute_s += record.compute_s
         self.total_bytes_sent += record.bytes_sent
         self.total_bytes_received += record.bytes_received
+        self.peak_round_bytes = max(self.peak_round_bytes, record.bytes_sent)
         self.skipped_steps += int(record.skipped and record.kind == "commit")
         if self.jsonl_path:
             with open(self.jsonl_path, "a", encoding="utf-8") as f:
@@ -118,6 +121,7 @@ class Telemetry:
             "waited_s": round(self.total_waited_s, 4),
             "compute_s": round(self.total_compute_s, 4),
             "bytes_sent": self.total_bytes_sent,
+            "peak_round_bytes": self.peak_round_bytes,
             "bytes_received": self.total_bytes_received,
             "skipped_steps": self.skipped_steps,
         }

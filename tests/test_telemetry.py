@@ -16,6 +16,7 @@ def test_bytes_counts_and_log_line():
     payload = world * 2 * 8 + sum(2 * n * 4 for n in r0["layout"])
     assert rec.bytes_sent == rec.bytes_received == payload * (world - 1) // world
     assert r0["summary"]["bytes_sent"] == 3 * rec.bytes_sent
+    assert r0["summary"]["peak_round_bytes"] == rec.bytes_sent  # every sync round sends the same
     assert any("hidden" in line and "round 0" in line for line in r0["log"]), r0["log"]
 
 

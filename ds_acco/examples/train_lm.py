@@ -277,8 +277,6 @@ def main(argv=None) -> int:
         if getattr(engine, "acco", None) is not None:
             summary["acco"] = engine.acco.telemetry.summary()
             summary["acco"]["bytes_sent_per_step"] = summary["acco"]["bytes_sent"] / max(engine.global_steps, 1)
-            if hasattr(engine.acco, "peak_round_bytes"):  # streaming: the largest fragment round
-                summary["acco"]["peak_round_bytes"] = engine.acco.peak_round_bytes
         log.write(event="summary", **summary)
         print(f"[train_lm] done: steps {engine.global_steps} | ranks {world} | final train loss {train_loss:.4f} | "
               f"val loss {val_loss:.4f} | tokens/s {tokens_per_s:.0f} | comm hidden {format_pct(hidden)}",

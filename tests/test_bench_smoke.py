@@ -109,12 +109,11 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
 def test_memory_model():
     P, N = 1_000_000, 2
     assert memory.total("zero1", N, P) == pytest.approx(12 * P + 16 * P / N)
-    assert memory.total("sync", N, P) == pytest.approx(16 * P + 36 * P / N)
-    assert memory.total("sync", N, P, clipping=False) == pytest.approx(16 * P + 20 * P / N)
-    assert memory.total("acco_adaptive", N, P) == pytest.approx(16 * P + 52 * P / N)
-    assert memory.formula("acco_fixed") == "16·P + 52·P/N"
+    assert memory.total("sync", N, P) == pytest.approx(16 * P + 20 * P / N)
+    assert memory.total("acco_adaptive", N, P) == pytest.approx(16 * P + 36 * P / N)
+    assert memory.formula("acco_fixed") == "16·P + 36·P/N"
     # acco = ZeRO-1 + one model-sized buffer + O(P/N)
-    assert memory.total("acco_fixed", N, P) - memory.total("zero1", N, P) == pytest.approx(4 * P + 36 * P / N)
+    assert memory.total("acco_fixed", N, P) - memory.total("zero1", N, P) == pytest.approx(4 * P + 20 * P / N)
 
 
 def test_timeline_reconstruction():

@@ -43,7 +43,7 @@ def report(result: dict, out=sys.stdout) -> None:
           "hidden %: ds_acco telemetry)")
         p("| config | " + " | ".join(rates) + " |")
         p("|---|" + "---|" * len(rates))
-        for cfg in cfgs.CONFIGS:
+        for cfg in [c for c in cfgs.CONFIGS if any(x["config"] == c for x in bw)]:
             cells = []
             for rate in rates:
                 r = next((x for x in bw if x["config"] == cfg and x["rate"] == rate), None)

@@ -29,16 +29,14 @@ fp32 master shard                           4/N
 optimizer state (AdamW m, v)                8/N
 estimate scratch (acco only)               16/N   kept estimate shard 4/N + lookahead snapshot of
                                                   master and m, v 12/N
-gradient-norm scratch (with clipping)      16/N   ``RoundEngine._clip_global_norm`` computes
-                                                  ``shard.double().pow(2).sum()``: a float64 copy
-                                                  of the shard and its square, transient
 =====================================  =====  ==========================================
 
-So at fp32 with gradient clipping (the benchmark's configs): ZeRO-1 = 12 + 16/N,
-sync/dpu = 16 + 36/N, acco = 16 + 52/N bytes per parameter. acco - ZeRO-1 = 4 (one
-model-sized buffer: the staging buffer; the second accumulator takes the place of
-DeepSpeed's bucket) + 36/N. Stock DeepSpeed computes the norm per parameter tensor
-(float64 temporaries of one tensor at a time), which is why it has no such term.
+So at fp32 (the benchmark's configs): ZeRO-1 = 12 + 16/N, sync/dpu = 16 + 20/N,
+acco = 16 + 36/N bytes per parameter. acco - ZeRO-1 = 4 (one model-sized buffer: the
+staging buffer; the second accumulator takes the place of DeepSpeed's bucket) + 20/N.
+Gradient clipping adds nothing: ``RoundEngine._clip_global_norm`` reduces each shard
+with ``torch.linalg.vector_norm`` (until 2026-11-22 it made a float64 copy of the shard
+and its square, 16/N; the first memory measurements in BENCHMARKS.md showed it).
 Activations, the optimizer's per-step temporaries (O(P/N), in both), libraries and
 data are on top and do not depend on the mode; ds_acco's round runs concurrently with
 the next micro-batches' backward, so its transients and the activations can peak
@@ -53,7 +51,7 @@ STOCK_CONFIGS = ("zero1", "zero1_overlap")
 
 
 def components(config: str, world_size: int, params: int, *, bucket_elems: Optional[int] = None,
-               comm_cast: bool = False, clipping: bool = True) -> dict[str, float]:
+               comm_cast: bool = False) -> dict[str, float]:
     """Bytes of each buffer of one worker (fp32 parameters and accumulation).
 
     Args:
@@ -63,7 +61,6 @@ def components(config: str, world_size: int, params: int, *, bucket_elems: Optio
         bucket_elems: DeepSpeed's ``reduce_bucket_size`` (None: larger than P).
         comm_cast: ds_acco communicates in another dtype than it accumulates (adds one
             full-size buffer of the comm dtype; 2 bytes for bf16/fp16).
-        clipping: ``gradient_clipping`` is on (ds_acco's global-norm scratch).
     """
     if world_size < 1 or params < 1:
         raise ValueError(f"world_size and params must be >= 1; got {world_size}, {params}")
@@ -90,8 +87,6 @@ def components(config: str, world_size: int, params: int, *, bucket_elems: Optio
     }
     if config.startswith("acco"):
         out["estimate scratch"] = 16 * P / N
-    if clipping:
-        out["gradient-norm scratch"] = 16 * P / N
     return out
 
 

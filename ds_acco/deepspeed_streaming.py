@@ -97,6 +97,11 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
         if self.acco is not None:
             self.acco.finish()
 
+    def consolidate(self) -> None:
+        """Every rank's module becomes the global parameters ``θ_g`` (collective; before export)."""
+        if self.acco is not None:
+            self.acco.consolidate()
+
     def destroy(self) -> None:
         if self.__dict__.get("acco") is not None:
             self.acco.close(drain=False)

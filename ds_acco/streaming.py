@@ -308,6 +308,21 @@ class StreamingEngine:
         handle.stage = "done"
         return _Outcome(time.perf_counter() - start, self.coll.wire.sent - sent0, self.coll.wire.received - recv0)
 
+    def consolidate(self) -> None:
+        """Make every replica the global parameters ``θ_g``, exactly (fp32 all-gather of the master shards).
+
+        The model Streaming DiLoCo trains is ``θ_g``; the replicas only approach it between
+        syncs. Call this (on every rank) before exporting or evaluating "the" model. The
+        round in flight is merged first. Training may continue afterwards: it is a merge
+        with ``alpha = 0`` of every fragment at once.
+        """
+        self._ensure_open()
+        if self._inflight is not None:
+            self._complete(self.inner_steps)
+        for frag in self.fragments:
+            self.coll.all_gather(frag.anchor, frag.master)  # fp32: θ̂_g = θ_g, so the next correction is 0
+            frag.flat.copy_(frag.anchor)
+
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         """This rank's streaming state: global fragments, outer momentum, residuals, schedule.

@@ -61,7 +61,7 @@ class _CollectiveCounter:
 
 
 def train_ds_streaming(rank, world, *, config, steps, save_at_step=None, ckpt_dir=None, resume=False,
-                       count_collectives=False, use_ds_acco=True):
+                       count_collectives=False, use_ds_acco=True, consolidate=False):
     """Inner steps of the tiny job; the replica after each inner step (``model.parameters()`` order)."""
     import deepspeed
 
@@ -96,6 +96,10 @@ def train_ds_streaming(rank, world, *, config, steps, save_at_step=None, ckpt_di
             counter.active = False
             if engine.global_steps > before:
                 trajectory.append([p.detach().clone() for p in engine.module.parameters()])
+    if consolidate:
+        engine.consolidate()
+        out["consolidated"] = [p.detach().clone() for p in engine.module.parameters()]
+        out["global_after"] = global_state(engine.acco)
     out.update(trajectory=trajectory, collectives=list(counter.calls), global_steps=engine.global_steps,
                lr=engine.get_lr()[0])
     acco = getattr(engine, "acco", None)

@@ -104,6 +104,21 @@ def test_resume_on_another_world_size_reshards_the_global_state(tmp_path):
             assert not torch.equal(runs[1]["loaded_replica"][0], runs[0]["loaded_replica"][0])
 
 
+def test_consolidate_gives_every_rank_the_exact_global_parameters():
+    block = dict(fragments=2, sync_every=4, overlap_steps=1, alpha=0.5, quantize="int8", all_gather_dtype="bf16")
+    runs = run_distributed(S.train_ds_streaming, WORLD, config=S.ds_streaming_config(block), steps=6,
+                           consolidate=True, timeout=300)
+    fragments = runs[0]["fragments"]
+    for rank in range(WORLD):
+        got = runs[rank]["consolidated"]
+        for frag, (theta_g, _) in zip(fragments, runs[rank]["global_after"]):
+            flat = torch.cat([got[i].reshape(-1) for i in frag])
+            assert torch.equal(flat, theta_g), f"rank {rank}: not θ_g"  # fp32, not the bf16 all-gather
+        assert all(torch.equal(a, b) for a, b in zip(got, runs[0]["consolidated"]))
+    # the replicas differed before (they train on their own data)
+    assert not torch.equal(runs[0]["trajectory"][-1][0], runs[1]["trajectory"][-1][0])
+
+
 @pytest.mark.parametrize("edit, needles", [
     (lambda c: c["zero_optimization"].update(stage=1), ["zero_optimization.stage: got 1", "stage 0"]),
     (lambda c: c.update(bf16={"enabled": True}), ["bf16.enabled: got true", "torch_autocast"]),

@@ -107,6 +107,19 @@ def test_hf_trainer_gets_acco_from_its_deepspeed_config(tmp_path):
     assert losses[-1] < losses[0] - 0.2
 
 
+def test_hf_trainer_runs_streaming_from_its_deepspeed_config(tmp_path):
+    res = _launch(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "ds_acco.run",
+                   "tests/scripts/hf_trainer_script.py", "--deepspeed-config", "ds_configs/hf_trainer_streaming.json",
+                   "--output-dir", str(tmp_path), "--steps", "6", "--fp32"])
+    assert res["engine"] == "StreamingDeepSpeedEngine" and res["mode"] == "streaming"
+    assert res["global_steps"] == 6
+    # fragments launch at inner steps 2, 4, 6 (H = 4, P = 2) and merge one step later: two merged by the end
+    assert res["telemetry"]["rounds"] == 2 and res["telemetry"]["bytes_sent"] > 0
+    losses = res["losses"]
+    assert len(losses) == 6 and all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0] - 0.2
+
+
 @pytest.mark.parametrize("version, ok", [("0.19.8", True), ("0.19.0+abc", True), ("0.18.9", False), ("0.20.0", False)])
 def test_supported_deepspeed_range(version, ok):
     from ds_acco.deepspeed_checks import check_deepspeed_version

@@ -17,12 +17,13 @@ parser.add_argument("--deepspeed-config", required=True)
 parser.add_argument("--output-dir", required=True)
 parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--local_rank", type=int, default=-1)
+parser.add_argument("--fp32", action="store_true", help="no bf16 (streaming trains fp32 replicas)")
 args = parser.parse_args()
 
 model = build_gpt("tiny", seq_len=64)
 train = ShakespeareWindows("train", seq_len=64)
 training_args = TrainingArguments(
-    output_dir=args.output_dir, deepspeed=args.deepspeed_config, use_cpu=True, bf16=True,
+    output_dir=args.output_dir, deepspeed=args.deepspeed_config, use_cpu=True, bf16=not args.fp32,
     per_device_train_batch_size=2, gradient_accumulation_steps=4, max_steps=args.steps, learning_rate=2e-3,
     logging_steps=1, save_strategy="no", report_to=[], disable_tqdm=True, dataloader_num_workers=0, seed=0,
 )
@@ -37,4 +38,5 @@ if trainer.args.process_index == 0:
         "global_steps": engine.global_steps,
         "losses": losses,
         "telemetry": acco.telemetry.summary() if acco is not None else None,
+        "mode": acco.config.mode if acco is not None else None,
     }), flush=True)

@@ -53,6 +53,20 @@ class RoundCollectives:
         self.world_size = dist.get_world_size(self.group)
         self.wire = WireBytes()
 
+    def check_peers_agree(self, mine: object, what: str) -> None:
+        """Fail at start-up, not with a hang, when ranks hold different ``mine`` (configs, layouts).
+
+        Raises:
+            AccoConfigError: naming ``what`` and every rank's value.
+        """
+        from .config import AccoConfigError
+
+        everyone: list = [None] * self.world_size
+        dist.all_gather_object(everyone, mine, group=self.group)
+        if any(theirs != mine for theirs in everyone):
+            detail = "; ".join(f"rank {r}: {everyone[r]}" for r in range(self.world_size))
+            raise AccoConfigError(f"{what} differ across ranks -> {detail}")
+
     def all_gather_small(self, local: torch.Tensor) -> torch.Tensor:
         """All-gather a tiny vector (counts, flags); returns ``(world_size, *local.shape)``."""
         out = torch.empty((self.world_size, *local.shape), dtype=local.dtype, device=local.device)

@@ -71,6 +71,13 @@ class RoundHandle:
         self._error: Optional[BaseException] = None
         self._done_event: Optional[torch.cuda.Event] = None
 
+    @classmethod
+    def completed(cls, index: int, kind: str, timeout_s: float, result: Any) -> "RoundHandle":
+        """A handle whose round already finished with ``result`` (a round restored from a checkpoint)."""
+        handle = cls(index, kind, timeout_s)
+        handle._finish(result, None, None)
+        return handle
+
     def _finish(self, result: Any, error: Optional[BaseException], done_event) -> None:
         self._result, self._error, self._done_event = result, error, done_event
         self._finished.set()

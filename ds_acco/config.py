@@ -198,6 +198,21 @@ class AccoConfig(_Block):
             )
 
 
+def check_saved_state_fits(state: Mapping[str, Any], mine: Mapping[str, Any], what: str, advice: str) -> None:
+    """Raise unless a saved engine state was written by a job like this one.
+
+    Args:
+        state: the saved state dict; holds every key of ``mine``.
+        mine: this job's values (config fingerprint, world size, buffer sizes, ...).
+        what: what was saved, for the message ("the ACCO round state").
+        advice: what the user can do instead.
+    """
+    theirs = {key: state.get(key) for key in mine}
+    if theirs != dict(mine):
+        raise AccoConfigError(f"{what} in this checkpoint does not fit this job: saved {theirs}, now {dict(mine)}. "
+                              f"{advice}")
+
+
 _LATER_DEFAULTS = {
     "backend": "deepspeed",
     "comm_quantization": "none",

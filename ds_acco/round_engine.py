@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from .collectives import RoundCollectives
 from .comm_thread import AccoRoundError, CommThread, RoundHandle, record_ready
-from .config import AccoConfig, AccoConfigError, parse_acco_config
+from .config import AccoConfig, AccoConfigError, check_saved_state_fits, parse_acco_config
 from .dtypes import resolve_dtype
 from .flat_buffer import ShardedGroup
 from .grad_buffers import GradBuffers
@@ -163,16 +163,11 @@ class RoundEngine:
     # ------------------------------------------------------------------ set-up
     def _check_peers_agree(self) -> None:
         """Fail at start-up, not with a hang, when ranks were given different configs or models."""
-        mine = (self.config.fingerprint(), self.G, self.clip, [g.layout.padded_numel for g in self.groups])
-        everyone: list = [None] * self.world_size
-        dist.all_gather_object(everyone, mine, group=self.coll.group)
-        bad = [r for r, theirs in enumerate(everyone) if theirs != mine]
-        if bad:
-            detail = "; ".join(f"rank {r}: {everyone[r]}" for r in range(self.world_size))
-            raise AccoConfigError(
-                "acco config, gradient_accumulation_steps, gradient_clipping or model layout differ "
-                f"across ranks (fingerprint, G, clip, buffer sizes) -> {detail}"
-            )
+        self.coll.check_peers_agree(
+            (self.config.fingerprint(), self.G, self.clip, [g.layout.padded_numel for g in self.groups]),
+            "acco config, gradient_accumulation_steps, gradient_clipping or model layout "
+            "(fingerprint, G, clip, buffer sizes)",
+        )
 
     # ------------------------------------------------------------ training side
     @property
@@ -453,14 +448,11 @@ class RoundEngine:
         self._ensure_open()
         if self._inflight is not None:
             raise AccoRoundError("load_state_dict needs an idle engine; a round is in flight")
-        mine = (self.config.fingerprint(), self.world_size, [g.layout.padded_numel for g in self.groups])
-        theirs = (state["fingerprint"], state["world_size"], state["padded_numels"])
-        if mine != theirs:
-            raise AccoConfigError(
-                "the ACCO round state in this checkpoint does not fit this job: saved (config fingerprint, "
-                f"world size, buffer sizes) = {theirs}, now {mine}. Resume with the same acco block and "
-                "world size, or load the model and optimizer only (a fresh round state bootstraps)."
-            )
+        check_saved_state_fits(
+            state, {"fingerprint": self.config.fingerprint(), "world_size": self.world_size,
+                    "padded_numels": [g.layout.padded_numel for g in self.groups]},
+            "the ACCO round state", "Resume with the same acco block and world size, or load the model and "
+            "optimizer only (a fresh round state bootstraps).")
         self.commits, self.micro_batches = state["commits"], state["micro_batches"]
         self._round_index, self._n, self._next_kind = state["round_index"], state["n"], state["next_kind"]
         self._active_scale = state["active_scale"]
@@ -482,8 +474,8 @@ class RoundEngine:
         if pending is not None:
             for full, part in zip(self._staging, pending["staging_shards"]):
                 self.coll.all_gather(full, part.to(full.dtype))
-            handle = RoundHandle(pending["index"], pending["kind"], self.config.timeout_s)
-            handle._finish(_RoundOutcome(**pending["outcome"]), None, None)
+            handle = RoundHandle.completed(pending["index"], pending["kind"], self.config.timeout_s,
+                                           _RoundOutcome(**pending["outcome"]))
             self._inflight = _InFlight(handle, pending["kind"], pending["mode"], pending["step"])
         self._last_swap_t = time.perf_counter()
 

@@ -57,7 +57,7 @@ from torch import nn
 
 from .collectives import RoundCollectives
 from .comm_thread import AccoRoundError, CommThread, RoundHandle, record_ready
-from .config import AccoConfig, AccoConfigError, parse_acco_config
+from .config import AccoConfig, AccoConfigError, check_saved_state_fits, parse_acco_config
 from .flat_buffer import FlatLayout, flatten_into
 from .fragments import FragmentSpec, default_fragments, explicit_fragments, named_fragments
 from .int8_collectives import Int8ReduceScatter, ShardAllGather
@@ -189,10 +189,7 @@ class StreamingEngine:
         ]
         self._by_offset = {f.offset: f for f in self.fragments}
         self._check_peers_agree()
-        src = dist.get_process_group_ranks(self.coll.group)[0]
-        for frag in self.fragments:  # every replica starts from rank 0's θ_0
-            dist.broadcast(frag.flat, src=src, group=self.coll.group)
-            frag.reset_global(self.rank)
+        self._start_from_rank0()
         self._delta = torch.empty(max(f.layout.padded_numel for f in self.fragments), dtype=torch.float32,
                                   device=self.device)
         self._shard = torch.empty(max(f.layout.shard_numel for f in self.fragments), dtype=torch.float32,
@@ -213,12 +210,15 @@ class StreamingEngine:
         atexit.register(self._atexit)
 
     def _check_peers_agree(self) -> None:
-        mine = (self.config.fingerprint(), [f.layout.padded_numel for f in self.fragments])
-        everyone: list = [None] * self.world_size
-        dist.all_gather_object(everyone, mine, group=self.coll.group)
-        if any(theirs != mine for theirs in everyone):
-            detail = "; ".join(f"rank {r}: {everyone[r]}" for r in range(self.world_size))
-            raise AccoConfigError(f"acco config or fragment layout differ across ranks (fingerprint, sizes) -> {detail}")
+        self.coll.check_peers_agree((self.config.fingerprint(), [f.layout.padded_numel for f in self.fragments]),
+                                    "acco config or fragment layout (fingerprint, sizes)")
+
+    def _start_from_rank0(self) -> None:
+        """Every replica and the global fragments start from rank 0's current weights."""
+        src = dist.get_process_group_ranks(self.coll.group)[0]
+        for frag in self.fragments:
+            dist.broadcast(frag.flat, src=src, group=self.coll.group)
+            frag.reset_global(self.rank)
 
     # ------------------------------------------------------------ training side
     def fragment_at(self, step: int) -> Optional[int]:
@@ -367,13 +367,10 @@ class StreamingEngine:
         self._ensure_open()
         if self._inflight is not None:
             raise AccoRoundError("load_state_dict needs an idle streaming engine; a round is in flight")
-        mine = (self.config.fingerprint(), self.world_size, [f.layout.padded_numel for f in self.fragments])
-        theirs = (state["fingerprint"], state["world_size"], state["padded_numels"])
-        if mine != theirs:
-            raise AccoConfigError(
-                "the streaming state in this checkpoint does not fit this job: saved (config fingerprint, world "
-                f"size, fragment sizes) = {theirs}, now {mine}. Resume with the same acco block, model and world size."
-            )
+        check_saved_state_fits(
+            state, {"fingerprint": self.config.fingerprint(), "world_size": self.world_size,
+                    "padded_numels": [f.layout.padded_numel for f in self.fragments]},
+            "the streaming state", "Resume with the same acco block and model (another world size: load_resharded).")
         for frag, saved in zip(self.fragments, state["fragments"]):
             frag.anchor.copy_(saved["anchor"])
             frag.master.copy_(saved["master"])
@@ -388,8 +385,8 @@ class StreamingEngine:
         self.peak_round_bytes = state["peak_round_bytes"]
         pending = state["pending"]
         if pending is not None:
-            handle = RoundHandle(pending["index"], f"fragment {pending['fragment']}", self.config.timeout_s)
-            handle._finish(_Outcome(**pending["outcome"]), None, None)
+            handle = RoundHandle.completed(pending["index"], f"fragment {pending['fragment']}", self.config.timeout_s,
+                                           _Outcome(**pending["outcome"]))
             self._inflight = _InFlight(handle, self.fragments[pending["fragment"]], pending["step"], pending["due"],
                                        time.perf_counter())
 
@@ -410,13 +407,11 @@ class StreamingEngine:
             raise AccoRoundError("load_resharded needs an idle streaming engine; a round is in flight")
         first = saved[0]
         numels = [f.layout.numel for f in self.fragments]
-        if len(saved) != first["world_size"] or first["fingerprint"] != self.config.fingerprint() or first.get(
-                "numels") != numels:
-            raise AccoConfigError(
-                f"the streaming state does not fit this job: {len(saved)} rank state(s) of a {first['world_size']}-rank "
-                f"job, fingerprint {first['fingerprint']} and fragment sizes {first.get('numels')}; this job has "
-                f"fingerprint {self.config.fingerprint()} and fragment sizes {numels}. Use the same acco block and model."
-            )
+        check_saved_state_fits(first, {"fingerprint": self.config.fingerprint(), "numels": numels},
+                               "the streaming state", "Use the same acco block and model.")
+        if len(saved) != first["world_size"]:
+            raise AccoConfigError(f"the streaming state of a {first['world_size']}-rank job needs every rank's "
+                                  f"state; got {len(saved)}")
         for p, frag in enumerate(self.fragments):
             n = numels[p]
             parts = [state["fragments"][p] for state in saved]
@@ -450,10 +445,8 @@ class StreamingEngine:
         self._ensure_open()
         if self._inflight is not None:
             self._complete(self.inner_steps)
-        src = dist.get_process_group_ranks(self.coll.group)[0]
+        self._start_from_rank0()
         for frag in self.fragments:
-            dist.broadcast(frag.flat, src=src, group=self.coll.group)
-            frag.reset_global(self.rank)
             frag.outer.state.clear()
             frag.last_sync = inner_steps
             if frag.rs is not None:

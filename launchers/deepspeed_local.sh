@@ -27,8 +27,6 @@ NPROC="${NPROC:-2}"
 PORT="${MASTER_PORT:-29500}"
 # shellcheck source=launchers/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-# A RANK/WORLD_SIZE left over from an outer launcher would confuse the children.
-unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
 
 if [[ -n "${TRAIN_MODULE:-}" ]]; then
   ENTRY=(--module "$TRAIN_MODULE")

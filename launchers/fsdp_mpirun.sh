@@ -25,7 +25,5 @@ PORT="${MASTER_PORT:-29500}"
 # shellcheck source=launchers/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 PYTHON="${PYTHON:-python}"
-unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
-read -r -a EXTRA <<< "${MPIEXEC_ARGS:-}"
 exec mpiexec "${EXTRA[@]}" -n "$NPROC" "$PYTHON" -m ds_acco.examples.train_lm_fsdp \
   --config "$CONFIG" --distributed-port "$PORT" "$@"

@@ -29,9 +29,6 @@ PORT="${MASTER_PORT:-29500}"
 # shellcheck source=launchers/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 PYTHON="${PYTHON:-python}"
-# Leftover launcher variables would make DeepSpeed skip MPI discovery.
-unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
-read -r -a EXTRA <<< "${MPIEXEC_ARGS:-}"
 
 exec mpiexec "${EXTRA[@]}" -n "$NPROC" "$PYTHON" -m "${TRAIN_MODULE:-ds_acco.examples.train_lm}" \
   --deepspeed_config "$CONFIG" --distributed-port "$PORT" "$@"

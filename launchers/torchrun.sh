@@ -27,12 +27,5 @@ NPROC="${NPROC:-2}"
 PORT="${MASTER_PORT:-}"
 # shellcheck source=launchers/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT
-
-if [[ -n "$PORT" ]]; then
-  RDZV=(--nnodes 1 --master_addr 127.0.0.1 --master_port "$PORT")
-else
-  RDZV=(--standalone)
-fi
 exec torchrun "${RDZV[@]}" --nproc_per_node "$NPROC" \
   -m "${TRAIN_MODULE:-ds_acco.examples.train_lm}" --deepspeed_config "$CONFIG" "$@"

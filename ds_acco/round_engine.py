@@ -20,11 +20,9 @@ the next launch.
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import math
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
@@ -32,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from .collectives import RoundCollectives
-from .comm_thread import AccoRoundError, CommThread, RoundHandle, record_ready
+from .comm_thread import AccoRoundError, CommThread, RoundHandle, drain_at_exit, record_ready
 from .config import AccoConfig, AccoConfigError, check_saved_state_fits, parse_acco_config
 from .dtypes import resolve_dtype
 from .flat_buffer import ShardedGroup
@@ -157,8 +155,7 @@ class RoundEngine:
         # A script may end with a round in flight on every rank (it always does in acco);
         # finishing it before interpreter shutdown keeps the collective from being torn
         # down under the communication thread.
-        self._atexit = functools.partial(_close_at_exit, weakref.ref(self))
-        atexit.register(self._atexit)
+        self._atexit = drain_at_exit(self)
 
     # ------------------------------------------------------------------ set-up
     def _check_peers_agree(self) -> None:
@@ -534,13 +531,3 @@ class RoundEngine:
                 self._comm.close(timeout_s=0.1)
         except Exception:
             pass
-
-
-def _close_at_exit(ref: "weakref.ref[RoundEngine]") -> None:
-    engine = ref()
-    if engine is None or engine._closed:
-        return
-    try:
-        engine.close(drain=True)
-    except Exception as exc:  # noqa: BLE001 - nothing left to raise to at exit
-        logger.warning("ds_acco: round in flight at exit did not finish cleanly: %s", exc)

@@ -44,10 +44,8 @@ delta scratch is shared by all fragments.
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence, Union
 
@@ -56,7 +54,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .collectives import RoundCollectives
-from .comm_thread import AccoRoundError, CommThread, RoundHandle, record_ready
+from .comm_thread import AccoRoundError, CommThread, RoundHandle, drain_at_exit, record_ready
 from .config import AccoConfig, AccoConfigError, check_saved_state_fits, parse_acco_config
 from .flat_buffer import FlatLayout, flatten_into
 from .fragments import FragmentSpec, default_fragments, explicit_fragments, named_fragments
@@ -206,8 +204,7 @@ class StreamingEngine:
         self._round_index = 0
         self._inflight: Optional[_InFlight] = None
         self._closed = False
-        self._atexit = functools.partial(_close_at_exit, weakref.ref(self))
-        atexit.register(self._atexit)
+        self._atexit = drain_at_exit(self)
 
     def _check_peers_agree(self) -> None:
         self.coll.check_peers_agree((self.config.fingerprint(), [f.layout.padded_numel for f in self.fragments]),
@@ -481,16 +478,6 @@ class StreamingEngine:
             atexit.unregister(self._atexit)
             self._comm.close(timeout_s=5.0)
             self.coll.destroy()
-
-
-def _close_at_exit(ref: "weakref.ref[StreamingEngine]") -> None:
-    engine = ref()
-    if engine is None or engine._closed:
-        return
-    try:
-        engine.close(drain=True)
-    except Exception as exc:  # noqa: BLE001 - nothing left to raise to at exit
-        logger.warning("ds_acco: streaming round in flight at exit did not finish cleanly: %s", exc)
 
 
 def _streaming_config(config: Union[AccoConfig, dict]) -> AccoConfig:

@@ -22,7 +22,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 
 def _rss_mib() -> float:
@@ -56,11 +55,11 @@ def parse_args(argv=None):
 
 def soak(args) -> None:
     from ds_acco import plain
+    from ds_acco.examples.core_demo import demo_model
 
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, args.width), nn.GELU(), nn.Linear(args.width, args.width), nn.GELU(),
-                          nn.Linear(args.width, 1))
+    model = demo_model(args.width)
     engine = plain.build(model.parameters(), torch.optim.AdamW, {"lr": 1e-4},
                          config={"mode": args.mode, "policy": args.policy, "telemetry": {"keep_last": 100}},
                          gradient_accumulation_steps=4)

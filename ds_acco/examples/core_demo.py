@@ -33,13 +33,17 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def demo_model(width: int) -> nn.Module:
+    """A small MLP regression model, the same on every rank (seed 0 before calling)."""
+    return nn.Sequential(nn.Linear(32, width), nn.GELU(), nn.Linear(width, width), nn.GELU(), nn.Linear(width, 1))
+
+
 def worker(args) -> None:
     from ds_acco import plain
 
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, args.width), nn.GELU(), nn.Linear(args.width, args.width), nn.GELU(),
-                          nn.Linear(args.width, 1))
+    model = demo_model(args.width)
     engine = plain.build(model.parameters(), torch.optim.AdamW, {"lr": 1e-3},
                          config={"mode": args.mode, "policy": args.policy, "telemetry": {"log_every": 1}},
                          gradient_accumulation_steps=args.grad_accum)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -118,6 +119,19 @@ def test_hf_trainer_runs_streaming_from_its_deepspeed_config(tmp_path):
     losses = res["losses"]
     assert len(losses) == 6 and all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0] - 0.2
+
+
+@pytest.mark.parametrize("mode", ["acco", "streaming"])
+def test_round_in_flight_at_interpreter_exit_is_finished_on_every_rank(mode):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    proc = subprocess.run(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()),
+                           "tests/scripts/exit_mid_round_script.py", mode], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    exits = [json.loads(m) for m in re.findall(r"EXIT (\{[^}]*\})", proc.stdout)]  # ranks' lines may interleave
+    assert sorted(e["rank"] for e in exits) == [0, 1]
+    for e in exits:
+        assert e["in_flight_before"] and e["closed"] and e["rounds"] >= 1, e
 
 
 @pytest.mark.parametrize("version, ok", [("0.19.8", True), ("0.19.0+abc", True), ("0.18.9", False), ("0.20.0", False)])

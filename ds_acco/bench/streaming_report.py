@@ -13,14 +13,16 @@ rows compare directly:
   bytes sent per step and by its largest round (streaming: one fragment);
 * ``vs ZeRO-1``: each figure over ZeRO-1's fp32 one (bytes of fp32 DDP);
   ``zero1_bf16`` shows what bf16 DDP would send.
+
+The bar chart of these figures is :func:`ds_acco.bench.plots.streaming_bytes`.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 from .analysis import _interp, val_points
-from .configs import LABELS, STREAMING_COMPARISON
+from .configs import STREAMING_COMPARISON
 
 SCENARIO = "streaming"
 
@@ -74,43 +76,3 @@ def print_streaming(table: list[dict], p: Callable[..., None]) -> None:
           f"| {'-' if e['comm_hidden_pct'] is None else format(e['comm_hidden_pct'], '.1f')} "
           f"| {'-' if e['val_loss'] is None else format(e['val_loss'], '.4f')} "
           f"| {'-' if rel is None else format(100 * rel, '+.2f') + '%'} |")
-
-
-def bytes_plot(result: dict, path: str) -> Optional[str]:
-    """Mean and peak bytes per optimizer step per worker, log scale, one bar pair per config."""
-    table = streaming_table(result["runs"])
-    measured = any(e.get("iface_tx_bytes_per_step") for e in table)
-    # without namespaces (loopback) only ds_acco's own accounting exists: stock ZeRO-1 drops out
-    mean_key, peak_key = (("iface_tx_bytes_per_step", "iface_tx_peak_bytes_per_step") if measured
-                          else ("ring_bytes_sent_per_step", "peak_round_bytes"))
-    table = [e for e in table if e.get(mean_key)]
-    if not table:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    xs = range(len(table))
-    mean = [e[mean_key] / 1e6 for e in table]
-    peak = [(e[peak_key] or 0) / 1e6 for e in table]
-    from .plots import COLORS
-
-    colors = [COLORS.get(e["config"], "#777777") for e in table]
-    ax.bar([x - 0.2 for x in xs], mean, width=0.4, color=colors, label="mean per step")
-    ax.bar([x + 0.2 for x in xs], peak, width=0.4, color=colors, alpha=0.45, hatch="//", label="busiest step")
-    for x, m in zip(xs, mean):
-        ax.text(x - 0.2, m, f"{m:.3g}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(list(xs), [LABELS[e["config"]].replace("ds_acco ", "").replace("DeepSpeed ", "") for e in table],
-                  fontsize=8, rotation=15)
-    ax.set_yscale("log")
-    ax.set_ylabel("MB sent per optimizer step per worker " + ("(veth tx)" if measured else "(ds_acco accounting)"))
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
-    how = "measured on the interface" if measured else "loopback run: ds_acco's payload accounting only"
-    ax.set_title(f"bytes on the wire per optimizer step, {table[0]['rate']} link ({how})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path

@@ -24,28 +24,25 @@ Internals used (``torch/distributed/fsdp/_fully_shard/``, torch 2.13)
     * ``FSDPParam``: ``sharded_param`` (the DTensor ``nn.Parameter`` the optimizer
       steps), ``_sharded_param_data`` (the padded 1-D local shard; the DTensor's
       local tensor is a view of it, and it is the round engine's master shard),
-      ``padded_sharded_param_size``, ``_orig_size``, ``fsdp_placement``,
+      ``padded_sharded_param_size``, ``fsdp_placement``,
       ``mesh_info``, ``offload_to_cpu``, ``is_dtensor``, ``reduce_dtype``,
       ``unsharded_param`` (the compute parameter), ``free_unsharded_param()``,
       ``_param_fqn``; and ``DTensor._local_tensor`` of the sharded parameter.
 
-[Note: the layout is FSDP2's own, one round-engine group per parameter]
+[Note: the layout is FSDP2's own, one round-engine group per unit]
 FSDP2 shards every parameter on dim 0 with ``torch.chunk`` semantics: each rank
 holds ``c = ceil(d0 / N)`` rows (the last ranks fewer, padded with zero rows up
-to ``c``). A :class:`~ds_acco.flat_buffer.FlatLayout` of that single parameter
-with ``alignment = row numel`` pads it to ``N * c`` rows and gives rank ``r``
-rows ``[r*c, (r+1)*c)``: exactly FSDP2's chunk, padding included, so the
-padded local shard *is* the master shard and no second fp32 copy exists. A
-group holding several parameters would interleave their chunks (rank ``r``'s
-shard is a gather of per-parameter chunks), which the core's contiguous
-reduce-scatter cannot express; one group per parameter needs no core change
-and costs one reduce-scatter and one all-gather per parameter per round, on
-the background thread.
+to ``c``), the padded local shard ``_sharded_param_data``. The round engine's
+group for a ``fully_shard`` unit packs those chunks rank-major, as FSDP2's own
+all-gather does (:mod:`ds_acco.rank_major`): rank ``r``'s shard of the group is
+the concatenation of its padded local shards, so they *are* the master shards
+(read with one ``torch.cat`` when a round publishes, stepped in place by the
+optimizer) and no second fp32 copy exists. A round costs one reduce-scatter
+and one all-gather per unit, on the background thread.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -58,7 +55,7 @@ TORCH_RANGE = ((2, 13), (2, 14))
 """``[low, high)`` (major, minor) of the torch releases whose FSDP2 internals this module was checked against."""
 
 _FSDP_PARAM_ATTRS = (
-    "sharded_param", "_sharded_param_data", "padded_sharded_param_size", "_orig_size", "fsdp_placement",
+    "sharded_param", "_sharded_param_data", "padded_sharded_param_size", "fsdp_placement",
     "mesh_info", "offload_to_cpu", "is_dtensor", "reduce_dtype", "param_dtype", "orig_dtype", "free_unsharded_param",
 )
 _FSDP_GROUP_ATTRS = (
@@ -114,8 +111,6 @@ class ManagedParam:
     """FSDP2's sharded parameter (a DTensor); what the optimizer steps and checkpoints hold."""
     master: torch.Tensor
     """Its padded 1-D local shard (``_sharded_param_data``); the DTensor's local tensor is a view of it."""
-    row_numel: int
-    """Elements per dim-0 row; the FlatLayout alignment that reproduces FSDP2's chunks."""
     unsharded: Optional[nn.Parameter] = None
     """The compute parameter, set by :meth:`FSDP2Model.hold_unsharded`."""
     fsdp_data: Optional[torch.Tensor] = field(default=None, repr=False)
@@ -211,10 +206,8 @@ class FSDP2Model:
                         f"ds_acco.fsdp: unexpected FSDP2 shard of {name} (padded data {tuple(master.shape)}, "
                         f"local {tuple(local.shape)}); is torch {torch.__version__} supported?"
                     )
-                shape = tuple(fp._orig_size)
                 self.params.append(ManagedParam(
                     fqn=name, fsdp_param=fp, group=group, sharded=fp.sharded_param, master=master,
-                    row_numel=max(1, math.prod(shape[1:])),
                 ))
         if mesh is None:
             raise AccoConfigError("model: fully_shard manages no parameters")

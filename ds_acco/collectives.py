@@ -30,12 +30,14 @@ def _nbytes(t: torch.Tensor) -> int:
 
 @dataclass
 class WireBytes:
-    """Bytes this rank sent and received, by the ring model above."""
+    """Bytes this rank sent and received, by the ring model above, and how many collectives moved them."""
 
     sent: int = 0
     received: int = 0
+    calls: int = 0
 
     def add(self, payload: int, world_size: int, factor: int = 1) -> None:
+        self.calls += 1
         moved = factor * payload * (world_size - 1) // world_size
         self.sent += moved
         self.received += moved

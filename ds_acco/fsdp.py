@@ -26,8 +26,10 @@ Where the buffers live (see :mod:`ds_acco._fsdp2` for the FSDP2 internals used):
 * **compute parameters**: FSDP2's unsharded parameters (same ``nn.Parameter``
   objects, in ``mp_policy.param_dtype``), each a view of a round-engine buffer;
   a swap re-points them at the freshly all-gathered buffer.
-* **layout**: one round-engine group per parameter, cut exactly like FSDP2's
-  dim-0 chunks (note in :mod:`ds_acco._fsdp2`).
+* **layout**: one round-engine group per ``fully_shard`` unit, so a round issues
+  one reduce-scatter and one all-gather per unit, as FSDP2 does: the unit's
+  dim-0 chunks are packed rank-major around each collective (FSDP2's own
+  all-gather layout, :mod:`ds_acco.rank_major`).
 
 What it relies on from FSDP2 (all of it in :mod:`ds_acco._fsdp2`, checked at
 start-up): the public ``fully_shard``, ``unshard``/``reshard``,
@@ -65,7 +67,8 @@ from torch.distributed.tensor import DTensor
 
 from ._fsdp2 import TORCH_RANGE, FSDP2Model, ManagedParam, check_torch_version
 from .config import AccoConfig, AccoConfigError, parse_acco_config
-from .flat_buffer import FlatLayout, ShardedGroup
+from .flat_buffer import ShardedGroup
+from .rank_major import RankMajorPacking
 from .round_engine import RoundEngine
 from .shard_optimizer import ShardOptimizer
 from .telemetry import Telemetry
@@ -258,16 +261,51 @@ def acco_fully_shard(
     return AccoFSDP(model, fsdp, optimizer, scheduler, config, gradient_accumulation_steps, clip_grad_norm, grad_scale)
 
 
+def _unit_groups(fsdp: FSDP2Model, world: int) -> tuple[list[ShardedGroup], list[list[ManagedParam]]]:
+    """One packed round-engine group per ``fully_shard`` unit (and compute dtype), as FSDP2 batches its collectives.
+
+    The trainable parameters' compute data moves into the group's param-major
+    buffer (frozen ones get a private copy); the group's shards are FSDP2's padded
+    local shards, packed rank-major (:mod:`ds_acco.rank_major`).
+    """
+    units: dict[tuple[int, torch.dtype], list[ManagedParam]] = {}
+    for p in fsdp.params:
+        if not p.trainable:
+            fsdp.own_storage(p, None)  # frozen: a private copy, never updated
+            continue
+        units.setdefault((id(p.group), p.unsharded.dtype), []).append(p)
+    groups = []
+    for unit in units.values():
+        try:
+            packing = RankMajorPacking([p.unsharded.shape for p in unit], world, [p.master for p in unit])
+        except ValueError as err:
+            raise RuntimeError(
+                f"ds_acco.fsdp: FSDP2's local shards of {[p.fqn for p in unit]} are not padded dim-0 chunks "
+                f"({err}); is torch {torch.__version__} supported?"
+            ) from err
+        flat = packing.layout.new_buffer(unit[0].unsharded)
+        for p, view in zip(unit, packing.layout.views(flat)):
+            with torch.no_grad():
+                view.copy_(p.unsharded.detach())
+            fsdp.own_storage(p, view)
+        groups.append(ShardedGroup(params=[p.unsharded for p in unit], layout=packing.layout, flat=flat,
+                                   master=None, packing=packing))
+    return groups, list(units.values())
+
+
 class _DTensorShardOptimizer(ShardOptimizer):
     """A :class:`ShardOptimizer` whose master shards are FSDP2's sharded DTensor parameters.
 
-    A round hands one padded 1-D fp32 gradient shard per group; each becomes its
-    parameter's DTensor gradient: a view of the round's buffer, unpadded and shaped
-    like the local shard (cast when the sharded parameters are not fp32).
+    A round hands one packed 1-D fp32 gradient shard per group; each parameter's
+    padded chunk of it becomes that parameter's DTensor gradient: a view of the
+    round's buffer, unpadded and shaped like the local shard (cast when the sharded
+    parameters are not fp32).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, params: list[ManagedParam], lr_scheduler: Any):
+    def __init__(self, optimizer: torch.optim.Optimizer, params: list[ManagedParam],
+                 packings: list[RankMajorPacking], lr_scheduler: Any):
         super().__init__(optimizer, [p.sharded for p in params], lr_scheduler)
+        self._packings = packings
         with torch.no_grad():
             self._specs = [
                 (p.sharded.to_local().shape, p.sharded.device_mesh, p.sharded.placements, p.sharded.shape,
@@ -276,6 +314,7 @@ class _DTensorShardOptimizer(ShardOptimizer):
             ]
 
     def _set_grads(self, grads) -> None:
+        grads = [chunk for packing, shard in zip(self._packings, grads) for chunk in packing.split_shard(shard)]
         for param, grad, (local_shape, mesh, placements, shape, stride) in zip(self.masters, grads, self._specs):
             local = grad.narrow(0, 0, local_shape.numel()).view(local_shape)
             if local.dtype != param.dtype:
@@ -288,7 +327,7 @@ class AccoFSDP:
 
     Attributes:
         module: the ``fully_shard`` model.
-        engine: the :class:`RoundEngine` (its ``groups`` are one per trainable parameter).
+        engine: the :class:`RoundEngine` (its ``groups`` are one per ``fully_shard`` unit).
         optimizer: the torch optimizer over FSDP2's sharded parameters.
         lr_scheduler: stepped once per commit, or None.
     """
@@ -303,25 +342,10 @@ class AccoFSDP:
         if not self.params:
             raise AccoConfigError("model: no trainable parameter under fully_shard; nothing for ACCO to train")
         fsdp.hold_unsharded()
-        groups = []
         try:
-            for p in fsdp.params:
-                if not p.trainable:
-                    fsdp.own_storage(p, None)  # frozen: a private copy, never updated
-                    continue
-                layout = FlatLayout.for_params([p.unsharded], world, alignment=p.row_numel)
-                if layout.shard_numel != p.master.numel():
-                    raise RuntimeError(
-                        f"ds_acco.fsdp: {p.fqn}: FSDP2 shard has {p.master.numel()} elements, the dim-0 chunk layout "
-                        f"{layout.shard_numel}; is torch {torch.__version__} supported?"
-                    )
-                flat = layout.new_buffer(p.unsharded)
-                view = layout.views(flat)[0]
-                with torch.no_grad():
-                    view.copy_(p.unsharded.detach())
-                fsdp.own_storage(p, view)
-                groups.append(ShardedGroup(params=[p.unsharded], layout=layout, flat=flat, master=p.master))
-            shard_opt = _DTensorShardOptimizer(optimizer, self.params, lr_scheduler)
+            groups, units = _unit_groups(fsdp, world)
+            self.params = [p for unit in units for p in unit]  # the order of the rounds' packed shards
+            shard_opt = _DTensorShardOptimizer(optimizer, self.params, [g.packing for g in groups], lr_scheduler)
             self.engine = RoundEngine(
                 groups, shard_opt, config=config, gradient_accumulation_steps=gradient_accumulation_steps,
                 clip_grad_norm=clip_grad_norm, process_group=fsdp.process_group, grad_scale=grad_scale,
@@ -333,8 +357,8 @@ class AccoFSDP:
             fsdp.release()
             raise
         if self.engine.rank == 0:
-            logger.info("ds_acco.fsdp: mode=%s policy=%s G=%d over %d FSDP2 parameters, dp=%d", config.mode,
-                        config.policy, gradient_accumulation_steps, len(groups), world)
+            logger.info("ds_acco.fsdp: mode=%s policy=%s G=%d, %d FSDP2 parameters in %d packed groups, dp=%d",
+                        config.mode, config.policy, gradient_accumulation_steps, len(self.params), len(groups), world)
 
     # ------------------------------------------------------------ training loop
     @property

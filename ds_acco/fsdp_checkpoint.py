@@ -112,7 +112,7 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
             model_sd, optim_sd = get_model_state_dict(trainer.module), None
         state = {"model": model_sd, META_KEY: _blob(meta)}
         if engine:
-            compute = [g.layout.shard(g.flat, engine.rank).clone() for g in engine.groups]
+            compute = [g.compute_shard(g.flat, engine.rank) for g in engine.groups]
             state[rank_key(engine.rank)] = _blob({"rounds": rounds, "compute": compute})
         if optim_sd is not None:
             state["optim"] = optim_sd
@@ -191,13 +191,15 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
     elif exact:
         saved = _unblob(state[rank_key(engine.rank)], engine.device)
         with torch.no_grad():
-            for g, shard in zip(engine.groups, saved["compute"]):
-                engine.coll.all_gather(g.flat, shard.to(g.flat.dtype))
+            for i, (g, shard) in enumerate(zip(engine.groups, saved["compute"])):
+                engine.all_gather_compute(i, g.flat, shard.to(g.flat.dtype))
         engine.load_state_dict(saved["rounds"])
     else:
         with torch.no_grad():
-            for g in engine.groups:  # compute parameters = the loaded masters, as after a commit
-                engine.coll.all_gather(g.flat, g.master.to(g.flat.dtype))
+            for i, g in enumerate(engine.groups):  # compute parameters = the loaded masters, as after a commit
+                part = torch.empty(g.layout.shard_numel, dtype=g.flat.dtype, device=g.flat.device)
+                g.read_master(part)
+                engine.all_gather_compute(i, g.flat, part)
         engine.reset_rounds(commits=meta["applied_commits"])
         engine.micro_batches = meta["micro_batches"]
         if engine.rank == 0:

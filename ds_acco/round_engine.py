@@ -126,7 +126,16 @@ class RoundEngine:
             s if comm == torch.float32 or int8 else torch.empty(s.numel(), dtype=comm, device=self.device)
             for s in self._shard32
         ]
-        self._comm_scratch = [None if comm == accum or int8 else g.layout.new_buffer(g.flat, comm) for g in self.groups]
+        self._comm_scratch = [
+            g.layout.new_buffer(g.flat, accum if int8 else comm) if g.packing is not None  # rank-major send buffer
+            else None if comm == accum or int8 else g.layout.new_buffer(g.flat, comm)
+            for g in self.groups
+        ]
+        # a packed group's rank-major all-gather output (its send buffer when the dtypes agree: it is free by then)
+        self._gather_scratch = [
+            None if g.packing is None else s if s.dtype == g.flat.dtype else g.layout.new_buffer(g.flat)
+            for g, s in zip(self.groups, self._comm_scratch)
+        ]
         self._int8_rs = [
             Int8ReduceScatter(g.layout.padded_numel, self.world_size, block_size=self.config.quantization_block_size,
                               error_feedback=self.config.error_feedback, device=self.device)
@@ -301,8 +310,9 @@ class RoundEngine:
         nonfinite = bool(per_rank[:, 1].any())
 
         self._enter_stage(handle, "reduce-scatter")
-        for i, (buf, scratch, out, shard) in enumerate(zip(grads, self._comm_scratch, self._rs_out, self._shard32)):
-            send = buf if scratch is None else scratch.copy_(buf)
+        for i, (g, buf, scratch, out, shard) in enumerate(
+                zip(self.groups, grads, self._comm_scratch, self._rs_out, self._shard32)):
+            send = g.comm_input(buf, scratch)
             if self._int8_rs is not None:
                 self._int8_rs[i](self.coll, out, send)
             else:
@@ -342,8 +352,8 @@ class RoundEngine:
                 self._publish_masters()
 
         self._enter_stage(handle, "all-gather")
-        for full, part in zip(self._staging, self._publish):
-            self.coll.all_gather(full, part)
+        for i, (full, part) in enumerate(zip(self._staging, self._publish)):
+            self.all_gather_compute(i, full, part)
         self._enter_stage(handle, "done")
         return _RoundOutcome(
             counts=[int(c) for c in counts],
@@ -362,7 +372,16 @@ class RoundEngine:
 
     def _publish_masters(self) -> None:
         for part, g in zip(self._publish, self.groups):
-            part.copy_(g.master.detach())
+            g.read_master(part)
+
+    def all_gather_compute(self, i: int, full: torch.Tensor, part: torch.Tensor) -> None:
+        """All-gather every rank's shard ``part`` of group ``i`` into the compute buffer ``full`` (collective)."""
+        g = self.groups[i]
+        if g.packing is None:
+            self.coll.all_gather(full, part)
+        else:
+            self.coll.all_gather(self._gather_scratch[i], part)
+            g.packing.unpack(self._gather_scratch[i], full)
 
     def _clip_global_norm(self) -> float:
         """Clip the mean gradient shards in place by the norm over every rank's shards."""
@@ -414,7 +433,7 @@ class RoundEngine:
             pending = {
                 "kind": f.kind, "mode": f.mode, "step": f.step, "index": f.handle.index,
                 "outcome": vars(outcome).copy(),
-                "staging_shards": [g.layout.shard(st, self.rank).clone() for g, st in zip(self.groups, self._staging)],
+                "staging_shards": [g.compute_shard(st, self.rank) for g, st in zip(self.groups, self._staging)],
             }
         return {
             "format": 1,
@@ -469,8 +488,8 @@ class RoundEngine:
                 rs.reset_error_feedback()
         pending = state["pending"]
         if pending is not None:
-            for full, part in zip(self._staging, pending["staging_shards"]):
-                self.coll.all_gather(full, part.to(full.dtype))
+            for i, (full, part) in enumerate(zip(self._staging, pending["staging_shards"])):
+                self.all_gather_compute(i, full, part.to(full.dtype))
             handle = RoundHandle.completed(pending["index"], pending["kind"], self.config.timeout_s,
                                            _RoundOutcome(**pending["outcome"]))
             self._inflight = _InFlight(handle, pending["kind"], pending["mode"], pending["step"])

@@ -160,6 +160,33 @@ def variants(rank, world, *, G, steps) -> dict:
     return out
 
 
+COLLECTIVES = ("all_gather_small", "all_reduce_sum", "reduce_scatter_sum", "all_gather", "all_to_all")
+
+
+def count_collectives(engine) -> dict:
+    """Count the collectives the engine's rounds really issue, by name (each call still runs)."""
+    calls = dict.fromkeys(COLLECTIVES, 0)
+    for name in COLLECTIVES:
+        real = getattr(engine.coll, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        setattr(engine.coll, name, counted)
+    return calls
+
+
+def collectives_per_round(rank, world, *, G) -> dict:
+    """acco with clipping on a model sharded in two ``fully_shard`` units of two parameters each."""
+    model, acco = build(world, {"backend": "fsdp", "mode": "acco"}, G, clip=0.5, nested=True)
+    calls = count_collectives(acco.engine)
+    train(rank, model, acco, 3)
+    acco.close()
+    return {"calls": calls, "rounds": acco.telemetry.rounds, "units": len(acco.fsdp.groups),
+            "params": len(acco.params), "wire_calls": acco.engine.coll.wire.calls}
+
+
 def resume_job(rank, world, *, steps, save_at=None, ckpt=None, resume=False) -> dict:
     """``RESUME``'s job: uninterrupted; or stopped at micro-batch ``save_at`` with a checkpoint; or resumed."""
     model, acco = build(world, RESUME["config"], RESUME["G"], RESUME["clip"], RESUME["schedule"])
@@ -184,6 +211,7 @@ def first_job(rank, world, *, G, steps, resume_steps, save_at, ckpt) -> dict:
     """
     return {"modes": modes(rank, world, G=G, steps=steps),
             "variants": variants(rank, world, G=G, steps=steps),
+            "collectives": collectives_per_round(rank, world, G=G),
             "full": resume_job(rank, world, steps=resume_steps)["trajectory"],
             "saved": resume_job(rank, world, steps=resume_steps, save_at=save_at, ckpt=ckpt)["saved"],
             "resumed": resume_job(rank, world, steps=resume_steps, ckpt=ckpt, resume=True)["trajectory"]}

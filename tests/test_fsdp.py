@@ -76,8 +76,19 @@ def test_layer_by_layer_bf16_adaptive_and_frozen(two):
     counts = got["adaptive_counts"]
     assert sum(c[0] for c in counts[1:]) > sum(c[1] for c in counts[1:]) and all(min(c) >= 1 for c in counts)
     assert_trajectories_equal(got["adaptive"], reference("acco", 2, G, steps=4, counts=counts))
-    # a frozen parameter gets no round-engine group and keeps its value (order: 0.w, 2.w, 0.b, 2.b)
-    assert got["frozen"] == {"groups": 3, "changed": [True, True, False, True]}
+    # a frozen parameter is in no round-engine group and keeps its value (order: 0.w, 2.w, 0.b, 2.b);
+    # the three trainable ones form one group, the root unit's
+    assert got["frozen"] == {"groups": 1, "changed": [True, True, False, True]}
+
+
+def test_a_round_issues_two_collectives_per_fully_shard_unit(two):
+    """FSDP2's batching: one reduce-scatter and one all-gather per unit, not per parameter."""
+    got = two["collectives"]
+    assert (got["units"], got["params"]) == (2, 4) and got["rounds"] >= 6
+    per_unit = {"reduce_scatter_sum": got["rounds"] * got["units"], "all_gather": got["rounds"] * got["units"]}
+    small = {"all_gather_small": got["rounds"], "all_reduce_sum": got["rounds"]}  # counts; clipping's norm
+    assert got["calls"] == dict(per_unit, **small, all_to_all=0), got
+    assert got["wire_calls"] == sum(got["calls"].values())
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -226,3 +237,39 @@ def test_json_config_means_what_it_means_to_deepspeed():
             assert ours.param_groups[0]["lr"] == theirs.param_groups[0]["lr"]
             sched.step()
             ds.step()
+
+
+def test_rank_major_packing_is_fsdp2s_chunk_layout():
+    """Rank r's packed region is the concatenation of every parameter's r-th torch.chunk, zero-padded."""
+    from ds_acco.rank_major import RankMajorPacking
+
+    shapes, world = [(5, 3), (1,), (7,), (2, 2, 2)], 3
+    params = [torch.randn(s) for s in shapes]
+    chunk_rows = [-(-s[0] // world) for s in shapes]
+
+    def padded_chunk(p, c, r):
+        rows = list(torch.chunk(p, world))[r] if r < len(torch.chunk(p, world)) else p[:0]
+        out = torch.zeros((c, *p.shape[1:]))
+        out[: rows.shape[0]] = rows
+        return out.reshape(-1)
+
+    masters = [padded_chunk(p, c, 1) for p, c in zip(params, chunk_rows)]
+    packing = RankMajorPacking([p.shape for p in params], world, masters)
+    flat = packing.layout.new_buffer(params[0])
+    for view, p in zip(packing.layout.views(flat), params):
+        view.copy_(p)
+    packed = packing.pack(flat, torch.empty(packing.layout.padded_numel, dtype=torch.float64))
+    assert packed.dtype == torch.float64
+    for r in range(world):
+        want = torch.cat([padded_chunk(p, c, r) for p, c in zip(params, chunk_rows)])
+        region = packed[r * packing.shard_numel:(r + 1) * packing.shard_numel]
+        assert torch.equal(region.float(), want) and torch.equal(packing.shard(flat, r), want)
+    out = torch.empty(packing.shard_numel)
+    packing.read_masters(out)
+    assert torch.equal(out, packing.shard(flat, 1))
+    assert [torch.equal(a, b) for a, b in zip(packing.split_shard(out), masters)] == [True] * 4
+    back = torch.zeros_like(flat)
+    packing.unpack(packed.float(), back)
+    assert all(torch.equal(v, p) for v, p in zip(packing.layout.views(back), params))
+    with pytest.raises(ValueError, match="not 1-D padded dim-0 chunks"):
+        RankMajorPacking([p.shape for p in params], world, masters[:1] + [torch.zeros(3)] + masters[2:])

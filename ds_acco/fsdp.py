@@ -428,9 +428,12 @@ class AccoFSDP:
 class StockFSDP:
     """``"enabled": false``: stock FSDP2 gradient accumulation behind :class:`AccoFSDP`'s calls.
 
-    Backward reduce-scatters only on the ``G``-th micro-batch (``set_requires_gradient_sync``);
-    FSDP2 sums and divides by ``world * G * grad_scale`` (so the update uses the mean
-    gradient, as ACCO's does), then clipping, the optimizer and the scheduler step.
+    Backward reduce-scatters only on the ``G``-th micro-batch (``set_requires_gradient_sync``)
+    and keeps the parameters unsharded between the micro-batches of a step
+    (``set_reshard_after_backward``, FSDP2's recipe for gradient accumulation: no
+    all-gather per micro-batch); FSDP2 sums and divides by ``world * G * grad_scale``
+    (so the update uses the mean gradient, as ACCO's does), then clipping, the
+    optimizer and the scheduler step.
     """
 
     telemetry = None
@@ -452,6 +455,7 @@ class StockFSDP:
             for m in self.fsdp.modules:
                 m.set_gradient_divide_factor(float(len(self.fsdp.ranks) * self.G) * scale)
         self.module.set_requires_gradient_sync(on)
+        self.module.set_reshard_after_backward(on)
 
     def after_micro_batch(self) -> bool:
         self._n += 1
@@ -476,6 +480,7 @@ class StockFSDP:
 
     def close(self, drain: bool = True) -> None:
         self.module.set_requires_gradient_sync(True)
+        self.module.set_reshard_after_backward(True)
 
     def save_checkpoint(self, checkpoint_id: Any, extra: Optional[dict] = None) -> None:
         """Same entries as :meth:`AccoFSDP.save_checkpoint`, without round state; at a step boundary."""

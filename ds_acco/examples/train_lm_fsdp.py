@@ -64,13 +64,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: only at the end)")
     p.add_argument("--resume", action="store_true", help="load the newest checkpoint in --save-dir, if any")
     p.add_argument("--log-every", type=int, default=10, help="rank 0 prints the loss every N steps")
+    p.add_argument("--eval-every", type=int, default=0, help="validation loss every N steps (0: only at the end)")
+    p.add_argument("--stock", action="store_true",
+                   help="train with stock FSDP2 (as \"enabled\": false in the acco block): same model, data, optimizer")
+    p.add_argument("--shard-blocks", action="store_true",
+                   help="fully_shard every transformer block, then the root (FSDP2's usual wrapping): one "
+                        "all-gather / reduce-scatter unit per block; default: the whole model is one unit")
+    p.add_argument("--reshard-after-forward", action="store_true",
+                   help="the blocks' fully_shard(reshard_after_forward=True) (FSDP2's default; only stock FSDP2 "
+                        "all-gathers again in backward: ACCO holds the model unsharded)")
+    p.add_argument("--compute-delay-ms", type=float, default=0.0,
+                   help="sleep per micro-batch, standing in for a slower accelerator's forward/backward")
+    p.add_argument("--metrics-out", default=None,
+                   help="folder for per-rank timing, interface bytes and collective counts (ds_acco.bench.fsdp_record)")
     p.add_argument("--distributed-port", type=int, default=int(os.environ.get("MASTER_PORT", 29500)),
                    help="rendezvous port when ranks come from mpiexec (default: $MASTER_PORT or 29500)")
     args = p.parse_args(argv)
     if not os.path.isfile(args.config):
         p.error(f"--config: no such file: {args.config}")
-    if args.steps < 1 or args.save_every < 0 or (args.seq_len is not None and args.seq_len < 2):
-        p.error("--steps must be >= 1, --save-every >= 0, --seq-len >= 2")
+    if args.steps < 1 or args.save_every < 0 or args.eval_every < 0 or args.compute_delay_ms < 0 or (
+            args.seq_len is not None and args.seq_len < 2):
+        p.error("--steps must be >= 1, --save-every, --eval-every and --compute-delay-ms >= 0, --seq-len >= 2")
     if (args.save_every or args.resume) and not args.save_dir:
         p.error("--save-every and --resume need --save-dir")
     return args
@@ -106,9 +120,12 @@ def _init_distributed(distributed_port: int = 29500):
 def main(argv=None) -> int:
     args = parse_args(argv)
 
+    import time
+
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from ds_acco.examples.models import SIZES, build_gpt, count_parameters
     from ds_acco.examples.shakespeare import micro_batch, validation_batches
@@ -118,6 +135,8 @@ def main(argv=None) -> int:
     from ds_acco.fsdp_config import load_job_config
 
     job = load_job_config(args.config)  # a wrong config fails before any process group exists
+    if args.stock:
+        job.acco = dict(job.acco or {"backend": "fsdp"}, enabled=False)
     seq_len = args.seq_len or SIZES[args.model_size].n_positions
     device = _init_distributed(args.distributed_port)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -125,7 +144,21 @@ def main(argv=None) -> int:
 
     model = build_gpt(args.model_size, seq_len=seq_len, seed=args.seed).to(device)
     n_params = count_parameters(model)
-    acco = acco_fully_shard(model, mesh=init_device_mesh(device.type, (world,)), **job.acco_kwargs())
+    mesh = init_device_mesh(device.type, (world,))
+    kwargs = job.acco_kwargs()
+    recorder = None
+    if args.metrics_out:
+        from ds_acco.bench.fsdp_record import RunRecorder
+
+        recorder = RunRecorder(args.metrics_out, rank)  # before FSDP2 exists: it counts FSDP2's collectives too
+    if args.shard_blocks:  # the caller shards; acco_fully_shard then takes the model as it is
+        policy = kwargs.pop("mp_policy") or MixedPrecisionPolicy()
+        for block in model.transformer.h:
+            fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=args.reshard_after_forward)
+        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+        acco = acco_fully_shard(model, **kwargs)
+    else:
+        acco = acco_fully_shard(model, mesh=mesh, **kwargs)
     micro_bs = job.micro_batch_size
     if rank == 0:
         what = "stock FSDP2" if acco.telemetry is None else f"acco mode={acco.config.mode} policy={acco.config.policy}"
@@ -160,11 +193,14 @@ def main(argv=None) -> int:
     def hidden() -> str:
         return "n/a" if acco.telemetry is None else f"{acco.telemetry.summary()['comm_hidden_pct']:.1f}%"
 
+    val_batches = [to_device(b) for b in validation_batches(args.eval_batches, micro_bs, seq_len)]
     meter = StepMeter(micro_bs * seq_len, world)
     step = acco.commits
     while acco.commits < args.steps:
         loss = model(**to_device(micro_batch("train", rank, index, micro_bs, seq_len, args.seed))).loss
         loss.backward()
+        if args.compute_delay_ms:
+            time.sleep(args.compute_delay_ms / 1e3)
         acco.after_micro_batch()
         index += 1
         meter.add_micro_batch(loss.item())
@@ -172,6 +208,13 @@ def main(argv=None) -> int:
             continue
         step = acco.commits  # an optimizer step (commit) was applied
         step_loss = meter.end_step()
+        if recorder is not None:
+            recorder.step(step, index, meter.train_s, step_loss)
+        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
+            with meter.pause():  # what the compute parameters give now (in acco: the latest estimate or commit)
+                val = distributed_validation_loss(model, val_batches, rank, world)
+            if recorder is not None:
+                recorder.eval(step, meter.train_s, val)
         if rank == 0 and args.log_every and step % args.log_every == 0:
             print(f"[train_lm_fsdp] step {step}: train loss {step_loss:.4f} | comm hidden {hidden()}", flush=True)
         if args.save_every and step % args.save_every == 0 and step < args.steps:
@@ -180,8 +223,7 @@ def main(argv=None) -> int:
 
     # ---- end of run: committed parameters, final numbers over all ranks (collectives)
     acco.finish()
-    val_loss = distributed_validation_loss(model, [to_device(b) for b in validation_batches(
-        args.eval_batches, micro_bs, seq_len)], rank, world)
+    val_loss = distributed_validation_loss(model, val_batches, rank, world)
     loss_sum, loss_count, tokens = all_reduce_sum(
         [sum(meter.last_step_losses), len(meter.last_step_losses), meter.local_tokens])
     train_s = all_reduce_max(meter.train_s)
@@ -191,6 +233,9 @@ def main(argv=None) -> int:
         print(f"[train_lm_fsdp] done: steps {acco.commits} | ranks {world} | final train loss "
               f"{loss_sum / max(loss_count, 1):.4f} | val loss {val_loss:.4f} | tokens/s {tokens / train_s:.0f} | "
               f"comm hidden {hidden()}", flush=True)
+    if recorder is not None:
+        recorder.eval(acco.commits, meter.train_s, val_loss)
+        recorder.finish(acco, index, world)
     acco.close()
     dist.barrier()
     dist.destroy_process_group()

@@ -1,16 +1,20 @@
-"""Every piece of FSDP2 that ds_acco touches, in one place, checked against one torch range.
+"""Every piece of FSDP2 that ds_acco touches, in one place, checked by name at start-up.
 
 :mod:`ds_acco.fsdp` keeps a ``fully_shard`` model *unsharded* for the whole run:
 FSDP2's hooks still run (input casting, mixed precision, state-dict hooks) but
 never all-gather or reduce-scatter, because ACCO's background rounds do both.
 This module is the only one that reaches below FSDP2's public API; if a torch
 release changes what it relies on, :func:`check_fsdp2` fails at start-up with
-the name of what is missing instead of training wrongly.
+the torch version and the name of what is missing instead of training wrongly,
+and the layout checks below (local shard = padded dim-0 chunk, the DTensor's
+local tensor a view of it) fail if a kept name changed meaning. Releases outside
+:data:`TORCH_RANGE` (the ones tested) start with a warning, not an error.
 
 Public FSDP2 API used
     ``fully_shard``, ``MixedPrecisionPolicy``, ``FSDPModule.unshard`` / ``reshard``,
     ``set_requires_gradient_sync``, ``set_reshard_after_forward``,
-    ``set_reshard_after_backward``, ``fully_shard.state(module)``.
+    ``set_reshard_after_backward``, ``fully_shard.state(module)``,
+    ``nn.Module.named_parameters()`` (parameter names), ``DTensor.to_local()``.
 
 Internals used (``torch/distributed/fsdp/_fully_shard/``, torch 2.13)
     * ``FSDPState._lazy_init()``, ``._is_root``, ``._state_ctx.all_states``,
@@ -24,10 +28,9 @@ Internals used (``torch/distributed/fsdp/_fully_shard/``, torch 2.13)
     * ``FSDPParam``: ``sharded_param`` (the DTensor ``nn.Parameter`` the optimizer
       steps), ``_sharded_param_data`` (the padded 1-D local shard; the DTensor's
       local tensor is a view of it, and it is the round engine's master shard),
-      ``padded_sharded_param_size``, ``fsdp_placement``,
-      ``mesh_info``, ``offload_to_cpu``, ``is_dtensor``, ``reduce_dtype``,
-      ``unsharded_param`` (the compute parameter), ``free_unsharded_param()``,
-      ``_param_fqn``; and ``DTensor._local_tensor`` of the sharded parameter.
+      ``fsdp_placement``, ``mesh_info``, ``offload_to_cpu``, ``is_dtensor``,
+      ``reduce_dtype``, ``param_dtype``, ``orig_dtype``, ``unsharded_param`` (the
+      compute parameter), ``free_unsharded_param()``.
 
 [Note: the layout is FSDP2's own, one round-engine group per unit]
 FSDP2 shards every parameter on dim 0 with ``torch.chunk`` semantics: each rank
@@ -43,6 +46,7 @@ and one all-gather per unit, on the background thread.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -52,11 +56,12 @@ from torch import nn
 from .config import AccoConfigError
 
 TORCH_RANGE = ((2, 13), (2, 14))
-"""``[low, high)`` (major, minor) of the torch releases whose FSDP2 internals this module was checked against."""
+"""``[low, high)`` (major, minor) of the torch releases this module was tested with (others: a warning)."""
 
+_FSDP_STATE_ATTRS = ("_lazy_init", "_is_root", "_state_ctx", "_fsdp_param_groups", "_auto_reshard_after_forward")
 _FSDP_PARAM_ATTRS = (
-    "sharded_param", "_sharded_param_data", "padded_sharded_param_size", "fsdp_placement",
-    "mesh_info", "offload_to_cpu", "is_dtensor", "reduce_dtype", "param_dtype", "orig_dtype", "free_unsharded_param",
+    "sharded_param", "_sharded_param_data", "fsdp_placement", "mesh_info", "offload_to_cpu", "is_dtensor",
+    "reduce_dtype", "param_dtype", "orig_dtype", "unsharded_param", "free_unsharded_param",
 )
 _FSDP_GROUP_ATTRS = (
     "fsdp_params", "is_unsharded", "_to_unsharded", "reduce_grads", "all_reduce_grads",
@@ -72,31 +77,44 @@ def _release(version: str) -> tuple[int, int]:
         return (0, 0)
 
 
-def check_torch_version(version: Optional[str] = None) -> None:
-    """Fail unless torch is in :data:`TORCH_RANGE`.
+def _tested() -> str:
+    (a, b), (c, d) = TORCH_RANGE
+    return f">={a}.{b},<{c}.{d}"
 
-    Raises:
-        RuntimeError: naming the installed and the supported versions.
+
+def check_torch_version(version: Optional[str] = None) -> bool:
+    """Warn when torch is outside :data:`TORCH_RANGE` (the tested releases); True when inside.
+
+    Outside it, what ds_acco uses of FSDP2 is still checked by name (:func:`check_fsdp2`)
+    and by layout when the model is taken over, so a release that changed it fails there.
     """
     version = version or torch.__version__
     low, high = TORCH_RANGE
-    if not low <= _release(version) < high:
-        raise RuntimeError(
-            f"ds_acco.fsdp supports torch >={low[0]}.{low[1]},<{high[0]}.{high[1]} (FSDP2 internals it relies on "
-            f"are listed in ds_acco/_fsdp2.py); installed torch is {version}. Install torch=="
-            f"{low[0]}.{low[1]}.* or use the plain PyTorch front end (ds_acco.plain), which needs no FSDP."
-        )
+    if low <= _release(version) < high:
+        return True
+    warnings.warn(
+        f"ds_acco.fsdp was tested with torch {_tested()}; installed torch is {version}. The FSDP2 internals it "
+        "relies on (ds_acco/_fsdp2.py) are checked at start-up; the exactness tests (tests/test_fsdp.py) tell "
+        "whether this release trains identically.", RuntimeWarning, stacklevel=2)
+    return False
 
 
-def check_fsdp2(fsdp_param: Any, group: Any) -> None:
-    """Fail at start-up if an FSDP2 object lacks an attribute this module uses."""
-    missing = [f"FSDPParam.{a}" for a in _FSDP_PARAM_ATTRS if not hasattr(fsdp_param, a)]
-    missing += [f"FSDPParamGroup.{a}" for a in _FSDP_GROUP_ATTRS if not hasattr(group, a)]
+def check_fsdp2(state: Any, fsdp_param: Any = None, group: Any = None) -> None:
+    """Fail at start-up if an FSDP2 object lacks an attribute this module uses.
+
+    Raises:
+        RuntimeError: naming the torch version and every missing attribute.
+    """
+    missing = []
+    for obj, kind, attrs in ((state, "FSDPState", _FSDP_STATE_ATTRS), (fsdp_param, "FSDPParam", _FSDP_PARAM_ATTRS),
+                             (group, "FSDPParamGroup", _FSDP_GROUP_ATTRS)):
+        if obj is not None:  # class attributes (methods, properties) or instance attributes; a property is not run
+            missing += [f"{kind}.{a}" for a in attrs if not hasattr(type(obj), a) and a not in getattr(obj, "__dict__", {})]
     if missing:
         raise RuntimeError(
-            f"ds_acco.fsdp: this torch ({torch.__version__}) lacks FSDP2 internals ds_acco relies on: "
-            f"{', '.join(missing)}. Supported: torch >={TORCH_RANGE[0][0]}.{TORCH_RANGE[0][1]},"
-            f"<{TORCH_RANGE[1][0]}.{TORCH_RANGE[1][1]}."
+            f"ds_acco.fsdp: torch {torch.__version__} lacks FSDP2 internals ds_acco relies on: "
+            f"{', '.join(missing)} (tested with torch {_tested()}). Install a tested torch, or use the plain "
+            "PyTorch front end (ds_acco.plain), which needs no FSDP."
         )
 
 
@@ -136,8 +154,12 @@ class FSDP2Model:
 
     def __init__(self, root: nn.Module):
         from torch.distributed.fsdp import FSDPModule, fully_shard
-        from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, HSDPMeshInfo
 
+        try:
+            from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, HSDPMeshInfo
+        except ImportError as err:
+            raise RuntimeError(f"ds_acco.fsdp: torch {torch.__version__} lacks FSDP2 internals ds_acco relies on: "
+                               f"{err} (tested with torch {_tested()})") from err
         check_torch_version()
         if not isinstance(root, FSDPModule):
             raise AccoConfigError(
@@ -146,19 +168,21 @@ class FSDP2Model:
             )
         self.root = root
         state = fully_shard.state(root)
+        check_fsdp2(state)
         state._lazy_init()  # what the first forward does: decide the root, FQNs, mixed-precision dtypes
         if not state._is_root:
             raise AccoConfigError("model: not the FSDP2 root; pass the outermost fully_shard module")
         self.states = list(state._state_ctx.all_states)
+        names = {id(p): n for n, p in root.named_parameters()}  # the sharded DTensors are registered now
         self.groups = [g for s in self.states for g in s._fsdp_param_groups]
         self.modules = [m for m in root.modules() if isinstance(m, FSDPModule)]
         self.params: list[ManagedParam] = []
         mesh = None
         for group in self.groups:
             for fp in group.fsdp_params:
-                check_fsdp2(fp, group)
+                check_fsdp2(None, fp, group)
                 info = fp.mesh_info
-                name = fp._param_fqn or "?"
+                name = names.get(id(fp.sharded_param), "?")
                 if isinstance(info, HSDPMeshInfo) or not isinstance(info, FSDPMeshInfo) or info.mesh.ndim != 1:
                     raise AccoConfigError(
                         f"model: parameter {name} is replicated (HSDP or DDP mesh); ds_acco.fsdp supports a 1-D "
@@ -179,7 +203,7 @@ class FSDP2Model:
                         "offload_policy: CPUOffloadPolicy is not supported with ds_acco.fsdp (the round's shard "
                         "step runs on the parameters' device)"
                     )
-                if hasattr(fp.sharded_param._local_tensor, "fsdp_pre_all_gather"):
+                if hasattr(fp.sharded_param.to_local(), "fsdp_pre_all_gather"):
                     raise AccoConfigError(
                         f"model: parameter {name} uses an FSDP2 all-gather extension (e.g. float8); not supported"
                     )
@@ -198,10 +222,8 @@ class FSDP2Model:
                         "ds_acco.fsdp needs one data-parallel mesh for the whole model"
                     )
                 master = fp._sharded_param_data
-                local = fp.sharded_param._local_tensor
-                if master.dim() != 1 or master.numel() != fp.padded_sharded_param_size.numel() or (
-                    local.numel() > 0 and local.data_ptr() != master.data_ptr()
-                ):
+                local = fp.sharded_param.to_local()
+                if master.dim() != 1 or (local.numel() > 0 and local.data_ptr() != master.data_ptr()):
                     raise RuntimeError(
                         f"ds_acco.fsdp: unexpected FSDP2 shard of {name} (padded data {tuple(master.shape)}, "
                         f"local {tuple(local.shape)}); is torch {torch.__version__} supported?"

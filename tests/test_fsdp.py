@@ -190,12 +190,23 @@ def test_backend_is_read_from_the_acco_block():
 
 
 def test_torch_range_is_checked():
-    from ds_acco._fsdp2 import check_torch_version
+    """Untested releases start with a warning; a missing FSDP2 internal fails, naming torch and the attribute."""
+    from ds_acco._fsdp2 import check_fsdp2, check_torch_version
 
-    check_torch_version("2.13.0+cpu")
-    for bad in ("2.12.1", "2.14.0", "3.0.0"):
-        with pytest.raises(RuntimeError, match=r"supports torch >=2\.13,<2\.14 .* installed torch is " + bad):
-            check_torch_version(bad)
+    assert check_torch_version("2.13.0+cpu")
+    for other in ("2.12.1", "2.14.0", "3.0.0"):
+        with pytest.warns(RuntimeWarning, match=r"tested with torch >=2\.13,<2\.14; installed torch is " + other):
+            assert not check_torch_version(other)
+
+    class OldFSDPParam:  # an FSDPParam of a release that renamed its padded shard
+        sharded_param = mesh_info = fsdp_placement = offload_to_cpu = is_dtensor = reduce_dtype = None
+        param_dtype = orig_dtype = unsharded_param = free_unsharded_param = None
+
+    with pytest.raises(RuntimeError, match=rf"torch {re.escape(torch.__version__)} lacks FSDP2 internals ds_acco "
+                                           r"relies on: FSDPParam\._sharded_param_data \(tested with torch"):
+        check_fsdp2(None, OldFSDPParam())
+    with pytest.raises(RuntimeError, match=r"FSDPState\._lazy_init, FSDPState\._is_root"):
+        check_fsdp2(object())
 
 
 def test_reduce_dtype_becomes_grad_accum_dtype():

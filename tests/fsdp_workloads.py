@@ -184,7 +184,8 @@ def collectives_per_round(rank, world, *, G) -> dict:
     train(rank, model, acco, 3)
     acco.close()
     return {"calls": calls, "rounds": acco.telemetry.rounds, "units": len(acco.fsdp.groups),
-            "params": len(acco.params), "wire_calls": acco.engine.coll.wire.calls}
+            "params": len(acco.params), "wire_calls": acco.engine.coll.wire.calls,
+            "rs_via_all_to_all": acco.engine.coll.reduce_scatter_via_all_to_all}
 
 
 def resume_job(rank, world, *, steps, save_at=None, ckpt=None, resume=False) -> dict:

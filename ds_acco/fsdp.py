@@ -48,10 +48,15 @@ no ``optimizer.step()``, ``model.to()`` or ``model.load_state_dict()`` of your o
 What is not supported, and fails at start-up with a message saying so: HSDP
 and other 2-D meshes, tensor/expert parallel (DTensor) parameters, CPU offload,
 ``shard_placement_fn`` sharding on a dim other than 0, all-gather extensions
-(float8), parameters outside FSDP, and torch outside :data:`TORCH_RANGE`.
+(float8), parameters outside FSDP, and a torch that lacks an FSDP2 internal used
+(releases outside :data:`TORCH_RANGE`, the tested ones, start with a warning).
 FSDP2's parameter sharding (ZeRO-3) is not kept during training: like ZeRO-1,
 every rank holds the full compute parameters (twice: one set computing, one
-being gathered) while optimizer state and fp32 masters stay sharded.
+being gathered) while optimizer state and fp32 masters stay sharded. The
+rank-major packing adds one model-sized buffer per unit for the collectives
+(the reduce-scatter input, reused as the all-gather output when the
+accumulation and compute dtypes agree), as FSDP2's own all-gather output and
+reduce-scatter input do.
 """
 
 from __future__ import annotations

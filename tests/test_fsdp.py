@@ -11,6 +11,7 @@ one torchrun launch of the example.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -163,7 +164,8 @@ def test_gpt_trains_under_torchrun(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "ds_acco.examples.train_lm_fsdp", "--config", os.path.join(REPO, "ds_configs", "fsdp_acco.json"),
-           "--steps", "4", "--seq-len", "32", "--eval-batches", "2", "--save-dir", str(tmp_path / "ck")]
+           "--steps", "4", "--seq-len", "32", "--eval-batches", "2", "--save-dir", str(tmp_path / "ck"),
+           "--shard-blocks", "--eval-every", "2", "--compute-delay-ms", "1", "--metrics-out", str(tmp_path / "m")]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("[train_lm_fsdp] done")]
@@ -172,6 +174,11 @@ def test_gpt_trains_under_torchrun(tmp_path):
     assert m, line[0]
     assert 0 < float(m.group(1)) < 10 and 0 <= float(m.group(2)) <= 100
     assert os.path.isdir(tmp_path / "ck")
+    # one fully_shard unit per block plus the root: 2 collectives per unit a round, + counts and clip norm
+    with open(tmp_path / "m" / "fsdp_rank0.json") as f:
+        rec = json.load(f)
+    assert (rec["fsdp_units"], rec["groups"]) == (5, 5) and rec["round_calls"] == rec["rounds"] * (2 * 5 + 2)
+    assert [e["step"] for e in rec["evals"]][0] == 2 and len(rec["evals"]) == 2 and len(rec["steps"]) >= 4
 
 
 # ----------------------------------------------------------------- in-process checks (no processes)

@@ -202,9 +202,9 @@ def test_torch_range_is_checked():
     """Untested releases start with a warning; a missing FSDP2 internal fails, naming torch and the attribute."""
     from ds_acco._fsdp2 import check_fsdp2, check_torch_version
 
-    assert check_torch_version("2.13.0+cpu")
-    for other in ("2.12.1", "2.14.0", "3.0.0"):
-        with pytest.warns(RuntimeWarning, match=r"tested with torch >=2\.13,<2\.14; installed torch is " + other):
+    assert check_torch_version("2.13.0+cpu") and check_torch_version("2.14.1+cu130")
+    for other in ("2.12.1", "2.15.0", "3.0.0"):
+        with pytest.warns(RuntimeWarning, match=r"tested with torch >=2\.13,<2\.15; installed torch is " + other):
             assert not check_torch_version(other)
 
     class OldFSDPParam:  # an FSDPParam of a release that renamed its padded shard

@@ -49,12 +49,12 @@ def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt
         k, trajectory = client.get("k", 0), client.get("trajectory", [])
         extra["loaded_params"] = [p.detach().float().clone() for p in W.ordered_params(engine.module)]
         extra["loaded_steps"] = engine.global_steps
-        extra["loaded_masters"] = _full_masters(engine)
+        extra["loaded_masters"] = full_masters(engine)
         extra["probe_loss"] = _probe_loss(engine, dtype)
     while engine.global_steps < steps:
         if save_at is not None and k == save_at:
             engine.save_checkpoint(ckpt_dir, client_state={"k": k, "trajectory": trajectory})
-            extra["masters"] = _full_masters(engine)
+            extra["masters"] = full_masters(engine)
             extra["saved_params"] = [p.detach().float().clone() for p in W.ordered_params(engine.module)]
             extra["probe_loss"] = _probe_loss(engine, dtype)
             break
@@ -90,7 +90,7 @@ def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt
     return out
 
 
-def _full_masters(engine) -> dict:
+def full_masters(engine) -> dict:
     """name -> full fp32 master value, gathered from every rank's ZeRO-1 partition."""
     import torch.distributed as dist
 

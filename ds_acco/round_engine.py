@@ -6,7 +6,7 @@ front ends (DeepSpeed, plain PyTorch) build those and call
 :meth:`RoundEngine.after_micro_batch` after every backward.
 
 [Note: how acco's estimate/commit is computed with two gradient buffers]
-ALGORITHMS.md keeps ``A_t`` in the local accumulator so ``B_t`` adds on top of it
+docs/algorithms.md keeps ``A_t`` in the local accumulator so ``B_t`` adds on top of it
 and the commit reduce-scatters ``A_t + B_t``. Reduce-scatter is linear, so this
 engine reduce-scatters ``A_t`` in the estimate round, keeps this rank's summed
 shard of it (``O(params / N)`` fp32), and lets the commit reduce-scatter only

@@ -2,7 +2,7 @@
 
 Any ``torch.optim.Optimizer`` built over the master shards works. The commit is
 its ordinary ``step()`` followed by one LR-scheduler step. The lookahead
-(``Opt_lookahead`` in ALGORITHMS.md) must give what the next commit would give
+(``Opt_lookahead`` in docs/algorithms.md) must give what the next commit would give
 with the same learning rate and step count, while leaving the shard and the
 optimizer state untouched; it snapshots both into scratch tensors that are
 allocated once and reused (the shard is ``1/N`` of the model, so the scratch is

@@ -1,6 +1,6 @@
 """Streaming DiLoCo: local inner steps, one fragment of the model synchronised at a time.
 
-The rules are in ``shared/ALGORITHMS.md`` (section streaming). Every rank keeps a
+The rules are in ``docs/algorithms.md`` (section streaming). Every rank keeps a
 full replica ``θ_i`` of the model and its own inner optimizer. The global
 parameters ``θ_g`` and the outer Nesterov-SGD momentum are sharded ZeRO-1 style:
 rank ``r`` owns slice ``r`` of every fragment's flat buffer in fp32 (the

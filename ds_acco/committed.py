@@ -14,9 +14,12 @@ fixed policy the trajectory is bit-for-bit the one without exports), then points
 whichever buffer holds the committed parameters, cast to the compute dtype: the
 staging buffer while a commit was in flight, the compute buffers otherwise. No
 communication is needed, so an export called on one rank only (``if rank == 0:
-torch.save(model.state_dict(), ...)``) cannot hang. Only after an explicit
-``wait()`` that swapped an estimate in does the export all-gather the master shards,
-which every rank must then call.
+torch.save(model.state_dict(), ...)``) cannot hang under the fixed policy. The
+export all-gathers the master shards instead, which every rank must then call, after
+an explicit ``wait()`` that swapped an estimate in, and with
+``all_gather_quantization: "int8"`` (every gathered buffer trails the masters by an
+int8 delta's rounding). Under the adaptive policy the ranks first agree on the rounds
+launched (:mod:`ds_acco.round_alignment`), also a collective.
 
 :class:`CommittedStateDict` substitutes those tensors into ``module.state_dict()``
 (a state-dict post-hook), so every export built on it is covered;

@@ -33,6 +33,14 @@ def announce(front_end: str, rank: int, fields: dict) -> None:
     logger.info("ds_acco: ACCO on (%s): %s", front_end, " ".join(f"{k}={v}" for k, v in fields.items()))
 
 
+def _param_all_gather(quantization: str, compute: torch.dtype) -> str:
+    if quantization == "int8":
+        return "int8 delta"
+    if quantization == "int8_estimate":
+        return f"int8 delta (estimates), {_name(compute)} (commits)"
+    return _name(compute)
+
+
 def round_fields(engine) -> dict:
     """What a :class:`~ds_acco.round_engine.RoundEngine` job runs: mode, policy, sizes, wire dtypes."""
     cfg = engine.config
@@ -51,7 +59,7 @@ def round_fields(engine) -> dict:
         "mode": cfg.mode, "policy": cfg.policy, "world_size": engine.world_size,
         "gradient_accumulation_steps": engine.G, "micro_batches_per_round": per_round,
         "warmup_steps": cfg.warmup_steps, "grad_accum_dtype": _name(accum),
-        "reduce_scatter": reduce_scatter, "param_all_gather": _name(compute),
+        "reduce_scatter": reduce_scatter, "param_all_gather": _param_all_gather(cfg.all_gather_quantization, compute),
         "lr_schedule": "by tokens" if engine.lr_clock.by_tokens else "per commit",
     }
 

@@ -13,12 +13,15 @@ from tests.dist_harness import run_distributed
 
 FIXED = D.ds_config(4, {"mode": "acco"}, clip=0.5)
 ADAPTIVE = D.ds_config(4, {"mode": "acco", "policy": "adaptive"}, clip=0.5)
+INT8_ALL_GATHER = D.ds_config(4, {"mode": "acco", "all_gather_quantization": "int8"}, clip=0.5)
 
 
 def test_state_dict_after_the_loop_equals_zero_to_fp32_of_a_checkpoint_saved_after_it(tmp_path):
     # G = 4: rounds launch every 2 micro-batches; after 10 an estimate is in flight, after 12 a commit,
     # after 13 a commit with one micro-batch accumulated on top.
-    rows = run_distributed(D.exports_after_loop, 2, configs={"fixed": FIXED, "adaptive": ADAPTIVE},
+    # int8 parameter all-gathers: the compute parameters trail the masters, so the export gathers them
+    rows = run_distributed(D.exports_after_loop, 2, configs={"fixed": FIXED, "adaptive": ADAPTIVE,
+                                                             "int8_all_gather": INT8_ALL_GATHER},
                            micro_batches=[10, 12, 13], ckpt_root=str(tmp_path), timeout=300)[0]
     fixed_in_flight = {r["micro_batches"]: r["in_flight"] for r in rows if r["config"] == "fixed"}
     assert fixed_in_flight == {10: "estimate", 12: "commit", 13: "commit"}

@@ -47,7 +47,7 @@ class TelemetryConfig(_Block):
 
 
 class StreamingConfig(_Block):
-    """Streaming DiLoCo (``mode: "streaming"``); see ``shared/ALGORITHMS.md``, section streaming."""
+    """Streaming DiLoCo (``mode: "streaming"``); see ``docs/algorithms.md``, section streaming."""
 
     fragments: int = Field(default=1, ge=1)
     """``P``: parameter fragments (groups of whole layers), synchronised one at a time."""
@@ -95,7 +95,7 @@ class StreamingConfig(_Block):
 
 
 class AccoConfig(_Block):
-    """Options of the ACCO round engine; see ``shared/ALGORITHMS.md`` for the rules."""
+    """Options of the ACCO round engine; see ``docs/algorithms.md`` for the rules."""
 
     enabled: bool = True
     """False makes the front ends behave exactly like the stock framework."""

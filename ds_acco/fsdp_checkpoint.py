@@ -197,9 +197,7 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
     else:
         with torch.no_grad():
             for i, g in enumerate(engine.groups):  # compute parameters = the loaded masters, as after a commit
-                part = torch.empty(g.layout.shard_numel, dtype=g.flat.dtype, device=g.flat.device)
-                g.read_master(part)
-                engine.all_gather_compute(i, g.flat, part)
+                engine.all_gather_masters(i, g.flat)
         engine.reset_rounds(commits=meta["applied_commits"])
         engine.micro_batches = meta["micro_batches"]
         if engine.rank == 0:

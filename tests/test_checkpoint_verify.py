@@ -46,6 +46,9 @@ def _launch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def matrix(tmp_path_factory):
     out = tmp_path_factory.mktemp("damage")
     result = _launch("--out", str(out))
+    missing = [r for r in range(2) if not (out / f"rank{r}.json").exists()]
+    if missing:
+        pytest.fail(f"ranks {missing} wrote no results:\n{result.stdout[-5000:]}")
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     return result, ranks, out
 

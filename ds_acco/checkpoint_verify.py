@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .checkpoint_manifest import MANIFEST, file_crc32, newest_complete_tag, read_manifest, share_out
+from .checkpoint_manifest import MANIFEST, file_digest, newest_complete_tag, read_manifest, share_out
 
 logger = logging.getLogger("ds_acco")
 
@@ -54,6 +54,7 @@ def _gather(obj, group) -> list:
 
 def _check_files(folder: str, manifest: dict, hash_these: Sequence[str]) -> dict[str, str]:
     problems = {}
+    algorithm = manifest.get("hash")
     for name, want in manifest["files"].items():
         path = os.path.join(folder, name)
         if not os.path.exists(path):
@@ -63,9 +64,13 @@ def _check_files(folder: str, manifest: dict, hash_these: Sequence[str]) -> dict
         if size != want["size"]:
             problems[name] = f"expected {want['size']} bytes, found {size} bytes"
         elif name in hash_these:
-            crc = file_crc32(path)
-            if crc != want["crc32"]:
-                problems[name] = f"expected crc32 {want['crc32']} ({size} bytes), found crc32 {crc}"
+            try:
+                digest = file_digest(path, algorithm)
+            except ValueError as exc:
+                problems[name] = f"cannot verify: {exc}"
+                continue
+            if digest != want["digest"]:
+                problems[name] = f"expected {algorithm} {want['digest']} ({size} bytes), found {algorithm} {digest}"
     return problems
 
 

@@ -24,7 +24,7 @@ parameters are all-gathered from the loaded masters and rounds bootstrap afresh
 entries without round state, so checkpoints move both ways between ACCO and
 stock FSDP2 (``"enabled": false``).
 
-Every save ends with ds_acco's manifest (sizes and CRC-32s of the DCP files, written
+Every save ends with ds_acco's manifest (sizes and hashes of the DCP files, written
 last; see :mod:`ds_acco.checkpoint_manifest`), and every load first verifies the files
 on every rank (:mod:`ds_acco.checkpoint_verify`): a damaged, partial or manifest-less
 folder fails every rank, naming the file, before DCP reads anything.

@@ -91,7 +91,7 @@ def empty(path):
 def edit_manifest(path):
     data = json.load(open(path))
     first = sorted(data["files"])[0]
-    data["files"][first]["crc32"] = "00000000"
+    data["files"][first]["digest"] = "00000000"
     json.dump(data, open(path, "w"))
 
 

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from ds_acco.checkpoint_manifest import MANIFEST, clean_partials, file_crc32, read_manifest
+from ds_acco.checkpoint_manifest import HASH, MANIFEST, clean_partials, file_digest, read_manifest
 from tests import checkpoint_workloads as C
 from tests.dist_harness import free_port, run_distributed
 
@@ -79,7 +79,7 @@ def test_every_damaged_deepspeed_checkpoint_is_refused_on_every_rank(matrix, fro
             assert f"overwrite zero_pp_rank_{r}_mp_rank_00_optim_states.pt" in names
             assert f"overwrite acco_round_state_dp_rank_{r}.pt" in names
     msg = ranks[0][front]["cases"]["overwrite mp_rank_00_model_states.pt"]["message"]
-    assert "expected crc32" in msg and "found crc32" in msg and "resume from" in msg and "global_step" in msg
+    assert f"expected {HASH}" in msg and f"found {HASH}" in msg and "resume from" in msg and "global_step" in msg
 
 
 @pytest.mark.parametrize("front", ["acco", "streaming"])
@@ -112,7 +112,7 @@ def test_damaged_checkpoint_fails_every_rank_under_the_launcher(matrix):
     assert "TRAINING STARTED" not in result.stdout
     errors = [(out / f"rank{r}.err").read_text() for r in range(2)]
     assert errors[0] == errors[1], errors
-    assert "acco_round_state_dp_rank_1.pt: expected crc32" in errors[0]
+    assert f"acco_round_state_dp_rank_1.pt: expected {HASH}" in errors[0]
 
 
 def test_fsdp_damage_matrix_and_exact_resume(tmp_path):
@@ -144,12 +144,20 @@ def test_crashed_save_debris_is_reported_and_removed(tmp_path, caplog):
     assert sum("did not finish" in r.getMessage() for r in caplog.records) == 2
 
 
-def test_manifest_seal_and_crc(tmp_path):
-    data = os.urandom(3 << 20)
-    (tmp_path / "f.bin").write_bytes(data)
+def test_manifest_seal_and_hashes(tmp_path):
     import zlib
 
-    assert file_crc32(str(tmp_path / "f.bin")) == f"{zlib.crc32(data):08x}"
+    data = os.urandom(3 << 20)
+    (tmp_path / "f.bin").write_bytes(data)
+    (tmp_path / "empty").write_bytes(b"")
+    assert file_digest(str(tmp_path / "f.bin"), "crc32") == f"{zlib.crc32(data):08x}"
+    assert file_digest(str(tmp_path / "empty"), "crc32") == "00000000"
+    if HASH == "xxh3_64":
+        import xxhash
+
+        assert file_digest(str(tmp_path / "f.bin")) == xxhash.xxh3_64_hexdigest(data)
+    with pytest.raises(ValueError, match="unknown hash 'md5'"):
+        file_digest(str(tmp_path / "f.bin"), "md5")
     assert read_manifest(str(tmp_path)) == (None, "missing")
     (tmp_path / MANIFEST).write_text("{not json")
     assert "unreadable" in read_manifest(str(tmp_path))[1]

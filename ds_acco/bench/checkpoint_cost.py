@@ -53,6 +53,7 @@ def main() -> None:
 
     import ds_acco
     from ds_acco import deepspeed_atomic, deepspeed_engine
+    from ds_acco.checkpoint_manifest import HASH
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
@@ -97,7 +98,7 @@ def main() -> None:
         folder = os.path.join(args.dir, tag)
         mb = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)) / 2**20
         print(f"[checkpoint_cost] {n_params / 1e6:.1f} M parameters, {dist.get_world_size()} ranks, "
-              f"checkpoint {mb:.0f} MiB, load average {os.getloadavg()[0]:.2f}")
+              f"checkpoint {mb:.0f} MiB, hash {HASH}, load average {os.getloadavg()[0]:.2f}")
         for r, rank_rows in enumerate(gathered):
             for i, (save_s, hash_s, load_s, verify_s) in enumerate(rank_rows):
                 print(f"[checkpoint_cost] rank {r} repeat {i}: save {save_s:.2f} s, of which manifest "

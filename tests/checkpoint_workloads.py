@@ -206,3 +206,21 @@ def deepspeed_round_trip(rank, world) -> dict:
         exact = resume_is_exact(engine_of(ACCO), ckpt[0], full, steps=6)
         dist.barrier()
     return {"exact_resume": exact, "listed": listed}
+
+
+def finite_check_job(rank, world) -> dict:
+    """Rank 1's loaded moment holds a NaN (or an inf): every rank must refuse, with the same message."""
+    from ds_acco.checkpoint_verify import refuse_unless_finite
+
+    out = {}
+    for bad in (float("nan"), float("inf")):
+        moment = torch.ones(1000)
+        if rank == 1:
+            moment[517] = bad
+        try:
+            refuse_unless_finite("/ckpt/global_step7", [("master", torch.zeros(10)), ("exp_avg_sq", moment)])
+            out[str(bad)] = "loaded"
+        except CheckpointError as exc:
+            out[str(bad)] = str(exc)
+    refuse_unless_finite("/ckpt/global_step7", [("master", torch.zeros(10))])  # finite: no error
+    return out

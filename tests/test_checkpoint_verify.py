@@ -191,3 +191,11 @@ def test_config_values_that_used_to_fail_late_fail_at_start_up(tmp_path):
 
     parse_acco_config({"telemetry": {"jsonl_path": str(jsonl)}})
     assert jsonl.parent.is_dir()  # created at validation, so the first round can write
+
+
+def test_non_finite_loaded_moments_fail_every_rank():
+    got = run_distributed(C.finite_check_job, 2, timeout=60)
+    for bad in ("nan", "inf"):
+        assert got[0][bad] == got[1][bad], bad
+        assert "rank 1's exp_avg_sq: expected finite values, found inf/NaN" in got[0][bad]
+        assert "global_step7" in got[0][bad]

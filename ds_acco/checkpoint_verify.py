@@ -150,3 +150,11 @@ def refuse_unless_finite(folder: str, named: Iterable[tuple[str, torch.Tensor]],
         merged.update({f"rank {r}'s {n}": "expected finite values, found inf/NaN" for n in names})
     if merged:
         raise CheckpointError(describe(folder, merged, "holds non-finite master parameters or optimizer moments"))
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer, prefix: str = "optimizer") -> list[tuple[str, Any]]:
+    """``(name, tensor)`` for every tensor in a torch optimizer's state (the moments)."""
+    out = []
+    for i, state in enumerate(optimizer.state.values()):
+        out.extend((f"{prefix} state {i} {key}", v) for key, v in state.items() if torch.is_tensor(v))
+    return out

@@ -31,8 +31,8 @@ from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 from . import deepspeed_elastic as elastic
 from .deepspeed_atomic import atomic_save, atomic_torch_save, latest_tag
 from .config import AccoConfig, AccoConfigError
-from .deepspeed_verify import (MODEL_FILE, OPTIM_FILE, optimizer_tensors, refuse_if_written_by_ds_acco,
-                               refuse_non_finite, verify_tag)
+from .checkpoint_verify import optimizer_tensors
+from .deepspeed_verify import MODEL_FILE, OPTIM_FILE, refuse_if_written_by_ds_acco, refuse_non_finite, verify_tag
 from .flat_buffer import FlatLayout, ShardedGroup, rebind_params
 from .round_engine import COMMIT, RoundEngine
 from .shard_optimizer import ShardOptimizer
@@ -247,7 +247,8 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
 
     def _acco_loaded_tensors(self) -> list:
         """The fp32 master partitions and their optimizer moments, as loaded."""
-        named = [(f"fp32 partition of group {i}", t) for i, t in enumerate(self.optimizer.single_partition_of_fp32_groups)]
+        masters = self.optimizer.single_partition_of_fp32_groups
+        named = [(f"fp32 partition of group {i}", t) for i, t in enumerate(masters)]
         return named + optimizer_tensors(self.optimizer.optimizer)
 
     def _acco_load_resharded(self, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states):

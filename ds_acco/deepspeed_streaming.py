@@ -34,7 +34,8 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 
 from .config import AccoConfig, AccoConfigError
 from .deepspeed_atomic import atomic_save, atomic_torch_save, latest_tag
-from .deepspeed_verify import MODEL_FILE, optimizer_tensors, refuse_if_written_by_ds_acco, refuse_non_finite, verify_tag
+from .checkpoint_verify import optimizer_tensors
+from .deepspeed_verify import MODEL_FILE, refuse_if_written_by_ds_acco, refuse_non_finite, verify_tag
 from .streaming import StreamingEngine, fragments_of
 
 logger = logging.getLogger("ds_acco")

@@ -16,8 +16,6 @@ import logging
 import os
 from typing import Any, Iterable, Optional
 
-import torch
-
 from .checkpoint_manifest import read_manifest, tag_files
 from .checkpoint_verify import CheckpointError, Verdict, describe, refuse_unless_finite, verify_for_load
 
@@ -64,11 +62,3 @@ def refuse_if_written_by_ds_acco(load_dir: str, tag: str, client_state: Optional
 def refuse_non_finite(load_dir: str, tag: str, named: Iterable[tuple[str, Any]], group=None) -> None:
     """Raise on every rank when a loaded master or optimizer tensor holds inf/NaN."""
     refuse_unless_finite(os.path.join(load_dir, tag), named, group=group)
-
-
-def optimizer_tensors(optimizer: torch.optim.Optimizer, prefix: str = "optimizer") -> list[tuple[str, Any]]:
-    """``(name, tensor)`` for every tensor in a torch optimizer's state (the moments)."""
-    out = []
-    for i, state in enumerate(optimizer.state.values()):
-        out.extend((f"{prefix} state {i} {key}", v) for key, v in state.items() if torch.is_tensor(v))
-    return out

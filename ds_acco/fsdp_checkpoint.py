@@ -46,9 +46,8 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint_manifest import remove_manifest, write_manifest
-from .checkpoint_verify import refuse_unless_finite, verify_for_load
+from .checkpoint_verify import optimizer_tensors, refuse_unless_finite, verify_for_load
 from .config import AccoConfigError
-from .deepspeed_verify import optimizer_tensors
 
 if TYPE_CHECKING:
     from .fsdp import AccoFSDP, StockFSDP

@@ -36,6 +36,7 @@ from .config import AccoConfig, AccoConfigError
 from .deepspeed_atomic import atomic_save, atomic_torch_save, latest_tag
 from .checkpoint_verify import optimizer_tensors
 from .deepspeed_verify import MODEL_FILE, refuse_if_written_by_ds_acco, refuse_non_finite, verify_tag
+from .startup_line import announce, streaming_fields
 from .streaming import StreamingEngine, fragments_of
 
 logger = logging.getLogger("ds_acco")
@@ -74,14 +75,8 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
         self.acco = StreamingEngine(self.module, self.optimizer, fragments, config=self._acco_config,
                                     process_group=self.data_parallel_group)
         self.acco.inner_steps = self.global_steps
-        if self.global_rank == 0:
-            s = self._acco_config.streaming
-            sizes = [f.layout.numel for f in self.acco.fragments]
-            logger.info(
-                "ds_acco: mode=streaming fragments=%d (%s params) sync_every=%d overlap_steps=%d alpha=%g "
-                "quantize=%s all_gather=%s dp=%d", s.fragments, "/".join(map(str, sizes)), s.sync_every,
-                s.overlap_steps, s.alpha, s.quantize, s.all_gather_dtype, self.acco.world_size,
-            )
+        sizes = "/".join(str(f.layout.numel) for f in self.acco.fragments)
+        announce(f"DeepSpeed stage 0, fragments of {sizes} params", self.global_rank, streaming_fields(self.acco))
 
     # ------------------------------------------------------------ training loop
     def clip_fp32_gradients(self) -> None:

@@ -6,7 +6,7 @@ front ends (DeepSpeed, plain PyTorch) build those and call
 :meth:`RoundEngine.after_micro_batch` after every backward.
 
 [Note: how acco's estimate/commit is computed with two gradient buffers]
-ALGORITHMS.md keeps ``A_t`` in the local accumulator so ``B_t`` adds on top of it
+docs/algorithms.md keeps ``A_t`` in the local accumulator so ``B_t`` adds on top of it
 and the commit reduce-scatters ``A_t + B_t``. Reduce-scatter is linear, so this
 engine reduce-scatters ``A_t`` in the estimate round, keeps this rank's summed
 shard of it (``O(params / N)`` fp32), and lets the commit reduce-scatter only
@@ -35,7 +35,9 @@ from .config import AccoConfig, AccoConfigError, check_saved_state_fits, parse_a
 from .dtypes import resolve_dtype
 from .flat_buffer import ShardedGroup
 from .grad_buffers import GradBuffers
-from .int8_collectives import Int8ReduceScatter
+from .int8_collectives import Int8DeltaAllGather, Int8ReduceScatter
+from .lr_schedule import LrScheduleClock
+from .round_alignment import RoundAlignment
 from .shard_optimizer import ShardOptimizer
 from .telemetry import RoundRecord, Telemetry, ensure_log_output
 
@@ -113,6 +115,7 @@ class RoundEngine:
         self.coll = RoundCollectives(process_group, self.config.timeout_s)
         self.rank, self.world_size = self.coll.rank, self.coll.world_size
         self._check_peers_agree()
+        self._align = RoundAlignment(self.coll, self.config.policy == "adaptive", self.config.timeout_s, self.device)
 
         accum = resolve_dtype(self.config.grad_accum_dtype, self.groups[0].flat.dtype, "acco.grad_accum_dtype")
         self.grads = GradBuffers(self.groups, accum)
@@ -133,6 +136,15 @@ class RoundEngine:
             for g in self.groups
         ] if int8 else None
         self._kept = [torch.zeros_like(s) for s in self._shard32] if self.config.mode == "acco" else []
+        # Low-bit parameter all-gather: rounds that send an int8 delta publish fp32 values
+        # (the delta is taken from the fp32 result, not from its compute-dtype rounding).
+        self._delta_ag = [
+            Int8DeltaAllGather(g.layout.shard_numel, self.world_size, block_size=self.config.quantization_block_size,
+                               device=self.device)
+            for g in self.groups
+        ] if self.config.all_gather_quantization != "none" else None
+        self._publish32 = self._publish if self._delta_ag is None or all(
+            p.dtype == torch.float32 for p in self._publish) else [torch.empty_like(s) for s in self._shard32]
         self._kept_count = 0
         self._kept_nonfinite = False
 
@@ -145,6 +157,8 @@ class RoundEngine:
 
         self.commits = 0
         self.micro_batches = 0
+        self.lr_clock = LrScheduleClock(self.G * self.world_size, by_tokens=self.config.policy == "adaptive")
+        self._compute_committed = True  # False while the compute parameters hold an estimate
         self._n = 0
         self._round_index = 0
         self._inflight: Optional[_InFlight] = None
@@ -226,15 +240,23 @@ class RoundEngine:
     def _current_scale(self) -> float:
         return float(self._grad_scale() if callable(self._grad_scale) else self._grad_scale)
 
+    def _sends_delta(self, kind: str) -> bool:
+        """Whether a round of this kind all-gathers an int8 delta (acco.all_gather_quantization)."""
+        q = self.config.all_gather_quantization
+        return q == "int8" or (q == "int8_estimate" and kind == ESTIMATE)
+
     def _launch(self, kind: str, mode: str) -> None:
         grads = self.grads.take()
+        # the parameters every rank holds now: the base of an int8-delta all-gather (read-only;
+        # they stay bound until this round's swap)
+        bases = [g.flat for g in self.groups]
         scale, self._active_scale = self._active_scale, self._current_scale()
         count, self._n = self._n, 0
         handle = RoundHandle(self._round_index, kind, self.config.timeout_s)
         self._round_index += 1
         self._inflight = _InFlight(handle, kind, mode, self.commits)
         ready = record_ready(self.device)
-        self._comm.submit(handle, lambda h: self._run_round(h, kind, mode, grads, count, scale), ready)
+        self._comm.submit(handle, lambda h: self._run_round(h, kind, mode, grads, bases, count, scale), ready)
         if mode == "acco":
             self._next_kind = COMMIT if kind == ESTIMATE else ESTIMATE
 
@@ -254,6 +276,7 @@ class RoundEngine:
             g.bind(staging)
         self._staging = spare
         self._inflight = None
+        self._compute_committed = flight.kind == COMMIT
         if flight.kind == COMMIT:
             self.commits += 1
         record = RoundRecord(
@@ -270,6 +293,8 @@ class RoundEngine:
             grad_norm=outcome.grad_norm,
             skipped=outcome.skipped,
             lr=outcome.lr,
+            stage_s={k: round(v, 6) for k, v in flight.handle.stage_s.items()},
+            nominal_step=self.lr_clock.nominal_steps,
         )
         self._last_swap_t = t1
         if self.config.telemetry.enabled:
@@ -286,7 +311,8 @@ class RoundEngine:
 
     # ------------------------------------------------------------ comm side
     def _run_round(
-        self, handle: RoundHandle, kind: str, mode: str, grads: list[torch.Tensor], count: int, scale: float
+        self, handle: RoundHandle, kind: str, mode: str, grads: list[torch.Tensor], bases: list[torch.Tensor],
+        count: int, scale: float,
     ) -> _RoundOutcome:
         start = time.perf_counter()
         sent0, recv0 = self.coll.wire.sent, self.coll.wire.received
@@ -324,26 +350,31 @@ class RoundEngine:
             nonfinite = nonfinite or self._kept_nonfinite
 
         self._enter_stage(handle, "shard step")
+        delta = self._sends_delta(kind)
+        publish = self._publish32 if delta else self._publish
         skipped = (self.config.check_finite and nonfinite) or total == 0
         grad_norm = float("nan")
         if skipped:
             if kind == COMMIT:
                 self.shard_optimizer.skip()
-            self._publish_masters()
+            self._publish_masters(publish)
         else:
             for shard in self._shard32:
                 shard.div_(total)
             if self.clip > 0:
                 grad_norm = self._clip_global_norm()
             if kind == ESTIMATE:
-                self.shard_optimizer.lookahead(self._shard32, self._publish_masters)
+                self.shard_optimizer.lookahead(self._shard32, lambda: self._publish_masters(publish))
             else:
-                self.shard_optimizer.commit(self._shard32)
-                self._publish_masters()
+                self.shard_optimizer.commit(self._shard32, scheduler_steps=self.lr_clock.advances(total))
+                self._publish_masters(publish)
 
         self._enter_stage(handle, "all-gather")
-        for full, part in zip(self._staging, self._publish):
-            self.coll.all_gather(full, part)
+        for i, (full, part) in enumerate(zip(self._staging, publish)):
+            if delta:
+                self._delta_ag[i](self.coll, full, bases[i], part)
+            else:
+                self.coll.all_gather(full, part)
         self._enter_stage(handle, "done")
         return _RoundOutcome(
             counts=[int(c) for c in counts],
@@ -356,12 +387,12 @@ class RoundEngine:
         )
 
     def _enter_stage(self, handle: RoundHandle, stage: str) -> None:
-        handle.stage = stage
+        handle.enter_stage(stage)
         if self._on_stage is not None:
             self._on_stage(handle.index, stage)
 
-    def _publish_masters(self) -> None:
-        for part, g in zip(self._publish, self.groups):
+    def _publish_masters(self, publish: list[torch.Tensor]) -> None:
+        for part, g in zip(publish, self.groups):
             part.copy_(g.master.detach())
 
     def _clip_global_norm(self) -> float:
@@ -394,8 +425,11 @@ class RoundEngine:
 
         The training trajectory is unchanged (a fixed-policy swap still happens at the
         quota), and the engine's state is now at rest, ready for :meth:`state_dict`.
+        Under the adaptive policy the ranks first agree on the rounds launched
+        (collective: every rank calls it; see :mod:`ds_acco.round_alignment`).
         """
         self._ensure_open()
+        self._catch_up()
         if self._inflight is not None:
             self._inflight.handle.wait()
 
@@ -434,6 +468,8 @@ class RoundEngine:
             "residuals": [rs.residual.clone() if rs.residual is not None else None for rs in self._int8_rs]
             if self._int8_rs is not None else None,
             "pending": pending,
+            "lr_clock": self.lr_clock.state_dict(),
+            "compute_committed": self._compute_committed,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -453,6 +489,8 @@ class RoundEngine:
         self.commits, self.micro_batches = state["commits"], state["micro_batches"]
         self._round_index, self._n, self._next_kind = state["round_index"], state["n"], state["next_kind"]
         self._active_scale = state["active_scale"]
+        self.lr_clock.load_state_dict(state.get("lr_clock"), self.commits)  # absent in older checkpoints
+        self._compute_committed = state.get("compute_committed", True)
         for buf, saved in zip(self.grads.active_buffers(), state["active_grads"] or []):
             buf.copy_(saved)
         if state["active_grads"] is None:
@@ -476,10 +514,11 @@ class RoundEngine:
             self._inflight = _InFlight(handle, pending["kind"], pending["mode"], pending["step"])
         self._last_swap_t = time.perf_counter()
 
-    def reset_rounds(self, commits: Optional[int] = None) -> None:
+    def reset_rounds(self, commits: Optional[int] = None, compute_committed: bool = True) -> None:
         """Drop the round state (after waiting for the round in flight) so rounds bootstrap afresh.
 
-        Used before loading a checkpoint; ``commits`` sets the step counter (warmup counts from it).
+        Used before loading a checkpoint; ``commits`` sets the step counter (warmup counts from it);
+        ``compute_committed=False`` when the compute parameters loaded may be an estimate.
         """
         self.quiesce()
         self._inflight = None
@@ -493,22 +532,83 @@ class RoundEngine:
         self._next_kind = ESTIMATE if self.config.mode == "acco" else COMMIT
         if commits is not None:
             self.commits = commits
+        self.lr_clock.load_state_dict(None, self.commits)
+        self._compute_committed = compute_committed
         self._last_swap_t = time.perf_counter()
 
-    def finish(self) -> None:
-        """Drain and, after an estimate, commit what has been accumulated, so the
-        compute parameters equal the committed master parameters.
+    def committed_buffers(self) -> Optional[list[torch.Tensor]]:
+        """One full buffer per group holding the committed parameters (cast to the compute dtype).
 
-        Micro-batches accumulated after the last commit launch are dropped.
+        Waits for the round in flight without swapping it in (:meth:`quiesce`), so the
+        training trajectory is unchanged, and communicates nothing: with a commit in
+        flight its all-gathered result is the staging buffer; otherwise the compute
+        buffers hold the last commit (an estimate round leaves them alone while in flight).
+        Returns None where neither holds them exactly: the compute parameters being an
+        estimate with nothing in flight (after :meth:`wait`, or a load that restored one),
+        or ``all_gather_quantization: "int8"`` (commits arrive as int8 deltas); then
+        all-gather the master shards (every rank).
         """
+        self.quiesce()
+        if self.config.all_gather_quantization == "int8":
+            return None  # every all-gathered buffer trails the masters by an int8 delta's rounding
+        if self._inflight is not None and self._inflight.kind == COMMIT:
+            return list(self._staging)
+        if self._compute_committed:
+            return [g.flat for g in self.groups]
+        return None
+
+    def finish(self) -> None:
+        """Drain and commit everything accumulated, so the compute parameters equal the
+        committed master parameters (end of training, before export).
+
+        After an estimate the commit covers its micro-batches and those added since; after
+        a commit, micro-batches accumulated since its launch get one commit of their own.
+        Under the fixed policy a loop that stops at a step boundary has nothing left, and
+        this only waits.
+        """
+        self._ensure_open()
+        self._catch_up()
         self.wait()
         if self.overlapping and self.config.mode == "acco" and self._next_kind == COMMIT:
             self._launch(COMMIT, "acco")
             self._complete()
+        elif self._align.anyone(self._n > 0):
+            self._launch(COMMIT, "sync")
+            self._complete()
+        if self.config.mode == "acco":
             self._next_kind = ESTIMATE
         for buf in self.grads.active_buffers():
             buf.zero_()
         self._n = 0
+        if self.config.all_gather_quantization == "int8":
+            self.exact_parameters()
+
+    def exact_parameters(self) -> None:
+        """Make the compute parameters exactly the master parameters on every rank.
+
+        With ``all_gather_quantization: "int8"`` the replicas trail the masters by one
+        quantisation step of the last delta; an export wants the committed values. One
+        exact all-gather (collective: every rank calls it, with no round in flight).
+        Later int8 deltas are taken against these values, so training continues as usual.
+        """
+        self._ensure_open()
+        if self._inflight is not None:
+            raise AccoRoundError("exact_parameters needs an idle engine (call finish() or wait() first)")
+        self._publish_masters(self._publish)
+        spare = []
+        for g, staging, part in zip(self.groups, self._staging, self._publish):
+            self.coll.all_gather(staging, part)
+            spare.append(g.flat)
+            g.bind(staging)
+        self._staging = spare
+
+    def _catch_up(self) -> None:
+        """Launch the round some other rank has already launched (adaptive policy only)."""
+        target = self._align.most_launched(self._round_index)  # at most one ahead: see round_alignment
+        while self._round_index < target:
+            if self._inflight is not None:
+                self._complete()
+            self._launch(self._next_kind, self.config.mode if self.overlapping else "sync")
 
     def close(self, drain: bool = True) -> None:
         """Drain (or abandon) the round in flight, stop the thread, release the group."""
@@ -523,6 +623,7 @@ class RoundEngine:
             atexit.unregister(self._atexit)
             self._comm.close(timeout_s=5.0)
             self.grads.remove_hooks()
+            self._align.destroy()
             self.coll.destroy()
 
     def __del__(self):  # pragma: no cover - best effort at garbage collection

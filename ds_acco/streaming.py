@@ -1,6 +1,6 @@
 """Streaming DiLoCo: local inner steps, one fragment of the model synchronised at a time.
 
-The rules are in ``shared/ALGORITHMS.md`` (section streaming). Every rank keeps a
+The rules are in ``docs/algorithms.md`` (section streaming). Every rank keeps a
 full replica ``θ_i`` of the model and its own inner optimizer. The global
 parameters ``θ_g`` and the outer Nesterov-SGD momentum are sharded ZeRO-1 style:
 rank ``r`` owns slice ``r`` of every fragment's flat buffer in fp32 (the
@@ -59,6 +59,7 @@ from .config import AccoConfig, AccoConfigError, check_saved_state_fits, parse_a
 from .flat_buffer import FlatLayout, flatten_into
 from .fragments import FragmentSpec, default_fragments, explicit_fragments, named_fragments
 from .int8_collectives import Int8ReduceScatter, ShardAllGather
+from .startup_line import announce, streaming_fields
 from .telemetry import RoundRecord, Telemetry, ensure_log_output
 
 logger = logging.getLogger("ds_acco")
@@ -287,7 +288,7 @@ class StreamingEngine:
     def _run_round(self, handle: RoundHandle, frag: _Fragment, delta: torch.Tensor, shard: torch.Tensor) -> _Outcome:
         start = time.perf_counter()
         sent0, recv0 = self.coll.wire.sent, self.coll.wire.received
-        handle.stage = "reduce-scatter"
+        handle.enter_stage("reduce-scatter")
         if frag.rs is not None:
             frag.rs(self.coll, shard, delta)
         else:
@@ -296,13 +297,13 @@ class StreamingEngine:
         # mean(θ̂_g − θ_i) + (θ_g − θ̂_g) = θ_g − mean(θ_i): the exact pseudo-gradient of this slice
         # (computed as one difference first: with an fp32 all-gather it is exactly 0, so the mean is kept bit for bit)
         shard.add_(frag.master - frag.layout.shard(frag.anchor, self.rank))
-        handle.stage = "outer step"
+        handle.enter_stage("outer step")
         frag.master.grad = shard
         frag.outer.step()
         frag.master.grad = None
-        handle.stage = "all-gather"
+        handle.enter_stage("all-gather")
         frag.ag(self.coll, frag.anchor, frag.master)
-        handle.stage = "done"
+        handle.enter_stage("done")
         return _Outcome(time.perf_counter() - start, self.coll.wire.sent - sent0, self.coll.wire.received - recv0)
 
     def consolidate(self) -> None:
@@ -539,4 +540,5 @@ def build(
     groups = list(param_groups) if param_groups is not None else [p for p in model.parameters() if p.requires_grad]
     engine = StreamingEngine(model, None, frags, config=cfg, process_group=process_group)  # flattens first
     engine.inner_optimizer = inner_optimizer_cls(groups, **(inner_optimizer_kwargs or {}))
+    announce(f"plain PyTorch, {len(frags)} fragments", engine.rank, streaming_fields(engine))
     return engine

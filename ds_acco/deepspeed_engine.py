@@ -33,6 +33,8 @@ from . import deepspeed_elastic as elastic
 from .committed import CommittedStateDict, committed_parameters
 from .deepspeed_atomic import atomic_save, atomic_torch_save, latest_tag
 from .config import AccoConfig, AccoConfigError
+from .checkpoint_verify import optimizer_tensors
+from .deepspeed_verify import MODEL_FILE, OPTIM_FILE, refuse_if_written_by_ds_acco, refuse_non_finite, verify_tag
 from .flat_buffer import FlatLayout, ShardedGroup, rebind_params
 from .round_engine import COMMIT, RoundEngine
 from .shard_optimizer import ShardOptimizer
@@ -208,10 +210,13 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
                               os.path.join(save_dir, partial, ROUND_STATE_FILE.format(rank=self._acco_dp_rank())))
             return ok
 
-        return atomic_save(save_dir, tag, self.global_rank, write, save_latest)
+        dp = self._acco_dp_rank()
+        claim = [ROUND_STATE_FILE.format(rank=dp), OPTIM_FILE.format(rank=dp)] + [MODEL_FILE] * (dp == 0)
+        return atomic_save(save_dir, tag, self.global_rank, write, save_latest, claim=claim)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
+        """DeepSpeed's load plus the round state, after every rank verified the files (ds_acco.checkpoint_verify)."""
         if self.acco is None:
             return super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
                                            load_lr_scheduler_states, load_module_only, custom_load_fn)
@@ -221,16 +226,25 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
             if tag is None:
                 return super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
                                                load_lr_scheduler_states, load_module_only, custom_load_fn)
+        tag = str(tag)
         dp = ds_dist.get_world_size(group=self.optimizer.real_dp_process_group[0])
-        if not load_module_only and elastic.saved_dp_world_size(load_dir, str(tag)) != dp:
-            return self._acco_load_resharded(load_dir, str(tag), load_module_strict, load_optimizer_states,
-                                             load_lr_scheduler_states)
+        verdict = verify_tag(load_dir, tag, state_file=ROUND_STATE_FILE, dp_rank=self._acco_dp_rank(), dp_world=dp,
+                             salvage=self._acco_config.checkpoint.salvage)
+        if not load_module_only and elastic.saved_dp_world_size(load_dir, tag) != dp:
+            out = self._acco_load_resharded(load_dir, tag, load_module_strict, load_optimizer_states,
+                                            load_lr_scheduler_states)
+            refuse_non_finite(load_dir, tag, self._acco_loaded_tensors())
+            return out
         path, client_state = super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
                                                      load_lr_scheduler_states, load_module_only, custom_load_fn)
         if path is None:
             return path, client_state
-        state_file = os.path.join(load_dir, str(tag), ROUND_STATE_FILE.format(rank=self._acco_dp_rank()))
-        resumable = load_optimizer_states and not load_module_only and os.path.exists(state_file)
+        if verdict.stock:
+            refuse_if_written_by_ds_acco(load_dir, tag, client_state)
+        refuse_non_finite(load_dir, tag, self._acco_loaded_tensors())
+        state_file = os.path.join(load_dir, tag, ROUND_STATE_FILE.format(rank=self._acco_dp_rank()))
+        resumable = (load_optimizer_states and not load_module_only and os.path.exists(state_file)
+                     and not verdict.dropped)
         found = torch.tensor([int(resumable)])
         ds_dist.all_reduce(found, op=ds_dist.ReduceOp.MIN)
         if bool(found.item()):
@@ -238,11 +252,19 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
             self.acco.load_state_dict(saved["rounds"])
             self._acco_samples = saved["samples"]
         else:
-            if self.global_rank == 0:
-                logger.warning("ds_acco: %s has no ACCO round state for every rank (stock ZeRO-1 checkpoint or "
-                               "module-only load); rounds bootstrap afresh at step %d", load_dir, self.global_steps)
+            if self.global_rank == 0 and not verdict.dropped:
+                logger.warning("ds_acco: %s/%s has no ACCO round state for every rank (a checkpoint no ds_acco run "
+                               "wrote, or a module-only load): its files were not verified, and rounds bootstrap "
+                               "afresh at step %d, so the run from here is not the trajectory an uninterrupted "
+                               "ds_acco run would take", load_dir, tag, self.global_steps)
             self.acco.reset_rounds(commits=self.global_steps)
         return path, client_state
+
+    def _acco_loaded_tensors(self) -> list:
+        """The fp32 master partitions and their optimizer moments, as loaded."""
+        masters = self.optimizer.single_partition_of_fp32_groups
+        named = [(f"fp32 partition of group {i}", t) for i, t in enumerate(masters)]
+        return named + optimizer_tensors(self.optimizer.optimizer)
 
     def _acco_load_resharded(self, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states):
         """Load a checkpoint saved with another DP world size (see ds_acco.deepspeed_elastic)."""

@@ -336,7 +336,8 @@ class RoundEngine:
             if self.clip > 0:
                 grad_norm = self._clip_global_norm()
             if kind == ESTIMATE:
-                self.shard_optimizer.lookahead(self._shard32, self._publish_masters)
+                self._publish_masters()  # padding beyond a master's own elements comes from here
+                self.shard_optimizer.lookahead(self._shard32, self._publish)
             else:
                 self.shard_optimizer.commit(self._shard32)
                 self._publish_masters()

@@ -33,8 +33,8 @@ from typing import Optional, Sequence
 
 import torch
 
-CHUNK_ELEMS = 1 << 20
-"""Elements per chunk: scratch is at most 4 such fp32 buffers (16 MiB), whatever the model size."""
+CHUNK_ELEMS = 1 << 18
+"""Elements per chunk: the scratch is at most 4 such fp32 buffers (4 MiB), whatever the model size."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 MODES = ("sync", "dpu", "acco", "streaming")
 QUANTIZATIONS = ("none", "int8")
+PARAM_QUANTIZATIONS = ("none", "int8_estimate", "int8")
 ALL_GATHER_DTYPES = ("bf16", "int8", "fp32")
 POLICIES = ("fixed", "adaptive")
 DTYPE_NAMES = ("auto", "fp32", "bf16", "fp16")
@@ -124,7 +125,15 @@ class AccoConfig(_Block):
     comm_quantization: Literal["none", "int8"] = "none"
     """Gradient reduce-scatter of sync/dpu/acco rounds: ``int8`` sends blockwise int8
     with fp32 scales through an all-to-all and sums in fp32 on the shard's owner.
-    Parameters are still all-gathered in the compute dtype."""
+    Parameters are all-gathered as ``all_gather_quantization`` says."""
+    all_gather_quantization: Literal["none", "int8_estimate", "int8"] = "none"
+    """Parameter all-gather of sync/dpu/acco rounds. ``none``: every round sends the
+    new parameters exactly, in the compute dtype. ``int8_estimate`` (mode ``acco``
+    only): an estimate round sends its lookahead as a blockwise int8 *delta* from the
+    parameters every rank already holds; commits stay exact. ``int8``: every round
+    sends an int8 delta, commits included; each rank applies the same dequantised
+    delta, so all replicas stay bit-identical and their distance to the fp32 master
+    is one quantisation step of the last delta (the next delta carries the error)."""
     quantization_block_size: int = Field(default=256, ge=1)
     """Elements per int8 block (one fp32 scale each), for every int8 exchange."""
     error_feedback: bool = False
@@ -150,6 +159,17 @@ class AccoConfig(_Block):
             raise ValueError(
                 f"acco.comm_dtype: got {self.comm_dtype!r} with comm_quantization 'int8', whose payload is int8; "
                 "allowed with int8: 'auto' or 'fp32'"
+            )
+        if self.all_gather_quantization != "none" and self.mode == "streaming":
+            raise ValueError(
+                f"acco.all_gather_quantization: got {self.all_gather_quantization!r} with mode 'streaming'; it "
+                "applies to gradient rounds (sync/dpu/acco). Streaming sets its all-gather with "
+                "acco.streaming.all_gather_dtype"
+            )
+        if self.all_gather_quantization == "int8_estimate" and self.mode != "acco":
+            raise ValueError(
+                f"acco.all_gather_quantization: got 'int8_estimate' with mode {self.mode!r}, which has no "
+                "estimate rounds; allowed with sync/dpu: 'none' or 'int8'"
             )
         quantized = self.streaming.quantize == "int8" if self.mode == "streaming" else self.comm_quantization == "int8"
         if self.error_feedback and not quantized:
@@ -217,6 +237,7 @@ _LATER_DEFAULTS = {
     "backend": "deepspeed",
     "comm_quantization": "none",
     "quantization_block_size": 256,
+    "all_gather_quantization": "none",
     "error_feedback": False,
     "streaming": StreamingConfig().model_dump(),
 }

@@ -107,7 +107,15 @@ def _fsdp_config(block: Any) -> AccoConfig:
             f"acco.backend: got {backend!r}, but this is the FSDP front end (ds_acco.fsdp.acco_fully_shard); "
             "use ds_acco.initialize for DeepSpeed, or set acco.backend to 'fsdp'"
         )
-    return parse_acco_config(rest)
+    config = parse_acco_config(rest)
+    if config.all_gather_quantization != "none":
+        raise AccoConfigError(
+            f"acco.all_gather_quantization: got {config.all_gather_quantization!r}; the FSDP front end allows "
+            "'none' only (its DCP checkpoints hold FSDP2's master shards, not the int8-rounded parameters the "
+            "replicas train on, so a resume could not continue exactly). Low-bit all-gathers run on the "
+            "DeepSpeed and plain front ends"
+        )
+    return config
 
 
 def _translate_mp_policy(mp_policy: Any, config: AccoConfig, model: nn.Module) -> tuple[Any, AccoConfig]:

@@ -263,3 +263,91 @@ class ShardAllGather:
             coll.all_gather(self._recv, self._send)
             full.copy_(self._recv.view(full.shape))
         return full
+
+
+class Int8DeltaAllGather:
+    """All-gather of new parameter shards as blockwise int8 *deltas* from what every rank holds.
+
+    [Note: the int8 delta all-gather]
+    After a round, every rank needs every rank's new shard. All of them already hold
+    ``base``, the compute parameters the round started from, bit-identically. So the
+    owner of shard ``r`` sends only ``int8(new_r - base_r)`` (one byte per element
+    plus one fp32 scale per block), and every rank, the owner included, writes::
+
+        out_r = base_r + dequant(wire row r)          (in fp32, then cast to out's dtype)
+
+    from the *received* rows, so all replicas stay bit-identical. ``new - base`` is
+    one optimizer step (or, for an acco commit, the difference between the commit
+    and its own lookahead), small and well scaled, so the round-trip error per
+    element is at most ``absmax(block) / 254``. Nothing accumulates: the next
+    round's delta is taken against the replicas' values again, so it carries this
+    round's error (error feedback without a residual buffer), and the distance of
+    the replicas to the fp32 master is one quantisation step of the last delta.
+
+    Args:
+        shard_numel: elements per rank.
+        world_size: ranks in the group.
+        block_size: elements per int8 block (one fp32 scale each).
+        device: where the wire buffers and the ``shard_numel`` fp32 scratch live.
+
+    Raises:
+        ValueError: bad sizes or block size.
+    """
+
+    def __init__(self, shard_numel: int, world_size: int, *, block_size: int = DEFAULT_BLOCK_SIZE,
+                 device: Optional[torch.device] = None):
+        if shard_numel < 1 or world_size < 1:
+            raise ValueError(f"shard_numel and world_size must be >= 1, got {shard_numel}, {world_size}")
+        check_block_size(block_size)
+        self.shard_numel, self.world_size, self.block_size = shard_numel, world_size, block_size
+        self._send = _WireRows(1, shard_numel, block_size, device)
+        self._recv = _WireRows(world_size, shard_numel, block_size, device)
+        self._delta = torch.empty(shard_numel, dtype=torch.float32, device=device)
+
+    @property
+    def bytes_per_call(self) -> int:
+        """Bytes this rank sends (and receives) per call by the ring model."""
+        return (self.world_size - 1) * self._send.row_bytes
+
+    def __call__(self, coll: RoundCollectives, out: torch.Tensor, base: torch.Tensor,
+                 new_shard: torch.Tensor) -> torch.Tensor:
+        """Write ``base + dequant(int8(new - base))`` for every rank's shard into ``out``.
+
+        Args:
+            coll: the collectives to run on (its rank picks this rank's shard of ``base``).
+            out: ``world_size * shard_numel`` elements, any floating dtype; may not alias ``base``.
+            base: the parameters every rank holds (same values on every rank), same size as ``out``.
+            new_shard: this rank's new values, ``shard_numel`` elements (fp32 recommended).
+
+        Returns:
+            ``out``.
+
+        Raises:
+            ValueError: sizes do not fit, ``out`` aliases ``base``, or the delta holds inf/NaN
+                (an int8 delta cannot carry it; the message says which rank and how many).
+        """
+        S, N = self.shard_numel, self.world_size
+        if out.numel() != N * S or base.numel() != N * S or new_shard.numel() != S:
+            raise ValueError(f"Int8DeltaAllGather built for {S} x {N}, got out {out.numel()}, base {base.numel()}, "
+                             f"new shard {new_shard.numel()}")
+        if out.data_ptr() == base.data_ptr():
+            raise ValueError("Int8DeltaAllGather: out must not alias base (the delta is taken against base)")
+        base_rows, out_rows = base.view(N, S), out.view(N, S)
+        torch.sub(new_shard.reshape(-1), base_rows[coll.rank], out=self._delta)
+        bad = int((~torch.isfinite(self._delta)).sum())
+        if bad:
+            raise ValueError(
+                f"int8 delta all-gather: {bad} of {S} elements of rank {coll.rank}'s parameter delta are inf/NaN "
+                "(non-finite master parameters); an int8 delta cannot carry them. Set "
+                "acco.all_gather_quantization to 'none' to send exact parameters"
+            )
+        self._send.pack(self._delta.view(1, -1))
+        coll.all_gather(self._recv.buffer.view(-1), self._send.buffer.view(-1))
+        for r in range(N):  # O(shard) scratch, one row at a time; rank order on every rank
+            dequantize_blockwise(self._recv.payload[r : r + 1], self._recv.scales[r], self.block_size,
+                                 out=self._delta.view(1, -1))
+            if out.dtype == torch.float32 and base.dtype == torch.float32:
+                torch.add(base_rows[r], self._delta, out=out_rows[r])
+            else:
+                out_rows[r].copy_(self._delta.add_(base_rows[r]))
+        return out

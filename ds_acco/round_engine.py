@@ -35,7 +35,7 @@ from .config import AccoConfig, AccoConfigError, check_saved_state_fits, parse_a
 from .dtypes import resolve_dtype
 from .flat_buffer import ShardedGroup
 from .grad_buffers import GradBuffers
-from .int8_collectives import Int8ReduceScatter
+from .int8_collectives import Int8DeltaAllGather, Int8ReduceScatter
 from .shard_optimizer import ShardOptimizer
 from .telemetry import RoundRecord, Telemetry, ensure_log_output
 
@@ -133,6 +133,15 @@ class RoundEngine:
             for g in self.groups
         ] if int8 else None
         self._kept = [torch.zeros_like(s) for s in self._shard32] if self.config.mode == "acco" else []
+        # Low-bit parameter all-gather: rounds that send an int8 delta publish fp32 values
+        # (the delta is taken from the fp32 result, not from its compute-dtype rounding).
+        self._delta_ag = [
+            Int8DeltaAllGather(g.layout.shard_numel, self.world_size, block_size=self.config.quantization_block_size,
+                               device=self.device)
+            for g in self.groups
+        ] if self.config.all_gather_quantization != "none" else None
+        self._publish32 = self._publish if self._delta_ag is None or all(
+            p.dtype == torch.float32 for p in self._publish) else [torch.empty_like(s) for s in self._shard32]
         self._kept_count = 0
         self._kept_nonfinite = False
 
@@ -226,15 +235,23 @@ class RoundEngine:
     def _current_scale(self) -> float:
         return float(self._grad_scale() if callable(self._grad_scale) else self._grad_scale)
 
+    def _sends_delta(self, kind: str) -> bool:
+        """Whether a round of this kind all-gathers an int8 delta (acco.all_gather_quantization)."""
+        q = self.config.all_gather_quantization
+        return q == "int8" or (q == "int8_estimate" and kind == ESTIMATE)
+
     def _launch(self, kind: str, mode: str) -> None:
         grads = self.grads.take()
+        # the parameters every rank holds now: the base of an int8-delta all-gather (read-only;
+        # they stay bound until this round's swap)
+        bases = [g.flat for g in self.groups]
         scale, self._active_scale = self._active_scale, self._current_scale()
         count, self._n = self._n, 0
         handle = RoundHandle(self._round_index, kind, self.config.timeout_s)
         self._round_index += 1
         self._inflight = _InFlight(handle, kind, mode, self.commits)
         ready = record_ready(self.device)
-        self._comm.submit(handle, lambda h: self._run_round(h, kind, mode, grads, count, scale), ready)
+        self._comm.submit(handle, lambda h: self._run_round(h, kind, mode, grads, bases, count, scale), ready)
         if mode == "acco":
             self._next_kind = COMMIT if kind == ESTIMATE else ESTIMATE
 
@@ -286,7 +303,8 @@ class RoundEngine:
 
     # ------------------------------------------------------------ comm side
     def _run_round(
-        self, handle: RoundHandle, kind: str, mode: str, grads: list[torch.Tensor], count: int, scale: float
+        self, handle: RoundHandle, kind: str, mode: str, grads: list[torch.Tensor], bases: list[torch.Tensor],
+        count: int, scale: float,
     ) -> _RoundOutcome:
         start = time.perf_counter()
         sent0, recv0 = self.coll.wire.sent, self.coll.wire.received
@@ -324,27 +342,32 @@ class RoundEngine:
             nonfinite = nonfinite or self._kept_nonfinite
 
         self._enter_stage(handle, "shard step")
+        delta = self._sends_delta(kind)
+        publish = self._publish32 if delta else self._publish
         skipped = (self.config.check_finite and nonfinite) or total == 0
         grad_norm = float("nan")
         if skipped:
             if kind == COMMIT:
                 self.shard_optimizer.skip()
-            self._publish_masters()
+            self._publish_masters(publish)
         else:
             for shard in self._shard32:
                 shard.div_(total)
             if self.clip > 0:
                 grad_norm = self._clip_global_norm()
             if kind == ESTIMATE:
-                self._publish_masters()  # padding beyond a master's own elements comes from here
-                self.shard_optimizer.lookahead(self._shard32, self._publish)
+                self._publish_masters(publish)  # padding beyond a master's own elements comes from here
+                self.shard_optimizer.lookahead(self._shard32, publish)
             else:
                 self.shard_optimizer.commit(self._shard32)
-                self._publish_masters()
+                self._publish_masters(publish)
 
         self._enter_stage(handle, "all-gather")
-        for full, part in zip(self._staging, self._publish):
-            self.coll.all_gather(full, part)
+        for i, (full, part) in enumerate(zip(self._staging, publish)):
+            if delta:
+                self._delta_ag[i](self.coll, full, bases[i], part)
+            else:
+                self.coll.all_gather(full, part)
         self._enter_stage(handle, "done")
         return _RoundOutcome(
             counts=[int(c) for c in counts],
@@ -361,8 +384,8 @@ class RoundEngine:
         if self._on_stage is not None:
             self._on_stage(handle.index, stage)
 
-    def _publish_masters(self) -> None:
-        for part, g in zip(self._publish, self.groups):
+    def _publish_masters(self, publish: list[torch.Tensor]) -> None:
+        for part, g in zip(publish, self.groups):
             part.copy_(g.master.detach())
 
     def _clip_global_norm(self) -> float:
@@ -510,6 +533,27 @@ class RoundEngine:
         for buf in self.grads.active_buffers():
             buf.zero_()
         self._n = 0
+        if self.config.all_gather_quantization == "int8":
+            self.exact_parameters()
+
+    def exact_parameters(self) -> None:
+        """Make the compute parameters exactly the master parameters on every rank.
+
+        With ``all_gather_quantization: "int8"`` the replicas trail the masters by one
+        quantisation step of the last delta; an export wants the committed values. One
+        exact all-gather (collective: every rank calls it, with no round in flight).
+        Later int8 deltas are taken against these values, so training continues as usual.
+        """
+        self._ensure_open()
+        if self._inflight is not None:
+            raise AccoRoundError("exact_parameters needs an idle engine (call finish() or wait() first)")
+        self._publish_masters(self._publish)
+        spare = []
+        for g, staging, part in zip(self.groups, self._staging, self._publish):
+            self.coll.all_gather(staging, part)
+            spare.append(g.flat)
+            g.bind(staging)
+        self._staging = spare
 
     def close(self, drain: bool = True) -> None:
         """Drain (or abandon) the round in flight, stop the thread, release the group."""

@@ -11,20 +11,23 @@ from tests import ds_workloads as D
 from tests.dist_harness import run_distributed
 
 CFG = D.ds_config(4, {"mode": "acco", "warmup_steps": 1}, clip=0.5, scheduler=True)
+# the low-bit preset's rounds: int8 reduce-scatter with error feedback, int8 delta all-gathers
+LOWBIT = D.ds_config(4, {"mode": "acco", "warmup_steps": 1, "comm_quantization": "int8", "error_feedback": True,
+                         "all_gather_quantization": "int8", "quantization_block_size": 8}, clip=0.5, scheduler=True)
 
 
-@pytest.mark.parametrize("save_at", [14])
-def test_resume_is_bit_identical_and_zero_to_fp32_reads_it(tmp_path, save_at):
+@pytest.mark.parametrize("save_at, config", [(14, CFG), (13, LOWBIT)], ids=["acco", "lowbit"])
+def test_resume_is_bit_identical_and_zero_to_fp32_reads_it(tmp_path, save_at, config):
     ckpt = str(tmp_path / "ckpt")
-    full = run_distributed(D.train_ds, 2, config=CFG, steps=8, timeout=300)[0]["trajectory"]
-    saved = run_distributed(D.train_ds, 2, config=CFG, steps=8, save_at=save_at, ckpt_dir=ckpt, timeout=300)[0]
+    full = run_distributed(D.train_ds, 2, config=config, steps=8, timeout=300)[0]["trajectory"]
+    saved = run_distributed(D.train_ds, 2, config=config, steps=8, save_at=save_at, ckpt_dir=ckpt, timeout=300)[0]
     tag = open(os.path.join(ckpt, "latest")).read().strip()
     files = sorted(os.listdir(os.path.join(ckpt, tag)))
     assert "mp_rank_00_model_states.pt" in files
     assert {"acco_round_state_dp_rank_0.pt", "acco_round_state_dp_rank_1.pt"} <= set(files)
     assert not [f for f in files if ".tmp" in f]
 
-    resumed = run_distributed(D.train_ds, 2, config=CFG, steps=8, ckpt_dir=ckpt, resume=True, timeout=300)[0]
+    resumed = run_distributed(D.train_ds, 2, config=config, steps=8, ckpt_dir=ckpt, resume=True, timeout=300)[0]
     assert len(resumed["trajectory"]) == len(full) == 8
     for t, (a, b) in enumerate(zip(resumed["trajectory"], full)):
         for x, y in zip(a, b):

@@ -33,7 +33,7 @@ SUMMARY = re.compile(
     r"val loss (?P<val>\S+) \| tokens/s (?P<tps>\S+) \| comm hidden (?P<hidden>n/a|[\d.]+%)"
 )
 OWN_CONFIGS = {"zero1_baseline", "zero1_overlap", "acco_fixed", "acco_adaptive", "dpu", "acco_bf16", "zero1_bf16",
-               "streaming_int8"}
+               "streaming_int8", "acco_lowbit", "acco_lowbit_bf16"}
 
 
 def _clean_env() -> dict:
@@ -78,7 +78,7 @@ def _summary(result: subprocess.CompletedProcess) -> dict:
 @pytest.mark.parametrize(
     "launcher, config",
     [
-        ("deepspeed_local.sh", "acco_fixed.json"),
+        ("deepspeed_local.sh", "acco_lowbit.json"),
         ("torchrun.sh", "acco_adaptive.json"),
         ("mpirun.sh", "zero1_baseline.json"),
     ],

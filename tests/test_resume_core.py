@@ -14,6 +14,9 @@ from tests.dist_harness import run_distributed
     ("dpu", 10, {}),
     # the int8 residual kept by error feedback is part of the round state
     ("acco", 13, {"comm_quantization": "int8", "error_feedback": True, "quantization_block_size": 8}),
+    # low-bit parameter all-gathers: the replicas' int8-rounded parameters are what resumes
+    ("acco", 11, {"comm_quantization": "int8", "error_feedback": True, "all_gather_quantization": "int8",
+                  "quantization_block_size": 8}),
 ])
 def test_resume_is_bit_identical(tmp_path, mode, save_at, extra):
     kw = dict(config={"mode": mode, "warmup_steps": 1, **extra}, G=4, steps=8, clip=0.5, schedule=True)

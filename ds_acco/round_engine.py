@@ -11,10 +11,9 @@ and the commit reduce-scatters ``A_t + B_t``. Reduce-scatter is linear, so this
 engine reduce-scatters ``A_t`` in the estimate round, keeps this rank's summed
 shard of it (``O(params / N)`` fp32), and lets the commit reduce-scatter only
 ``B_t`` and add the kept shard. The update is the same (up to fp32 summation
-order), the commit moves the same bytes, and the training thread never copies
-or clears a model-sized buffer: each round zeroes the accumulator it was handed
-after its reduce-scatter, and that accumulator becomes the active one again at
-the next launch.
+order), and the commit moves the same bytes. The accumulator a round has
+reduce-scattered is where its all-gather lands (no staging buffer; see the note
+in ds_acco/landing.py), and it comes back to the training thread zeroed at the swap.
 """
 
 from __future__ import annotations
@@ -30,12 +29,14 @@ import torch
 import torch.distributed as dist
 
 from .collectives import RoundCollectives
+from .chunked_cast import ChunkedCastReduceScatter
 from .comm_thread import AccoRoundError, CommThread, RoundHandle, drain_at_exit, record_ready
 from .config import AccoConfig, AccoConfigError, check_saved_state_fits, parse_acco_config
 from .dtypes import resolve_dtype
 from .flat_buffer import ShardedGroup
 from .grad_buffers import GradBuffers
 from .int8_collectives import Int8DeltaAllGather, Int8ReduceScatter
+from .landing import Landing
 from .shard_optimizer import ShardOptimizer
 from .telemetry import RoundRecord, Telemetry, ensure_log_output
 
@@ -118,15 +119,18 @@ class RoundEngine:
         self.grads = GradBuffers(self.groups, accum)
         comm = resolve_dtype(self.config.comm_dtype, accum, "acco.comm_dtype")
         self._comm_dtype = comm
-        self._staging = [g.layout.new_buffer(g.flat) for g in self.groups]
-        self._publish = [torch.empty(g.layout.shard_numel, dtype=g.flat.dtype, device=self.device) for g in self.groups]
+        self._landing = Landing(self.groups, self.grads)  # no staging buffer: see the note in ds_acco/landing.py
         self._shard32 = [torch.zeros(g.layout.shard_numel, dtype=torch.float32, device=self.device) for g in self.groups]
         int8 = self.config.comm_quantization == "int8"  # the int8 exchange reads any dtype, sums in fp32
         self._rs_out = [
-            s if comm == torch.float32 or int8 else torch.empty(s.numel(), dtype=comm, device=self.device)
+            s if comm == torch.float32 or comm != accum or int8 else torch.empty(s.numel(), dtype=comm, device=self.device)
             for s in self._shard32
         ]
-        self._comm_scratch = [None if comm == accum or int8 else g.layout.new_buffer(g.flat, comm) for g in self.groups]
+        self._cast_rs = [  # comm dtype != accumulation dtype: cast in chunks, never a model-sized cast buffer
+            None if comm == accum or int8 else ChunkedCastReduceScatter(g.layout.padded_numel, self.world_size, comm,
+                                                                         self.device)
+            for g in self.groups
+        ]
         self._int8_rs = [
             Int8ReduceScatter(g.layout.padded_numel, self.world_size, block_size=self.config.quantization_block_size,
                               error_feedback=self.config.error_feedback, device=self.device)
@@ -140,8 +144,8 @@ class RoundEngine:
                                device=self.device)
             for g in self.groups
         ] if self.config.all_gather_quantization != "none" else None
-        self._publish32 = self._publish if self._delta_ag is None or all(
-            p.dtype == torch.float32 for p in self._publish) else [torch.empty_like(s) for s in self._shard32]
+        self._publish32 = None if self._delta_ag is None or all(
+            g.flat.dtype == torch.float32 for g in self.groups) else [torch.empty_like(s) for s in self._shard32]
         self._kept_count = 0
         self._kept_nonfinite = False
 
@@ -265,11 +269,7 @@ class RoundEngine:
             self._inflight = None
             raise
         t1 = time.perf_counter()
-        spare = []
-        for g, staging in zip(self.groups, self._staging):
-            spare.append(g.flat)  # the buffer just read by compute becomes the next staging
-            g.bind(staging)
-        self._staging = spare
+        self._landing.install()
         self._inflight = None
         if flight.kind == COMMIT:
             self.commits += 1
@@ -319,13 +319,15 @@ class RoundEngine:
         nonfinite = bool(per_rank[:, 1].any())
 
         self._enter_stage(handle, "reduce-scatter")
-        for i, (buf, scratch, out, shard) in enumerate(zip(grads, self._comm_scratch, self._rs_out, self._shard32)):
-            send = buf if scratch is None else scratch.copy_(buf)
+        for i, (buf, out, shard) in enumerate(zip(grads, self._rs_out, self._shard32)):
             if self._int8_rs is not None:
-                self._int8_rs[i](self.coll, out, send)
+                self._int8_rs[i](self.coll, out, buf)
+            elif self._cast_rs[i] is not None:
+                self._cast_rs[i](self.coll, out, buf)
             else:
-                self.coll.reduce_scatter_sum(out, send)
-            buf.zero_()  # "local grads reset": the accumulator goes back to the training thread clean
+                self.coll.reduce_scatter_sum(out, buf)
+            if self._landing.round_zeroes(i):
+                buf.zero_()  # "local grads reset"; otherwise the all-gather lands here and the swap zeroes
             if out is not shard:
                 shard.copy_(out)
             if scale != 1.0:
@@ -343,7 +345,10 @@ class RoundEngine:
 
         self._enter_stage(handle, "shard step")
         delta = self._sends_delta(kind)
-        publish = self._publish32 if delta else self._publish
+        landing = self._landing.targets(grads)
+        # this rank's new shard goes straight into its slice of the all-gather destination
+        publish = self._publish32 if delta and self._publish32 else [
+            g.layout.shard(full, self.rank) for g, full in zip(self.groups, landing)]
         skipped = (self.config.check_finite and nonfinite) or total == 0
         grad_norm = float("nan")
         if skipped:
@@ -363,7 +368,7 @@ class RoundEngine:
                 self._publish_masters(publish)
 
         self._enter_stage(handle, "all-gather")
-        for i, (full, part) in enumerate(zip(self._staging, publish)):
+        for i, (full, part) in enumerate(zip(landing, publish)):
             if delta:
                 self._delta_ag[i](self.coll, full, bases[i], part)
             else:
@@ -438,7 +443,8 @@ class RoundEngine:
             pending = {
                 "kind": f.kind, "mode": f.mode, "step": f.step, "index": f.handle.index,
                 "outcome": vars(outcome).copy(),
-                "staging_shards": [g.layout.shard(st, self.rank).clone() for g, st in zip(self.groups, self._staging)],
+                "staging_shards": [g.layout.shard(st, self.rank).clone()
+                                   for g, st in zip(self.groups, self._landing.in_flight_targets())],
             }
         return {
             "format": 1,
@@ -493,7 +499,7 @@ class RoundEngine:
                 rs.reset_error_feedback()
         pending = state["pending"]
         if pending is not None:
-            for full, part in zip(self._staging, pending["staging_shards"]):
+            for full, part in zip(self._landing.in_flight_targets(), pending["staging_shards"]):
                 self.coll.all_gather(full, part.to(full.dtype))
             handle = RoundHandle.completed(pending["index"], pending["kind"], self.config.timeout_s,
                                            _RoundOutcome(**pending["outcome"]))
@@ -506,6 +512,8 @@ class RoundEngine:
         Used before loading a checkpoint; ``commits`` sets the step counter (warmup counts from it).
         """
         self.quiesce()
+        if self._inflight is not None:
+            self._landing.zero_in_flight()  # it held the dropped round's parameters
         self._inflight = None
         for buf in self.grads.active_buffers():
             buf.zero_()
@@ -547,13 +555,10 @@ class RoundEngine:
         self._ensure_open()
         if self._inflight is not None:
             raise AccoRoundError("exact_parameters needs an idle engine (call finish() or wait() first)")
-        self._publish_masters(self._publish)
-        spare = []
-        for g, staging, part in zip(self.groups, self._staging, self._publish):
-            self.coll.all_gather(staging, part)
-            spare.append(g.flat)
-            g.bind(staging)
-        self._staging = spare
+        own = [g.layout.shard(g.flat, self.rank) for g in self.groups]
+        self._publish_masters(own)
+        for g, part in zip(self.groups, own):
+            self.coll.all_gather(g.flat, part)  # in place: nothing reads the parameters while idle
 
     def close(self, drain: bool = True) -> None:
         """Drain (or abandon) the round in flight, stop the thread, release the group."""

@@ -27,7 +27,7 @@ staging parameter buffer                    0      the all-gather lands in the a
                                                    has just reduce-scattered (a = c: the buffers rotate
                                                    roles; a > c: it lands in the accumulator's bytes
                                                    and is copied in at the swap); c only when a < c
-comm cast scratch                        r·min(P, K)  only when r != a: the cast is done in chunks of
+comm cast scratch              r·(N+1)·min(P, K)/N  only when r != a: the cast is done in chunks of
                                                    ``K = chunked_cast.CAST_CHUNK_ELEMS`` elements
 fp32 gradient shard                         4/N    the reduce-scatter's sum, divided, clipped, stepped
 comm-dtype reduce-scatter output            r/N    only when r = a != 4 (e.g. bf16 accumulation)
@@ -116,7 +116,7 @@ def components(config: str, world_size: int, params: int, *, bucket_elems: Optio
         "compute parameters": c * P,
         "two gradient accumulators": 2 * a * P,
         "staging parameter buffer": c * P if a < c else 0.0,
-        "comm cast scratch": r * min(P, CAST_CHUNK_ELEMS) if r != a and constants else 0.0,
+        "comm cast scratch": r * (N + 1) * min(P / N, CAST_CHUNK_ELEMS // N) if r != a and constants else 0.0,
         "fp32 gradient shard": 4 * P / N,
         "comm-dtype reduce-scatter output": r * P / N if r == a and r != 4 else 0.0,
         "fp32 master shard": 4 * P / N,

@@ -72,6 +72,10 @@ class RoundHandle:
         self.timeout_s = timeout_s
         self.launched_at = time.perf_counter()
         self.stage = "queued"
+        self.stage_s: dict[str, float] = {}
+        """Seconds the communication thread spent in each stage (host time; on a GPU the
+        collectives are asynchronous, so there it is the time to enqueue them)."""
+        self._stage_t0: Optional[float] = None
         self._finished = threading.Event()
         self._result: Any = None
         self._error: Optional[BaseException] = None
@@ -83,6 +87,13 @@ class RoundHandle:
         handle = cls(index, kind, timeout_s)
         handle._finish(result, None, None)
         return handle
+
+    def enter_stage(self, stage: str) -> None:
+        """Move to ``stage``, charging the time since the last call to the stage left."""
+        now = time.perf_counter()
+        if self._stage_t0 is not None and self.stage != "queued":
+            self.stage_s[self.stage] = self.stage_s.get(self.stage, 0.0) + (now - self._stage_t0)
+        self.stage, self._stage_t0 = stage, now
 
     def _finish(self, result: Any, error: Optional[BaseException], done_event) -> None:
         self._result, self._error, self._done_event = result, error, done_event

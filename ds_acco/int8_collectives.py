@@ -284,10 +284,16 @@ class Int8DeltaAllGather:
     round's error (error feedback without a residual buffer), and the distance of
     the replicas to the fp32 master is one quantisation step of the last delta.
 
+    The shard travels in pieces of at most ``piece_numel`` elements (whole blocks),
+    one all-gather each, so the receive buffer is ``N * piece_numel`` bytes, not a
+    model-sized one; blocks never straddle pieces, so the result is the same as in
+    one piece.
+
     Args:
         shard_numel: elements per rank.
         world_size: ranks in the group.
         block_size: elements per int8 block (one fp32 scale each).
+        piece_numel: elements per rank per all-gather (rounded down to whole blocks).
         device: where the wire buffers and the ``shard_numel`` fp32 scratch live.
 
     Raises:
@@ -295,19 +301,21 @@ class Int8DeltaAllGather:
     """
 
     def __init__(self, shard_numel: int, world_size: int, *, block_size: int = DEFAULT_BLOCK_SIZE,
-                 device: Optional[torch.device] = None):
+                 piece_numel: int = 1 << 22, device: Optional[torch.device] = None):
         if shard_numel < 1 or world_size < 1:
             raise ValueError(f"shard_numel and world_size must be >= 1, got {shard_numel}, {world_size}")
         check_block_size(block_size)
         self.shard_numel, self.world_size, self.block_size = shard_numel, world_size, block_size
-        self._send = _WireRows(1, shard_numel, block_size, device)
-        self._recv = _WireRows(world_size, shard_numel, block_size, device)
+        piece = min(shard_numel, max(block_size, piece_numel // block_size * block_size))
+        self.pieces = [(start, min(piece, shard_numel - start)) for start in range(0, shard_numel, piece)]
+        self._rows = {n: (_WireRows(1, n, block_size, device), _WireRows(world_size, n, block_size, device))
+                      for n in {n for _, n in self.pieces}}
         self._delta = torch.empty(shard_numel, dtype=torch.float32, device=device)
 
     @property
     def bytes_per_call(self) -> int:
         """Bytes this rank sends (and receives) per call by the ring model."""
-        return (self.world_size - 1) * self._send.row_bytes
+        return (self.world_size - 1) * sum(self._rows[n][0].row_bytes for _, n in self.pieces)
 
     def __call__(self, coll: RoundCollectives, out: torch.Tensor, base: torch.Tensor,
                  new_shard: torch.Tensor) -> torch.Tensor:
@@ -341,13 +349,16 @@ class Int8DeltaAllGather:
                 "(non-finite master parameters); an int8 delta cannot carry them. Set "
                 "acco.all_gather_quantization to 'none' to send exact parameters"
             )
-        self._send.pack(self._delta.view(1, -1))
-        coll.all_gather(self._recv.buffer.view(-1), self._send.buffer.view(-1))
-        for r in range(N):  # O(shard) scratch, one row at a time; rank order on every rank
-            dequantize_blockwise(self._recv.payload[r : r + 1], self._recv.scales[r], self.block_size,
-                                 out=self._delta.view(1, -1))
-            if out.dtype == torch.float32 and base.dtype == torch.float32:
-                torch.add(base_rows[r], self._delta, out=out_rows[r])
-            else:
-                out_rows[r].copy_(self._delta.add_(base_rows[r]))
+        for start, n in self.pieces:
+            send, recv = self._rows[n]
+            send.pack(self._delta[start:start + n].view(1, -1))
+            coll.all_gather(recv.buffer.view(-1), send.buffer.view(-1))
+            for r in range(N):  # rank order on every rank; O(piece) scratch
+                delta = self._delta[start:start + n]  # this rank's own delta is packed already: reuse the memory
+                dequantize_blockwise(recv.payload[r : r + 1], recv.scales[r], self.block_size, out=delta.view(1, -1))
+                dst, src = out_rows[r, start:start + n], base_rows[r, start:start + n]
+                if out.dtype == torch.float32 and base.dtype == torch.float32:
+                    torch.add(src, delta, out=dst)
+                else:
+                    dst.copy_(delta.add_(src))
         return out

@@ -287,6 +287,7 @@ class RoundEngine:
             grad_norm=outcome.grad_norm,
             skipped=outcome.skipped,
             lr=outcome.lr,
+            stage_s={k: round(v, 6) for k, v in flight.handle.stage_s.items()},
         )
         self._last_swap_t = t1
         if self.config.telemetry.enabled:
@@ -385,7 +386,7 @@ class RoundEngine:
         )
 
     def _enter_stage(self, handle: RoundHandle, stage: str) -> None:
-        handle.stage = stage
+        handle.enter_stage(stage)
         if self._on_stage is not None:
             self._on_stage(handle.index, stage)
 

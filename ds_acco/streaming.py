@@ -287,7 +287,7 @@ class StreamingEngine:
     def _run_round(self, handle: RoundHandle, frag: _Fragment, delta: torch.Tensor, shard: torch.Tensor) -> _Outcome:
         start = time.perf_counter()
         sent0, recv0 = self.coll.wire.sent, self.coll.wire.received
-        handle.stage = "reduce-scatter"
+        handle.enter_stage("reduce-scatter")
         if frag.rs is not None:
             frag.rs(self.coll, shard, delta)
         else:
@@ -296,13 +296,13 @@ class StreamingEngine:
         # mean(θ̂_g − θ_i) + (θ_g − θ̂_g) = θ_g − mean(θ_i): the exact pseudo-gradient of this slice
         # (computed as one difference first: with an fp32 all-gather it is exactly 0, so the mean is kept bit for bit)
         shard.add_(frag.master - frag.layout.shard(frag.anchor, self.rank))
-        handle.stage = "outer step"
+        handle.enter_stage("outer step")
         frag.master.grad = shard
         frag.outer.step()
         frag.master.grad = None
-        handle.stage = "all-gather"
+        handle.enter_stage("all-gather")
         frag.ag(self.coll, frag.anchor, frag.master)
-        handle.stage = "done"
+        handle.enter_stage("done")
         return _Outcome(time.perf_counter() - start, self.coll.wire.sent - sent0, self.coll.wire.received - recv0)
 
     def consolidate(self) -> None:

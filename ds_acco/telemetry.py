@@ -62,6 +62,9 @@ class RoundRecord:
     skipped: bool = False
     """True when non-finite gradients made every rank skip this update."""
     lr: float = float("nan")
+    stage_s: dict = field(default_factory=dict)
+    """Communication-thread seconds per stage ("count all-gather", "reduce-scatter",
+    "shard step", "all-gather"): where a round's time goes, next to ``bytes_sent``."""
 
     @property
     def hidden(self) -> float:

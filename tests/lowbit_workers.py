@@ -33,6 +33,12 @@ def delta_all_gather_checks(coll) -> dict:
         sent0 = coll.wire.sent
         ag(coll, full, base, new)
         out[block] = {"full": full, "bytes": coll.wire.sent - sent0, "expected": ag.bytes_per_call}
+    pieces = {}
+    for piece in (10 ** 6, 16):  # one all-gather, or pieces of 16, 16 and 5 elements
+        ag = Int8DeltaAllGather(SHARD, N, block_size=8, piece_numel=piece)
+        pieces[piece] = {"full": ag(coll, torch.empty_like(base), base, new), "count": len(ag.pieces),
+                         "bytes": ag.bytes_per_call}
+    out["pieces"] = pieces
     bf16_base = base.to(torch.bfloat16)
     bf16_full = torch.empty_like(bf16_base)
     Int8DeltaAllGather(SHARD, N, block_size=BLOCK)(coll, bf16_full, bf16_base, new)

@@ -96,8 +96,13 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
     modes = {n: (c["acco"]["mode"], c["acco"].get("policy", "fixed")) for n, c in made.items() if "acco" in c}
     assert modes == {"sync": ("sync", "fixed"), "dpu": ("dpu", "fixed"), "acco_fixed": ("acco", "fixed"),
                      "acco_adaptive": ("acco", "adaptive"), "streaming_int8": ("streaming", "fixed"),
-                     "streaming_fp32": ("streaming", "fixed"), "acco_bf16": ("acco", "fixed"),
-                     "acco_bf16_fp32acc": ("acco", "fixed")}
+                     "streaming_fp32": ("streaming", "fixed"), "sync_lowbit": ("sync", "fixed"),
+                     "acco_lowbit_fixed": ("acco", "fixed"), "acco_lowbit_adaptive": ("acco", "adaptive"),
+                     "acco_bf16": ("acco", "fixed"), "acco_bf16_fp32acc": ("acco", "fixed")}
+    for name in ("sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive"):  # the low-bit rounds
+        acco = made[name]["acco"]
+        assert (acco["comm_quantization"], acco["error_feedback"], acco["all_gather_quantization"]) == (
+            "int8", True, "int8"), name
     assert made["zero1_bf16"]["bf16"] == {"enabled": True} and "bf16" not in made["zero1"]
     accum = {n: (made[n]["bf16"], made[n]["acco"]["grad_accum_dtype"], made[n]["acco"]["comm_dtype"])
              for n in ("acco_bf16", "acco_bf16_fp32acc")}
@@ -217,10 +222,11 @@ def test_bench_smoke_sweep(tmp_path):
     result = json.loads((out / "results.json").read_text())
     runs = {r["id"]: r for r in result["runs"]}
     expected = {("bandwidth", "zero1", 2), ("bandwidth", "acco_adaptive", 2), ("slow_host", "acco_adaptive", 2),
-                ("alone", "zero1", 1), ("streaming", "zero1", 2), ("streaming", "streaming_int8", 2)}
+                ("alone", "zero1", 1), ("streaming", "zero1", 2), ("streaming", "streaming_int8", 2),
+                ("time_to_loss", "zero1", 2), ("time_to_loss", "acco_lowbit_adaptive", 2)}
     assert {(r["scenario"], r["config"], r["hosts"]) for r in runs.values()} == expected
-    assert len(runs) == 7 and all(r["ok"] for r in runs.values()), [r.get("error_tail") for r in runs.values()]
-    for r in runs.values():
+    assert len(runs) == 9 and all(r["ok"] for r in runs.values()), [r.get("error_tail") for r in runs.values()]
+    for r in (r for r in runs.values() if r["scenario"] != "time_to_loss"):
         assert _finite_positive(r["tokens_per_s"]) and _finite_positive(r["summary_tokens_per_s"]), r["id"]
         assert r["steps"] == 3 and _finite_positive(r["steps_per_s"])
         assert math.isfinite(r["final_train_loss"]) and 0 < r["val_loss"] < 7, r["id"]  # ln(257) = 5.55 at start
@@ -240,6 +246,15 @@ def test_bench_smoke_sweep(tmp_path):
     assert set(table) == {"zero1", "streaming_int8"}
     if result["netns"]:
         assert 0 < table["streaming_int8"]["iface_tx_bytes_per_step_vs_zero1"] < 0.5
+    # time to loss: a token budget of 3 nominal steps (768 tokens), validation every step's worth
+    ttl = result["analysis"]["time_to_loss"]
+    (block,) = ttl.values()
+    assert block["target"] == runs["time_to_loss-zero1-unshaped-2h"]["val_loss"] and block["zero1_s"] > 0
+    by = {e["config"]: e for e in block["entries"]}
+    assert by["zero1"]["vs_zero1"] == pytest.approx(1.0) and by["zero1"]["steps"] == 3
+    lowbit = runs["time_to_loss-acco_lowbit_adaptive-unshaped-2h"]
+    assert lowbit["tokens_last_step"] >= 768 and 1 <= lowbit["steps"] <= 3
+    assert sum(1 for c in lowbit["curve"] if c.get("val_loss") is not None) >= 1
     slow = next(r for r in runs.values() if r["scenario"] == "slow_host")
     assert slow["ranks"][0]["micro_batches"] >= slow["ranks"][1]["micro_batches"]  # rank 1 is the slow one
     a = result["analysis"]

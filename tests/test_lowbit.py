@@ -56,6 +56,16 @@ def test_delta_all_gather_is_identical_on_every_rank_and_within_half_a_step(resu
     assert checks[0]["by_block"][L.BLOCK]["bytes"] / ((N - 1) * S * 4) == 104 / 296
 
 
+def test_delta_all_gather_in_pieces_equals_one_piece(results):
+    for r in results:
+        pieces = r["delta"]["by_block"]["pieces"]
+        assert pieces[16]["count"] == 3 and pieces[10 ** 6]["count"] == 1
+        assert torch.equal(pieces[16]["full"], pieces[10 ** 6]["full"])  # blocks never straddle pieces
+        # each piece's last block may be short: 5 blocks of 8 either way, payload padded per piece
+        assert pieces[16]["bytes"] == (L.WORLD - 1) * (2 * (4 * 2 + 16) + (4 * 1 + 8))
+        assert pieces[10 ** 6]["bytes"] == (L.WORLD - 1) * (4 * 5 + 40)
+
+
 def test_delta_all_gather_edge_values(results):
     checks = [r["delta"] for r in results]
     base = checks[0]["base"]

@@ -32,6 +32,7 @@ def report(result: dict, out=sys.stdout) -> None:
     """Print the tables: throughput per config and rate, slow host, memory, convergence, targets."""
     from .analysis import rates_in_order
     from .streaming_report import print_streaming
+    from .time_to_loss import print_table as print_time_to_loss
 
     a = result.get("analysis") or {}
     runs = [r for r in result["runs"] if r.get("ok")]
@@ -85,6 +86,7 @@ def report(result: dict, out=sys.stdout) -> None:
             p(f"| {cfg} | {v['tokens']:.0f} | {_fmt(v['val_loss'], '.4f')} | {_fmt(v['zero1_val_loss'], '.4f')} "
               f"| {_fmt(v['rel_diff'] and 100 * v['rel_diff'], '+.2f')}% | {_fmt(v['final_train_loss'], '.4f')} |")
     print_streaming(a.get("streaming") or [], p)
+    print_time_to_loss(a.get("time_to_loss") or {}, p)
     if a.get("targets"):
         p("\n## targets")
         for t in a["targets"]:

@@ -212,6 +212,7 @@ def memory_table(runs: list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def analyse(runs: list[dict]) -> dict:
+    from . import time_to_loss
     from .streaming_report import streaming_table
 
     ok = _ok(runs)
@@ -221,9 +222,11 @@ def analyse(runs: list[dict]) -> dict:
     slow_t += small_t
     conv_t, conv_table = convergence_targets(ok)
     mem_table, mem_t = memory_table(ok)
+    ttl = time_to_loss.table(ok)
     return {
+        "time_to_loss": ttl,
         "comm_frac": fractions,
-        "targets": bandwidth_targets(ok, fractions) + slow_t + conv_t + mem_t,
+        "targets": bandwidth_targets(ok, fractions) + slow_t + conv_t + mem_t + time_to_loss.targets(ttl),
         "slow_host": slow_table,
         "slow_host_small": small_table,
         "convergence": conv_table,

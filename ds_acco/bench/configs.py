@@ -21,6 +21,12 @@ run; only how gradients travel differs:
 ``streaming_int8``  ds_acco ``mode: streaming`` on stage 0, int8 pseudo-gradients,
                     bf16 all-gather (streaming_int8.json, :data:`STREAMING_BLOCK`)
 ``streaming_fp32``  the same schedule with fp32 both ways (what int8 saves)
+``sync_lowbit``     ds_acco ``mode: sync`` with the low-bit rounds of
+                    acco_lowbit.json (int8 reduce-scatter with error feedback,
+                    int8 delta all-gather): ZeRO-1 steps at ACCO's bytes
+``acco_lowbit_fixed``     acco_lowbit.json (``mode: acco``, ``policy: fixed``)
+``acco_lowbit_adaptive``  acco_lowbit.json with ``policy: adaptive`` and
+                    acco_adaptive.json's ``max_micro_batches_per_round``
 ==================  ============================================================
 
 The streaming configs keep the optimizer, scheduler, clipping, micro-batch and
@@ -38,11 +44,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TEMPLATE_DIR = os.path.join(REPO, "ds_configs")
 
 CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive", "zero1_bf16", "streaming_int8",
-           "streaming_fp32", "acco_bf16", "acco_bf16_fp32acc")
+           "streaming_fp32", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_bf16",
+           "acco_bf16_fp32acc")
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
 """The configs of the sweep part ``streaming`` (not in the default bandwidth comparison)."""
 DEFAULT_CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive")
+TIME_TO_LOSS = ("zero1", "zero1_bf16", "sync_lowbit", "dpu", "acco_fixed", "acco_adaptive", "acco_lowbit_fixed",
+                "acco_lowbit_adaptive", "streaming_int8")
+"""The configs of the sweep part ``time_to_loss`` (seconds to ZeRO-1's final validation loss)."""
 """What ``--configs`` means when not given, for every part but ``streaming``."""
 STREAMING_BLOCK = {"fragments": 4, "sync_every": 40, "overlap_steps": 2, "alpha": 0.5, "outer_lr": 0.7,
                    "outer_momentum": 0.9}
@@ -57,12 +67,16 @@ LABELS = {
     "zero1_bf16": "DeepSpeed ZeRO-1 bf16",
     "streaming_int8": "ds_acco streaming int8",
     "streaming_fp32": "ds_acco streaming fp32",
+    "sync_lowbit": "ds_acco sync low-bit",
+    "acco_lowbit_fixed": "ds_acco acco low-bit fixed",
+    "acco_lowbit_adaptive": "ds_acco acco low-bit adaptive",
     "acco_bf16": "ds_acco acco bf16 (bf16 accumulation)",
     "acco_bf16_fp32acc": "ds_acco acco bf16 (fp32 accumulation)",
 }
 _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "acco_fixed.json",
-                  "acco_adaptive": "acco_adaptive.json", "acco_bf16": "acco_bf16.json",
-                  "acco_bf16_fp32acc": "acco_bf16.json"}
+                  "acco_adaptive": "acco_adaptive.json", "sync_lowbit": "acco_lowbit.json",
+                  "acco_lowbit_fixed": "acco_lowbit.json", "acco_lowbit_adaptive": "acco_lowbit.json",
+                  "acco_bf16": "acco_bf16.json", "acco_bf16_fp32acc": "acco_bf16.json"}
 
 
 def _load(name: str, template_dir: str) -> dict:
@@ -120,9 +134,13 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
         acco = copy.deepcopy(_load(_ACCO_TEMPLATE[name], template_dir)["acco"])
         if name == "acco_bf16":
             acco.update(grad_accum_dtype="bf16", comm_dtype="bf16")
-        if name == "sync":
+        if name in ("sync", "sync_lowbit"):
             acco["mode"] = "sync"
             acco.pop("max_micro_batches_per_round", None)
+        if name == "acco_lowbit_adaptive":
+            acco["policy"] = "adaptive"
+            acco["max_micro_batches_per_round"] = _load("acco_adaptive.json", template_dir)["acco"][
+                "max_micro_batches_per_round"]
         if warmup_steps is not None:
             acco["warmup_steps"] = warmup_steps
         if max_micro_batches_per_round is not None and acco.get("policy") == "adaptive":

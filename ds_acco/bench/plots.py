@@ -10,6 +10,8 @@
   and rank 1, reconstructed from the round telemetry, for ds_acco ``sync`` and
   ``acco adaptive`` on the same link;
 * ``memory.png``: measured peak-RSS growth per worker against the analytic model;
+* ``time_to_loss.png``: validation loss against training seconds per link rate, the
+  ``time_to_loss`` part (:mod:`ds_acco.bench.time_to_loss`);
 * ``streaming_loss_vs_tokens.png`` / ``streaming_bytes.png``: the ``streaming`` part
   (Streaming DiLoCo against ZeRO-1 and acco on one slow link), see
   :mod:`ds_acco.bench.streaming_report`.
@@ -22,13 +24,16 @@ from typing import Optional
 
 from .analysis import UNSHAPED, rates_in_order, val_points
 from .configs import CONFIGS, LABELS
+from . import time_to_loss
 from .streaming_report import streaming_table
 
 COLORS = {"zero1": "#444444", "zero1_overlap": "#999999", "sync": "#1f77b4", "dpu": "#2ca02c",
           "acco_fixed": "#ff7f0e", "acco_adaptive": "#d62728", "zero1_bf16": "#8c564b", "streaming_int8": "#9467bd",
-          "streaming_fp32": "#17becf"}
+          "streaming_fp32": "#17becf", "sync_lowbit": "#aec7e8", "acco_lowbit_fixed": "#e377c2",
+          "acco_lowbit_adaptive": "#bcbd22"}
 MARKERS = {"zero1": "s", "zero1_overlap": "D", "sync": "^", "dpu": "v", "acco_fixed": "o", "acco_adaptive": "*",
-           "zero1_bf16": "P", "streaming_int8": "X", "streaming_fp32": "x"}
+           "zero1_bf16": "P", "streaming_int8": "X", "streaming_fp32": "x", "sync_lowbit": "<",
+           "acco_lowbit_fixed": "h", "acco_lowbit_adaptive": "p"}
 
 
 def _plt():
@@ -332,6 +337,38 @@ def streaming_bytes(result: dict, path: str) -> Optional[str]:
     return path
 
 
+def time_to_loss_plot(result: dict, path: str) -> Optional[str]:
+    """Validation loss against training seconds, one panel per link rate, the target dashed."""
+    t = time_to_loss.table(result)
+    if not t:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(t), figsize=(4.6 * len(t), 4.4), squeeze=False)
+    runs = time_to_loss._runs(result)
+    for ax, (rate, block) in zip(axes[0], t.items()):
+        for r in (x for x in runs if x["rate"] == rate):
+            pts = time_to_loss.val_time_points(r)
+            if pts:
+                cfg = r["config"]
+                ax.plot([a for a, _ in pts], [b for _, b in pts], color=COLORS.get(cfg), marker=MARKERS.get(cfg),
+                        markersize=4, label=LABELS.get(cfg, cfg))
+        if block["target"] is not None:
+            ax.axhline(block["target"], color="k", linestyle="--", linewidth=0.8, label="ZeRO-1 final")
+            ax.set_ylim(block["target"] - 0.15, block["target"] + 0.9)
+        ax.set_title(f"{rate}")
+        ax.set_xlabel("training seconds (evaluation excluded)")
+        ax.set_ylabel("validation loss (nats/byte)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=6)
+    wl = runs[0]["workload"]
+    fig.suptitle(_title(result, f"time to loss: {wl['model_size']} model, {wl.get('max_tokens')} tokens per run, "
+                                "2 emulated hosts"), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 PLOTS = {
     "tokens_vs_bandwidth.png": tokens_vs_bandwidth,
     "loss_vs_tokens.png": loss_vs_tokens,
@@ -340,6 +377,7 @@ PLOTS = {
     "memory.png": memory_plot,
     "streaming_loss_vs_tokens.png": streaming_loss_vs_tokens,
     "streaming_bytes.png": streaming_bytes,
+    "time_to_loss.png": time_to_loss_plot,
 }
 
 

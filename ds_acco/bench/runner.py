@@ -69,6 +69,10 @@ class Workload:
     max_micro_batches_per_round: Optional[int] = None
     streaming_sync_every: Optional[int] = None
     """Streaming configs: H instead of :data:`ds_acco.bench.configs.STREAMING_BLOCK`'s (short smoke runs)."""
+    max_tokens: int = 0
+    """train_lm ``--max-tokens``: stop at this many committed tokens (0: at ``steps``)."""
+    eval_every_tokens: int = 0
+    """train_lm ``--eval-every-tokens`` (0: validate by ``eval_every`` steps only)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,7 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
         raise ValueError(f"sweep: got {name!r}; allowed: {', '.join(SWEEP_NAMES)}")
     smoke = name == "smoke"
     pin = (not smoke and (os.cpu_count() or 1) >= 2) if pin is None else pin
+    only_configs = list(configs) if configs else None
     streaming_configs = list(configs or cfgs.STREAMING_COMPARISON)
     configs = list(configs or cfgs.DEFAULT_CONFIGS)
     bad = [c for c in set(configs + streaming_configs) if c not in cfgs.CONFIGS]
@@ -197,6 +202,8 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
             runs.append(RunSpec("convergence", c, conv, cpus=_pins(2, pin)))
     if "streaming" in parts:
         runs.extend(_streaming_runs(smoke, streaming_configs, rates, steps, netns, pin))
+    if "time_to_loss" in parts:
+        runs.extend(_time_to_loss_runs(smoke, only_configs, rates, steps, netns, pin))
     desc = f"sweep {name}: {len(runs)} runs, " + ("network namespaces" if netns else
                                                    "loopback (no namespaces: unshaped only)")
     return Sweep(name, desc, runs, timeout_s=timeout)
@@ -221,8 +228,36 @@ def _streaming_runs(smoke: bool, configs: Sequence[str], rates: Optional[Sequenc
     return [RunSpec("streaming", c, wl, rate=rate, cpus=_pins(2, pin)) for c in wanted]
 
 
-PARTS = ("bandwidth", "slow_host", "slow_host_small", "memory", "convergence", "streaming")
-DEFAULT_PARTS = ("bandwidth", "slow_host", "memory", "convergence", "streaming")
+def _time_to_loss_runs(smoke: bool, configs: Optional[Sequence[str]], rates: Optional[Sequence[str]],
+                       steps: Optional[int], netns: bool, pin: bool) -> list[RunSpec]:
+    """Every config trains the same token budget on the same link; see :mod:`ds_acco.bench.time_to_loss`.
+
+    On the slow links (25 and 10 Mbit/s) every config of :data:`~ds_acco.bench.configs.TIME_TO_LOSS`
+    runs; on the fast ones the ones whose rounds can matter there (ZeRO-1 fp32/bf16, sync low-bit,
+    acco adaptive and both low-bit acco policies), to keep the part under an hour.
+    """
+    if smoke:
+        wl = Workload(model_size="tiny", seq_len=32, micro_batch=2, grad_accum=2, steps=1000, warmup_steps=1,
+                      eval_batches=2, max_tokens=3 * 2 * 2 * 32 * 2, eval_every_tokens=2 * 2 * 32 * 2,
+                      max_micro_batches_per_round=4)
+        return [RunSpec("time_to_loss", c, wl, cpus=_pins(2, pin)) for c in (configs or ("zero1", "acco_lowbit_adaptive"))]
+    nominal = 4 * 4 * 128 * 2  # micro-batch x accumulation x seq x 2 hosts: tokens per optimizer step
+    wl = Workload(model_size="tiny", seq_len=128, micro_batch=4, grad_accum=4, steps=100_000, warmup_steps=2,
+                  compute_delay_ms="30", eval_batches=8, max_micro_batches_per_round=16,
+                  max_tokens=(steps or 100) * nominal, eval_every_tokens=10 * nominal)
+    fast = ("zero1", "zero1_bf16", "sync_lowbit", "acco_adaptive", "acco_lowbit_fixed", "acco_lowbit_adaptive")
+    runs = []
+    for rate in (list(rates) if rates else [None, "100mbit", "25mbit", "10mbit"]):
+        if rate is not None and parse_rate(rate) is not None and not netns:
+            continue
+        slow = rate is not None and parse_rate(rate) is not None and parse_rate(rate) <= 25e6
+        wanted = configs or (cfgs.TIME_TO_LOSS if slow else fast)
+        runs.extend(RunSpec("time_to_loss", c, wl, rate=rate, cpus=_pins(2, pin)) for c in wanted)
+    return runs
+
+
+PARTS = ("bandwidth", "slow_host", "slow_host_small", "memory", "convergence", "streaming", "time_to_loss")
+DEFAULT_PARTS = ("bandwidth", "slow_host", "memory", "convergence", "streaming", "time_to_loss")
 
 
 # --------------------------------------------------------------------------- machine load
@@ -321,6 +356,7 @@ def train_args(wl: Workload, config_path: str, run_dir: str) -> list[str]:
     return ["--deepspeed_config", config_path, "--model-size", wl.model_size, "--seq-len", str(wl.seq_len),
             "--steps", str(wl.steps), "--eval-every", str(wl.eval_every), "--eval-batches", str(wl.eval_batches),
             "--seed", str(wl.seed), "--compute-delay-ms", wl.compute_delay_ms,
+            "--max-tokens", str(wl.max_tokens), "--eval-every-tokens", str(wl.eval_every_tokens),
             "--log-jsonl", os.path.join(run_dir, "train.jsonl"), "--no-progress"]
 
 

@@ -109,6 +109,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=_int_at_least(1), default=100, help="optimizer steps to reach")
     p.add_argument("--eval-every", type=_int_at_least(0), default=50,
                    help="validation loss every N optimizer steps (0: only at the end)")
+    p.add_argument("--max-tokens", type=_int_at_least(0), default=0,
+                   help="also stop after the optimizer step at which the committed tokens (all ranks) reach this "
+                        "(0: off); under the adaptive policy a commit holds more tokens than a nominal step, so a "
+                        "token budget compares runs at equal data")
+    p.add_argument("--eval-every-tokens", type=_int_at_least(0), default=0,
+                   help="validate after the first optimizer step past every multiple of this many committed "
+                        "tokens (0: off; beside --eval-every)")
     p.add_argument("--eval-batches", type=_int_at_least(1), default=8,
                    help="validation micro-batches (split over ranks)")
     p.add_argument("--seed", type=_int_at_least(0), default=0, help="model init and data stream seed")
@@ -224,7 +231,13 @@ def main(argv=None) -> int:
     val_loss = float("nan")
     step = engine.global_steps
 
-    while engine.global_steps < args.steps:
+    def committed_tokens() -> int:
+        # DeepSpeed's sample counter advances at each commit by the micro-batches every rank
+        # contributed (all-gathered counts), so it is the same number on every rank
+        return int(engine.global_samples) * args.seq_len
+
+    next_eval_tokens = args.eval_every_tokens
+    while engine.global_steps < args.steps and not (args.max_tokens and committed_tokens() >= args.max_tokens):
         batch = micro_batch("train", rank, index, micro_bs, args.seq_len, args.seed)
         loss = engine(**batch).loss
         engine.backward(loss)
@@ -242,17 +255,21 @@ def main(argv=None) -> int:
         hidden = comm_hidden_pct(engine)
         record = dict(step=step, loss=step_loss, lr=engine.get_lr()[0], micro_batches=len(meter.last_step_losses),
                       micro_batch_index=index, tokens_per_s=meter.tokens_per_s_estimate(),
-                      train_s=meter.train_s, comm_hidden_pct=hidden)
+                      train_s=meter.train_s, comm_hidden_pct=hidden, tokens=committed_tokens())
         last = engine.acco.telemetry.last() if getattr(engine, "acco", None) is not None else None
         if last is not None:
             record.update(round_kind=last.kind, round_counts=list(last.counts), round_s=last.round_s,
                           waited_s=last.waited_s, compute_s=last.compute_s)
-        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
+        by_tokens = bool(next_eval_tokens) and committed_tokens() >= next_eval_tokens
+        while next_eval_tokens and committed_tokens() >= next_eval_tokens:
+            next_eval_tokens += args.eval_every_tokens
+        last_step = step >= args.steps or bool(args.max_tokens and committed_tokens() >= args.max_tokens)
+        if (by_tokens or (args.eval_every and step % args.eval_every == 0)) and not last_step:
             with meter.pause():
                 val_loss = record["val_loss"] = evaluate()
             if rank == 0:
                 bar.write(f"[train_lm] step {step}: train loss {step_loss:.4f} | val loss {val_loss:.4f}")
-        if args.save_every and step % args.save_every == 0 and step < args.steps:
+        if args.save_every and step % args.save_every == 0 and not last_step:
             with meter.pause():
                 save()
         log.write(**record)

@@ -45,6 +45,12 @@ logger = logging.getLogger("ds_acco")
 ESTIMATE, COMMIT = "estimate", "commit"
 
 
+def _all_finite(t: torch.Tensor) -> bool:
+    """No inf/NaN in ``t``, without ``isfinite``'s model-sized bool temporary (min and max carry them)."""
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
+
+
 @dataclass
 class _RoundOutcome:
     counts: list[int]
@@ -311,7 +317,7 @@ class RoundEngine:
         sent0, recv0 = self.coll.wire.sent, self.coll.wire.received
         nonfinite = False
         if self.config.check_finite:
-            nonfinite = any(not bool(torch.isfinite(b).all()) for b in grads)
+            nonfinite = any(not _all_finite(b) for b in grads)
         self._enter_stage(handle, "count all-gather")
         local = torch.tensor([count, int(nonfinite)], dtype=torch.int64, device=self.device)
         per_rank = self.coll.all_gather_small(local).cpu()

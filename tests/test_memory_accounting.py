@@ -75,8 +75,8 @@ def _measure(rank, world, *, config_name, dtype, acco, steps):
     return held, engine.groups[0].layout.padded_numel
 
 
-@pytest.mark.parametrize("world", [2])
-def test_engine_holds_what_the_memory_model_says(world):
+def test_engine_holds_what_the_memory_model_says():
+    world = 2
     results = {}
     for name, (dtype, acco) in CASES.items():
         got = run_distributed(_measure, world, config_name=name, dtype=dtype, acco=acco, steps=3, timeout=120)
@@ -85,3 +85,39 @@ def test_engine_holds_what_the_memory_model_says(world):
         analytic = memory.total(name, world, padded)
         assert held == pytest.approx(analytic, rel=0.02), (
             f"{name}: engine holds {held} bytes, model says {analytic:.0f} ({memory.components(name, world, padded)})")
+
+
+def _chunked_collectives(rank, world):
+    """Chunked cast reduce-scatter and pieced in-place all-gather against the one-shot collectives."""
+    import ds_acco.collectives as collectives
+    from ds_acco.chunked_cast import ChunkedCastReduceScatter
+    from ds_acco.collectives import RoundCollectives
+
+    coll = RoundCollectives(None, 60.0)
+    try:
+        S = 1001  # shard elements: several ragged chunks and pieces
+        g = torch.Generator().manual_seed(rank)
+        full = torch.randn(world * S, generator=g)
+        want = torch.empty(S, dtype=torch.bfloat16)
+        coll.reduce_scatter_sum(want, full.to(torch.bfloat16))
+        got = torch.full((S,), float("nan"))
+        ChunkedCastReduceScatter(world * S, world, torch.bfloat16, full.device, chunk_elems=300)(coll, got, full)
+        same_sum = torch.equal(got, want.float())
+
+        params = torch.full((world * S,), -1.0)
+        params[rank * S:(rank + 1) * S] = torch.arange(S) + 10_000.0 * rank
+        old = collectives._A2A_PIECE_NUMEL
+        collectives._A2A_PIECE_NUMEL = 128
+        try:
+            coll.all_gather(params, params[rank * S:(rank + 1) * S])  # in place, in pieces
+        finally:
+            collectives._A2A_PIECE_NUMEL = old
+        gathered = all(torch.equal(params[r * S:(r + 1) * S], torch.arange(S) + 10_000.0 * r) for r in range(world))
+        return same_sum, gathered
+    finally:
+        coll.destroy()
+
+
+def test_chunked_cast_and_pieced_all_gather_equal_the_one_shot_collectives():
+    for same_sum, gathered in run_distributed(_chunked_collectives, 3, timeout=120):
+        assert same_sum and gathered

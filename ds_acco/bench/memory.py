@@ -43,13 +43,15 @@ The publish shard costs nothing: the shard step writes this rank's new parameter
 straight into its slice of the all-gather destination.
 
 So at fp32 (``zero1``, ``sync``, ``dpu``, ``acco_*``): ZeRO-1 = 12 P + 16 P/N,
-sync/dpu = 12 P + 16 P/N (equal), acco = 12 P + 20 P/N (+ 3 MiB of lookahead
+sync/dpu = 12 P + 16 P/N (equal), acco = 12 P + 20 P/N (+ 2 MiB of lookahead
 chunks): acco - ZeRO-1 = 4 P/N, the kept estimate shard. With bf16 parameters and
 bf16 accumulation (``zero1_bf16``, ``acco_bf16``): ZeRO-1 = 6 P + 16 P/N, acco =
 6 P + 22 P/N (+ 3 MiB): + 6 P/N. With bf16 parameters, fp32 accumulation and a bf16
 payload (``acco_bf16_fp32acc``, ``ds_configs/acco_bf16.json``): acco = 10 P + 20 P/N
-(+ a 32 MiB cast chunk + 3 MiB): + 4 P over ZeRO-1 bf16, because each of the two
+(+ a 32 MiB cast chunk + 3 MiB): + 4 P + 4 P/N over ZeRO-1 bf16, because each of the two
 accumulators is fp32 where ZeRO-1's gradient and bucket are bf16.
+On gloo the round's collectives add their piece scratch (``collectives._A2A_PIECE_NUMEL``
+elements per rank, a few of each dtype: tens of MiB), which the model leaves out.
 Gradient clipping adds nothing: ``RoundEngine._clip_global_norm`` reduces each shard
 with ``torch.linalg.vector_norm``. Activations, the optimizer's per-step temporaries
 (O(P/N), in both), libraries and data are on top and do not depend on the mode;

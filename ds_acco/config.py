@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any, Literal, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MODES = ("sync", "dpu", "acco", "streaming")
 QUANTIZATIONS = ("none", "int8")
@@ -22,6 +23,7 @@ PARAM_QUANTIZATIONS = ("none", "int8_estimate", "int8")
 ALL_GATHER_DTYPES = ("bf16", "int8", "fp32")
 POLICIES = ("fixed", "adaptive")
 DTYPE_NAMES = ("auto", "fp32", "bf16", "fp16")
+TIMEOUT_RANGE_S = (1.0, 7 * 24 * 3600.0)  # [min, max] of acco.timeout_s, see AccoConfig.timeout_s
 
 
 class AccoConfigError(ValueError):
@@ -45,9 +47,27 @@ class TelemetryConfig(_Block):
     keep_last: int = Field(default=10_000, ge=1)
     """How many round records stay in memory; older ones are dropped (sums are kept)."""
 
+    @field_validator("jsonl_path")
+    @classmethod
+    def _writable(cls, path: Optional[str]) -> Optional[str]:
+        # The file is first opened at the end of the first round: check its folder now.
+        if path is not None:
+            check_writable_folder(path)
+        return path
+
+
+class CheckpointConfig(_Block):
+    """How checkpoints are loaded (saves are always verified, see ``ds_acco.checkpoint_manifest``)."""
+
+    salvage: bool = False
+    """Load a damaged or partial ds_acco checkpoint anyway, dropping the parts that fail
+    verification where the rest can stand without them (per-rank round or streaming
+    state, or an unreadable manifest); a WARNING names what was dropped. Off: any bad
+    file fails every rank before training."""
+
 
 class StreamingConfig(_Block):
-    """Streaming DiLoCo (``mode: "streaming"``); see ``shared/ALGORITHMS.md``, section streaming."""
+    """Streaming DiLoCo (``mode: "streaming"``); see ``docs/algorithms.md``, section streaming."""
 
     fragments: int = Field(default=1, ge=1)
     """``P``: parameter fragments (groups of whole layers), synchronised one at a time."""
@@ -95,7 +115,7 @@ class StreamingConfig(_Block):
 
 
 class AccoConfig(_Block):
-    """Options of the ACCO round engine; see ``shared/ALGORITHMS.md`` for the rules."""
+    """Options of the ACCO round engine; see ``docs/algorithms.md`` for the rules."""
 
     enabled: bool = True
     """False makes the front ends behave exactly like the stock framework."""
@@ -116,7 +136,7 @@ class AccoConfig(_Block):
     """Dtype of the gradient reduce-scatter payload (``auto``: the accumulation dtype)."""
     grad_accum_dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Dtype micro-batch gradients accumulate in (``auto``: the parameters' dtype)."""
-    timeout_s: float = Field(default=600.0, gt=0)
+    timeout_s: float = 600.0
     """Limit for one collective and for the training thread's wait on a round."""
     max_micro_batches_per_round: Optional[int] = Field(default=None, ge=1)
     """Adaptive policy only: a worker stops to wait for the round after this many."""
@@ -142,6 +162,18 @@ class AccoConfig(_Block):
     streaming: StreamingConfig = Field(default_factory=StreamingConfig)
     """Options of ``mode: "streaming"`` (ignored by the other modes)."""
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _timeout_range(cls, value: float) -> float:
+        lo, hi = TIMEOUT_RANGE_S
+        if not lo <= value <= hi:  # NaN fails too
+            raise ValueError(
+                f"allowed: {lo:g} <= timeout_s <= {hi:g} seconds (7 days). Below 1 s gloo cannot connect the "
+                "round process group; above 7 days the limit only hides a hang (and timedelta overflows near 1e14)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _combinations(self) -> "AccoConfig":
@@ -182,7 +214,7 @@ class AccoConfig(_Block):
 
     def fingerprint(self) -> str:
         """A short hash of every field that must agree across ranks."""
-        payload = self.model_dump(exclude={"telemetry"})
+        payload = self.model_dump(exclude={"telemetry", "checkpoint"})
         # Fields added after the first release leave the hash unchanged at their defaults,
         # so round states saved before them still load.
         for key, default in _LATER_DEFAULTS.items():
@@ -216,6 +248,19 @@ class AccoConfig(_Block):
                 "'acco' splits every optimizer step into an estimate and a commit half, so it "
                 "must be even (2, 4, 6, ...)"
             )
+
+
+def check_writable_folder(path: str) -> None:
+    """Create ``path``'s folder if needed; raise ``ValueError`` unless a file can be written there."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"its folder {folder} cannot be created ({exc.strerror}); allowed: a path in a "
+                         "writable folder") from None
+    if os.path.isdir(path) or not os.access(folder, os.W_OK):
+        raise ValueError(f"{'it is a folder' if os.path.isdir(path) else f'{folder} is not writable'}; "
+                         "allowed: a file path in a writable folder")
 
 
 def check_saved_state_fits(state: Mapping[str, Any], mine: Mapping[str, Any], what: str, advice: str) -> None:

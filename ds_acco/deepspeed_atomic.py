@@ -3,8 +3,11 @@
 Both DeepSpeed front ends (ACCO rounds and streaming) write their tag through
 :func:`atomic_save`: every rank writes into ``<tag>.partial``; only when all
 have finished does rank 0 rename it to ``<tag>`` and then replace ``latest``.
-Stock DeepSpeed writes into ``<tag>`` directly and updates ``latest`` as it
-goes, so a job killed mid-save can resume from a half-written tag.
+Before the rename the ranks hash every file into the tag's manifest
+(:mod:`ds_acco.checkpoint_manifest`), so ``<tag>`` only ever appears complete and
+verifiable. Stock DeepSpeed writes into ``<tag>`` directly and updates ``latest`` as it
+goes, so a job killed mid-save can resume from a half-written tag. What a crashed save
+left behind (``*.partial``) is reported and removed by the next save.
 Assumes ``save_dir`` is one shared filesystem, as DeepSpeed's own ``latest`` does.
 """
 
@@ -12,10 +15,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from deepspeed import comm as ds_dist
+
+from .checkpoint_manifest import clean_partials, write_manifest
 
 
 def atomic_torch_save(obj: Any, path: str) -> None:
@@ -25,7 +30,8 @@ def atomic_torch_save(obj: Any, path: str) -> None:
     os.replace(tmp, path)
 
 
-def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str], Any], save_latest: bool) -> Any:
+def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str], Any], save_latest: bool,
+                claim: Sequence[str] = (), writer: str = "ds_acco deepspeed") -> Any:
     """Run ``write(partial_tag)`` on every rank, then publish ``tag`` (and ``latest``) at once.
 
     Args:
@@ -34,13 +40,16 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str]
         global_rank: this process's rank; rank 0 renames and writes ``latest``.
         write: saves this rank's files under ``save_dir/<partial_tag>``; its return value is returned.
         save_latest: replace ``latest`` with ``tag`` once the tag is complete.
+        claim: the files this rank writes (it hashes them for the manifest).
+        writer: the front end, recorded in the manifest.
     """
     partial = f"{tag}.partial"
     if global_rank == 0:
-        shutil.rmtree(os.path.join(save_dir, partial), ignore_errors=True)  # debris of a crashed save
+        clean_partials(save_dir)  # debris of crashed saves: reported, never loaded
     ds_dist.barrier()
     result = write(partial)
     ds_dist.barrier()
+    write_manifest(os.path.join(save_dir, partial), writer=writer, tag=tag, claim=claim)
     if global_rank == 0:
         final = os.path.join(save_dir, tag)
         old = f"{final}.old{os.getpid()}"

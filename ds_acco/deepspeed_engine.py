@@ -19,6 +19,7 @@ then takes over the gradient path and leaves DeepSpeed's code unforked:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any, Optional
@@ -29,11 +30,15 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
 from . import deepspeed_elastic as elastic
+from .committed import CommittedStateDict, committed_parameters
 from .deepspeed_atomic import atomic_save, atomic_torch_save, latest_tag
 from .config import AccoConfig, AccoConfigError
+from .checkpoint_verify import optimizer_tensors
+from .deepspeed_verify import MODEL_FILE, OPTIM_FILE, refuse_if_written_by_ds_acco, refuse_non_finite, verify_tag
 from .flat_buffer import FlatLayout, ShardedGroup, rebind_params
 from .round_engine import COMMIT, RoundEngine
 from .shard_optimizer import ShardOptimizer
+from .startup_line import announce, round_fields
 from .telemetry import RoundRecord
 
 logger = logging.getLogger("ds_acco")
@@ -50,6 +55,7 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
         self.__dict__["acco"] = None
         self.__dict__["_acco_config"] = acco_config
         self.__dict__["_acco_samples"] = 0
+        self.__dict__["_acco_export"] = None
         super().__init__(*args, **kwargs)
         self._acco_take_over()
 
@@ -92,7 +98,6 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
             groups.append(ShardedGroup(params, layout, flat, master, rebind=self._acco_rebinder(i, layout)))
         shard_opt = ShardOptimizer(opt.optimizer, [g.master for g in groups], self.lr_scheduler)
         G = self.gradient_accumulation_steps()
-        accum_dtype = self._acco_config.grad_accum_dtype
         self.acco = RoundEngine(
             groups,
             shard_opt,
@@ -108,12 +113,9 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
             on_swap=self._acco_on_swap,
         )
         self.acco.commits = self.global_steps
-        if self.global_rank == 0:
-            logger.info(
-                "ds_acco: mode=%s policy=%s warmup_steps=%d G=%d grad_accum_dtype=%s over %d ZeRO-1 group(s), dp=%d",
-                self._acco_config.mode, self._acco_config.policy, self._acco_config.warmup_steps, G,
-                accum_dtype, len(groups), world,
-            )
+        # Exports (module.state_dict(), save_16bit_model, HF save_model) give the committed parameters.
+        self._acco_export = CommittedStateDict(self.module, self.acco)
+        announce(f"DeepSpeed ZeRO-1, {len(groups)} group(s)", self.global_rank, round_fields(self.acco))
 
     def _acco_rebinder(self, i: int, layout: FlatLayout):
         opt = self.optimizer
@@ -152,7 +154,7 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
         if self.acco is None:
             return super().step(lr_kwargs)
         if lr_kwargs:
-            raise ValueError("step(lr_kwargs=...) is not supported with ACCO: the scheduler steps once per commit")
+            raise ValueError("step(lr_kwargs=...) is not supported with ACCO: the scheduler steps with the commits")
         self.micro_steps += 1
         return None
 
@@ -162,11 +164,25 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
         return False  # rounds decide boundaries; DeepSpeed must never run its own reduction
 
     def finish(self) -> None:
-        """Drain the rounds so the module holds the committed parameters (e.g. before export)."""
+        """Drain and commit everything accumulated: the module then holds the committed parameters.
+
+        The end of training (HF Trainer does it by itself under ``ds_acco.run``). Exports
+        never need it: ``module.state_dict()`` gives the committed parameters at any time.
+        """
         if self.acco is not None:
             self.acco.finish()
 
+    def committed_parameters(self):
+        """``with engine.committed_parameters():`` the module computes with the committed
+        parameters (evaluation); training is unchanged afterwards (see :mod:`ds_acco.committed`)."""
+        if self.acco is None:
+            return contextlib.nullcontext()
+        return committed_parameters(self.acco)
+
     def destroy(self) -> None:
+        if self.__dict__.get("_acco_export") is not None:
+            self._acco_export.remove()
+            self.__dict__["_acco_export"] = None
         if self.__dict__.get("acco") is not None:
             self.acco.close(drain=False)
             self.__dict__["acco"] = None
@@ -187,16 +203,20 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
                                    "commits": self.acco.commits}
 
         def write(partial: str) -> bool:
-            ok = super(AccoDeepSpeedEngine, self).save_checkpoint(save_dir, partial, client_state, False,
-                                                                  exclude_frozen_parameters)
+            with self._acco_export.suspended():  # the model file holds the compute parameters: exact resume
+                ok = super(AccoDeepSpeedEngine, self).save_checkpoint(save_dir, partial, client_state, False,
+                                                                      exclude_frozen_parameters)
             atomic_torch_save({"rounds": rounds, "samples": self._acco_samples},
                               os.path.join(save_dir, partial, ROUND_STATE_FILE.format(rank=self._acco_dp_rank())))
             return ok
 
-        return atomic_save(save_dir, tag, self.global_rank, write, save_latest)
+        dp = self._acco_dp_rank()
+        claim = [ROUND_STATE_FILE.format(rank=dp), OPTIM_FILE.format(rank=dp)] + [MODEL_FILE] * (dp == 0)
+        return atomic_save(save_dir, tag, self.global_rank, write, save_latest, claim=claim)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
+        """DeepSpeed's load plus the round state, after every rank verified the files (ds_acco.checkpoint_verify)."""
         if self.acco is None:
             return super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
                                            load_lr_scheduler_states, load_module_only, custom_load_fn)
@@ -206,16 +226,25 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
             if tag is None:
                 return super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
                                                load_lr_scheduler_states, load_module_only, custom_load_fn)
+        tag = str(tag)
         dp = ds_dist.get_world_size(group=self.optimizer.real_dp_process_group[0])
-        if not load_module_only and elastic.saved_dp_world_size(load_dir, str(tag)) != dp:
-            return self._acco_load_resharded(load_dir, str(tag), load_module_strict, load_optimizer_states,
-                                             load_lr_scheduler_states)
+        verdict = verify_tag(load_dir, tag, state_file=ROUND_STATE_FILE, dp_rank=self._acco_dp_rank(), dp_world=dp,
+                             salvage=self._acco_config.checkpoint.salvage)
+        if not load_module_only and elastic.saved_dp_world_size(load_dir, tag) != dp:
+            out = self._acco_load_resharded(load_dir, tag, load_module_strict, load_optimizer_states,
+                                            load_lr_scheduler_states)
+            refuse_non_finite(load_dir, tag, self._acco_loaded_tensors())
+            return out
         path, client_state = super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
                                                      load_lr_scheduler_states, load_module_only, custom_load_fn)
         if path is None:
             return path, client_state
-        state_file = os.path.join(load_dir, str(tag), ROUND_STATE_FILE.format(rank=self._acco_dp_rank()))
-        resumable = load_optimizer_states and not load_module_only and os.path.exists(state_file)
+        if verdict.stock:
+            refuse_if_written_by_ds_acco(load_dir, tag, client_state)
+        refuse_non_finite(load_dir, tag, self._acco_loaded_tensors())
+        state_file = os.path.join(load_dir, tag, ROUND_STATE_FILE.format(rank=self._acco_dp_rank()))
+        resumable = (load_optimizer_states and not load_module_only and os.path.exists(state_file)
+                     and not verdict.dropped)
         found = torch.tensor([int(resumable)])
         ds_dist.all_reduce(found, op=ds_dist.ReduceOp.MIN)
         if bool(found.item()):
@@ -223,11 +252,19 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
             self.acco.load_state_dict(saved["rounds"])
             self._acco_samples = saved["samples"]
         else:
-            if self.global_rank == 0:
-                logger.warning("ds_acco: %s has no ACCO round state for every rank (stock ZeRO-1 checkpoint or "
-                               "module-only load); rounds bootstrap afresh at step %d", load_dir, self.global_steps)
+            if self.global_rank == 0 and not verdict.dropped:
+                logger.warning("ds_acco: %s/%s has no ACCO round state for every rank (a checkpoint no ds_acco run "
+                               "wrote, or a module-only load): its files were not verified, and rounds bootstrap "
+                               "afresh at step %d, so the run from here is not the trajectory an uninterrupted "
+                               "ds_acco run would take", load_dir, tag, self.global_steps)
             self.acco.reset_rounds(commits=self.global_steps)
         return path, client_state
+
+    def _acco_loaded_tensors(self) -> list:
+        """The fp32 master partitions and their optimizer moments, as loaded."""
+        masters = self.optimizer.single_partition_of_fp32_groups
+        named = [(f"fp32 partition of group {i}", t) for i, t in enumerate(masters)]
+        return named + optimizer_tensors(self.optimizer.optimizer)
 
     def _acco_load_resharded(self, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states):
         """Load a checkpoint saved with another DP world size (see ds_acco.deepspeed_elastic)."""
@@ -250,5 +287,5 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
         # The universal loader sets the compute parameters from the fp32 masters; restore the
         # weights the model actually had when it was saved (an ACCO estimate, possibly).
         self.module.load_state_dict(elastic.saved_module_state(load_dir, tag), strict=strict)
-        self.acco.reset_rounds(commits=self.global_steps)
+        self.acco.reset_rounds(commits=self.global_steps, compute_committed=False)  # maybe an estimate
         return path, client_state

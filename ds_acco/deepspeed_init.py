@@ -24,6 +24,7 @@ import deepspeed
 
 from .config import AccoConfig, parse_acco_config
 from .deepspeed_checks import check_deepspeed_version, check_ds_config, check_model
+from .hf_trainer import install_trainer_hook
 
 _STOCK_INITIALIZE = deepspeed.initialize
 
@@ -90,6 +91,7 @@ def initialize(
     else:
         from .deepspeed_engine import AccoDeepSpeedEngine as engine_class
 
+    install_trainer_hook()
     with _engine_class(functools.partial(engine_class, acco_config=acco)):
         return _STOCK_INITIALIZE(**kwargs)
 

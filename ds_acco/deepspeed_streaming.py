@@ -34,6 +34,9 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 
 from .config import AccoConfig, AccoConfigError
 from .deepspeed_atomic import atomic_save, atomic_torch_save, latest_tag
+from .checkpoint_verify import optimizer_tensors
+from .deepspeed_verify import MODEL_FILE, refuse_if_written_by_ds_acco, refuse_non_finite, verify_tag
+from .startup_line import announce, streaming_fields
 from .streaming import StreamingEngine, fragments_of
 
 logger = logging.getLogger("ds_acco")
@@ -72,14 +75,8 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
         self.acco = StreamingEngine(self.module, self.optimizer, fragments, config=self._acco_config,
                                     process_group=self.data_parallel_group)
         self.acco.inner_steps = self.global_steps
-        if self.global_rank == 0:
-            s = self._acco_config.streaming
-            sizes = [f.layout.numel for f in self.acco.fragments]
-            logger.info(
-                "ds_acco: mode=streaming fragments=%d (%s params) sync_every=%d overlap_steps=%d alpha=%g "
-                "quantize=%s all_gather=%s dp=%d", s.fragments, "/".join(map(str, sizes)), s.sync_every,
-                s.overlap_steps, s.alpha, s.quantize, s.all_gather_dtype, self.acco.world_size,
-            )
+        sizes = "/".join(str(f.layout.numel) for f in self.acco.fragments)
+        announce(f"DeepSpeed stage 0, fragments of {sizes} params", self.global_rank, streaming_fields(self.acco))
 
     # ------------------------------------------------------------ training loop
     def clip_fp32_gradients(self) -> None:
@@ -134,7 +131,8 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
             atomic_torch_save(per_rank, os.path.join(save_dir, partial, STREAMING_STATE_FILE.format(rank=self._dp_rank())))
             return ok
 
-        return atomic_save(save_dir, tag, self.global_rank, write, save_latest)
+        claim = [STREAMING_STATE_FILE.format(rank=self._dp_rank())] + [MODEL_FILE] * (self._dp_rank() == 0)
+        return atomic_save(save_dir, tag, self.global_rank, write, save_latest, claim=claim)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
@@ -157,14 +155,25 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
             return super().load_checkpoint(*stock)
         tag = str(tag)
         self.acco.finish()  # nothing may be in flight while the buffers are overwritten
-        wanted = load_optimizer_states and not load_module_only
+        verdict = verify_tag(load_dir, tag, state_file=STREAMING_STATE_FILE, dp_rank=self._dp_rank(),
+                             dp_world=self.acco.world_size, salvage=self._acco_config.checkpoint.salvage,
+                             group=self.data_parallel_group)
+        wanted = load_optimizer_states and not load_module_only and not verdict.dropped
         saved_world = len(glob.glob(os.path.join(load_dir, tag, STREAMING_STATE_FILE.format(rank="*"))))
         path, client_state = super().load_checkpoint(load_dir, tag, *stock[2:])
         if path is None:
             return path, client_state
+        if verdict.stock:
+            refuse_if_written_by_ds_acco(load_dir, tag, client_state)
+        self._load_streaming_state(load_dir, tag, wanted, saved_world, load_module_strict, verdict)
+        named = list(self.module.named_parameters()) + optimizer_tensors(self.optimizer)
+        refuse_non_finite(load_dir, tag, named, group=self.data_parallel_group)
+        return path, client_state
+
+    def _load_streaming_state(self, load_dir, tag, wanted, saved_world, load_module_strict, verdict) -> None:
         if wanted and saved_world and saved_world != self.acco.world_size:
             self._load_resharded(load_dir, tag, saved_world, load_module_strict)
-            return path, client_state
+            return
         state_file = os.path.join(load_dir, tag, STREAMING_STATE_FILE.format(rank=self._dp_rank()))
         found = torch.tensor([int(wanted and os.path.exists(state_file))])
         ds_dist.all_reduce(found, op=ds_dist.ReduceOp.MIN, group=self.data_parallel_group)
@@ -177,12 +186,12 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
                 raise RuntimeError(f"{state_file}: streaming state at inner step {self.acco.inner_steps}, "
                                    f"DeepSpeed's at global step {self.global_steps}; the checkpoint is inconsistent")
         else:
-            if self.global_rank == 0:
-                logger.warning("ds_acco: %s/%s has no streaming state for every rank (stock checkpoint or module-only "
-                               "load); replicas take rank 0's weights and global fragments restart at step %d",
-                               load_dir, tag, self.global_steps)
+            if self.global_rank == 0 and not verdict.dropped:
+                logger.warning("ds_acco: %s/%s has no streaming state for every rank (a checkpoint no ds_acco run "
+                               "wrote, or a module-only load): its files were not verified; replicas take rank 0's "
+                               "weights and global fragments restart at step %d, so the run from here is not the "
+                               "trajectory an uninterrupted ds_acco run would take", load_dir, tag, self.global_steps)
             self.acco.reset(inner_steps=self.global_steps)
-        return path, client_state
 
     def _load_resharded(self, load_dir: str, tag: str, saved_world: int, strict: bool) -> None:
         """Resume a checkpoint of ``saved_world`` ranks: rank r takes saved rank ``r mod saved_world``'s

@@ -64,10 +64,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ._fsdp2 import TORCH_RANGE, FSDP2Model, ManagedParam, check_torch_version
+from .committed import committed_parameters
 from .config import AccoConfig, AccoConfigError, parse_acco_config
 from .flat_buffer import FlatLayout, ShardedGroup
 from .round_engine import RoundEngine
 from .shard_optimizer import ShardOptimizer
+from .startup_line import announce, round_fields
 from .telemetry import Telemetry
 
 logger = logging.getLogger("ds_acco")
@@ -340,9 +342,11 @@ class AccoFSDP:
         except BaseException:
             fsdp.release()
             raise
-        if self.engine.rank == 0:
-            logger.info("ds_acco.fsdp: mode=%s policy=%s G=%d over %d FSDP2 parameters, dp=%d", config.mode,
-                        config.policy, gradient_accumulation_steps, len(groups), world)
+        # model.state_dict() reads FSDP2's sharded parameters, which are the master shards a round in
+        # flight may be stepping: wait for it first (not swapped in, so training is unchanged). They
+        # are then the committed parameters.
+        self._quiesce_hook = module.register_state_dict_pre_hook(self._quiesce_for_state_dict)
+        announce(f"FSDP2, {len(groups)} parameters", self.engine.rank, round_fields(self.engine))
 
     # ------------------------------------------------------------ training loop
     @property
@@ -367,8 +371,16 @@ class AccoFSDP:
         return self.engine.after_micro_batch()
 
     def finish(self) -> None:
-        """Drain the rounds so the compute parameters equal the committed ones (e.g. before evaluation)."""
+        """Drain and commit everything accumulated: the compute parameters equal the committed ones."""
         self.engine.finish()
+
+    def committed_parameters(self):
+        """``with acco.committed_parameters():`` forward passes use the committed parameters (evaluation)."""
+        return committed_parameters(self.engine)
+
+    def _quiesce_for_state_dict(self, *_: Any) -> None:
+        if not self.closed:
+            self.engine.quiesce()
 
     def close(self, drain: bool = True) -> None:
         """Stop the rounds and hand the model back to stock FSDP2 (sharded; its next forward all-gathers).
@@ -378,6 +390,7 @@ class AccoFSDP:
         if self.closed:
             return
         self.closed = True
+        self._quiesce_hook.remove()
         try:
             self.engine.close(drain=drain)
         finally:

@@ -24,6 +24,11 @@ parameters are all-gathered from the loaded masters and rounds bootstrap afresh
 entries without round state, so checkpoints move both ways between ACCO and
 stock FSDP2 (``"enabled": false``).
 
+Every save ends with ds_acco's manifest (sizes and hashes of the DCP files, written
+last; see :mod:`ds_acco.checkpoint_manifest`), and every load first verifies the files
+on every rank (:mod:`ds_acco.checkpoint_verify`): a damaged, partial or manifest-less
+folder fails every rank, naming the file, before DCP reads anything.
+
 Blobs are ``torch.save`` payloads in an ``io.BytesIO``: DCP flattens nested
 dicts and lists into one entry per leaf, and a load would then need a template
 of the exact same structure (which depends on whether a round was in flight);
@@ -34,10 +39,14 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
+import torch.distributed as dist
 
+from .checkpoint_manifest import remove_manifest, write_manifest
+from .checkpoint_verify import optimizer_tensors, refuse_unless_finite, verify_for_load
 from .config import AccoConfigError
 
 if TYPE_CHECKING:
@@ -78,12 +87,29 @@ def _layout(trainer: Trainer) -> dict:
     }
 
 
+def _folder(checkpoint_id: Any) -> str:
+    try:
+        return os.fspath(checkpoint_id)
+    except TypeError:
+        raise AccoConfigError(f"checkpoint_id: got {type(checkpoint_id).__name__}; ds_acco.fsdp checkpoints are "
+                              "folders (a str or os.PathLike), which it verifies file by file") from None
+
+
+def _dcp_files_of(rank: int) -> list[str]:
+    """The DCP files a rank writes and mostly reads (``__<rank>_<i>.distcp``; rank 0 also the metadata)."""
+    return [".metadata"] * (rank == 0) + [f"__{rank}_{i}.distcp" for i in range(8)]
+
+
 def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> None:
-    """Write the full training state to ``checkpoint_id`` (a folder); collective over all ranks."""
+    """Write the full training state to ``checkpoint_id`` (a folder), manifest last; collective over all ranks."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     trainer._check_checkpointable()
+    folder, group = _folder(checkpoint_id), trainer.fsdp.process_group
+    if dist.get_rank(group) == 0:
+        remove_manifest(folder)  # overwritten in place: incomplete until the new manifest is there
+    dist.barrier(group=group)
     engine = getattr(trainer, "engine", None)
     rounds = engine.state_dict() if engine else None  # waits for the round in flight (no swap): all at rest
     pending_commit = bool(rounds and rounds["pending"] and rounds["pending"]["kind"] == "commit")
@@ -122,6 +148,8 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
     finally:
         if engine:
             trainer.fsdp.to_unsharded()
+    write_manifest(folder, writer="ds_acco fsdp", tag=os.path.basename(os.path.normpath(folder)),
+                   claim=_dcp_files_of(dist.get_rank(group)), group=group)
 
 
 def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
@@ -138,6 +166,10 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
     engine = getattr(trainer, "engine", None)
     if engine:
         engine.reset_rounds()  # waits for and drops the round in flight; the comm thread is idle from here
+    folder, group = _folder(checkpoint_id), trainer.fsdp.process_group
+    # Every loadable checkpoint is ds_acco's (it needs META_KEY), so a missing manifest is an error.
+    verify_for_load(folder, reads=_dcp_files_of(dist.get_rank(group)), ours=True, group=group,
+                    salvage=bool(engine) and engine.config.checkpoint.salvage)
     probe: dict = {META_KEY: None}
     try:
         dcp.load(probe, checkpoint_id=checkpoint_id)
@@ -183,6 +215,8 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
             local = p.sharded.to_local()
         if local.numel() and local.data_ptr() != p.master.data_ptr():
             raise RuntimeError(f"ds_acco.fsdp: loading replaced the sharded parameter {p.fqn}; master shard lost")
+    masters = [(f"master {p.fqn}", p.master) for p in trainer.fsdp.params]
+    refuse_unless_finite(folder, masters + optimizer_tensors(trainer.optimizer), group=group)
     if trainer.lr_scheduler is not None and meta["lr_scheduler"] is not None:
         trainer.lr_scheduler.load_state_dict(meta["lr_scheduler"])
 

@@ -23,6 +23,7 @@ from .config import AccoConfig
 from .flat_buffer import build_sharded_groups
 from .round_engine import RoundEngine
 from .shard_optimizer import ShardOptimizer
+from .startup_line import announce, round_fields
 
 
 def _as_groups(params: Iterable[Any]) -> list[dict]:
@@ -64,7 +65,7 @@ def build(
     optimizer = optimizer_cls(opt_groups, **(optimizer_kwargs or {}))
     scheduler = lr_scheduler(optimizer) if lr_scheduler is not None else None
     shard_opt = ShardOptimizer(optimizer, [g.master for g in groups], scheduler)
-    return RoundEngine(
+    engine = RoundEngine(
         groups,
         shard_opt,
         config=config,
@@ -74,6 +75,8 @@ def build(
         grad_scale=grad_scale,
         on_stage=on_stage,
     )
+    announce(f"plain PyTorch, {len(groups)} group(s)", engine.rank, round_fields(engine))
+    return engine
 
 
 def state_dict(engine: RoundEngine) -> dict:

@@ -1,4 +1,4 @@
-"""A single-process, unsharded implementation of ``shared/ALGORITHMS.md``.
+"""A single-process, unsharded implementation of ``docs/algorithms.md``.
 
 It simulates ``N`` workers in one process with no threads, buffers or
 collectives, so it reads like the spec; the tests compare the distributed

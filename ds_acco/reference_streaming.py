@@ -1,4 +1,4 @@
-"""A single-process, unsharded Streaming DiLoCo (``shared/ALGORITHMS.md``, section streaming).
+"""A single-process, unsharded Streaming DiLoCo (``docs/algorithms.md``, section streaming).
 
 It simulates ``N`` workers in one process with no threads or collectives and
 full-precision exchanges (no int8, fp32 all-gather), so it reads like the spec;

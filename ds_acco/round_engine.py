@@ -6,7 +6,7 @@ front ends (DeepSpeed, plain PyTorch) build those and call
 :meth:`RoundEngine.after_micro_batch` after every backward.
 
 [Note: how acco's estimate/commit is computed with two gradient buffers]
-ALGORITHMS.md keeps ``A_t`` in the local accumulator so ``B_t`` adds on top of it
+docs/algorithms.md keeps ``A_t`` in the local accumulator so ``B_t`` adds on top of it
 and the commit reduce-scatters ``A_t + B_t``. Reduce-scatter is linear, so this
 engine reduce-scatters ``A_t`` in the estimate round, keeps this rank's summed
 shard of it (``O(params / N)`` fp32), and lets the commit reduce-scatter only
@@ -37,6 +37,8 @@ from .flat_buffer import ShardedGroup
 from .grad_buffers import GradBuffers
 from .int8_collectives import Int8DeltaAllGather, Int8ReduceScatter
 from .landing import Landing
+from .lr_schedule import LrScheduleClock
+from .round_alignment import RoundAlignment
 from .shard_optimizer import ShardOptimizer
 from .telemetry import RoundRecord, Telemetry, ensure_log_output
 
@@ -120,6 +122,7 @@ class RoundEngine:
         self.coll = RoundCollectives(process_group, self.config.timeout_s)
         self.rank, self.world_size = self.coll.rank, self.coll.world_size
         self._check_peers_agree()
+        self._align = RoundAlignment(self.coll, self.config.policy == "adaptive", self.config.timeout_s, self.device)
 
         accum = resolve_dtype(self.config.grad_accum_dtype, self.groups[0].flat.dtype, "acco.grad_accum_dtype")
         self.grads = GradBuffers(self.groups, accum)
@@ -164,6 +167,8 @@ class RoundEngine:
 
         self.commits = 0
         self.micro_batches = 0
+        self.lr_clock = LrScheduleClock(self.G * self.world_size, by_tokens=self.config.policy == "adaptive")
+        self._compute_committed = True  # False while the compute parameters hold an estimate
         self._n = 0
         self._round_index = 0
         self._inflight: Optional[_InFlight] = None
@@ -277,6 +282,7 @@ class RoundEngine:
         t1 = time.perf_counter()
         self._landing.install()
         self._inflight = None
+        self._compute_committed = flight.kind == COMMIT
         if flight.kind == COMMIT:
             self.commits += 1
         record = RoundRecord(
@@ -294,6 +300,7 @@ class RoundEngine:
             skipped=outcome.skipped,
             lr=outcome.lr,
             stage_s={k: round(v, 6) for k, v in flight.handle.stage_s.items()},
+            nominal_step=self.lr_clock.nominal_steps,
         )
         self._last_swap_t = t1
         if self.config.telemetry.enabled:
@@ -371,7 +378,7 @@ class RoundEngine:
                 self._publish_masters(publish)  # padding beyond a master's own elements comes from here
                 self.shard_optimizer.lookahead(self._shard32, publish)
             else:
-                self.shard_optimizer.commit(self._shard32)
+                self.shard_optimizer.commit(self._shard32, scheduler_steps=self.lr_clock.advances(total))
                 self._publish_masters(publish)
 
         self._enter_stage(handle, "all-gather")
@@ -430,8 +437,11 @@ class RoundEngine:
 
         The training trajectory is unchanged (a fixed-policy swap still happens at the
         quota), and the engine's state is now at rest, ready for :meth:`state_dict`.
+        Under the adaptive policy the ranks first agree on the rounds launched
+        (collective: every rank calls it; see :mod:`ds_acco.round_alignment`).
         """
         self._ensure_open()
+        self._catch_up()
         if self._inflight is not None:
             self._inflight.handle.wait()
 
@@ -471,6 +481,8 @@ class RoundEngine:
             "residuals": [rs.residual.clone() if rs.residual is not None else None for rs in self._int8_rs]
             if self._int8_rs is not None else None,
             "pending": pending,
+            "lr_clock": self.lr_clock.state_dict(),
+            "compute_committed": self._compute_committed,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -490,6 +502,8 @@ class RoundEngine:
         self.commits, self.micro_batches = state["commits"], state["micro_batches"]
         self._round_index, self._n, self._next_kind = state["round_index"], state["n"], state["next_kind"]
         self._active_scale = state["active_scale"]
+        self.lr_clock.load_state_dict(state.get("lr_clock"), self.commits)  # absent in older checkpoints
+        self._compute_committed = state.get("compute_committed", True)
         for buf, saved in zip(self.grads.active_buffers(), state["active_grads"] or []):
             buf.copy_(saved)
         if state["active_grads"] is None:
@@ -513,10 +527,11 @@ class RoundEngine:
             self._inflight = _InFlight(handle, pending["kind"], pending["mode"], pending["step"])
         self._last_swap_t = time.perf_counter()
 
-    def reset_rounds(self, commits: Optional[int] = None) -> None:
+    def reset_rounds(self, commits: Optional[int] = None, compute_committed: bool = True) -> None:
         """Drop the round state (after waiting for the round in flight) so rounds bootstrap afresh.
 
-        Used before loading a checkpoint; ``commits`` sets the step counter (warmup counts from it).
+        Used before loading a checkpoint; ``commits`` sets the step counter (warmup counts from it);
+        ``compute_committed=False`` when the compute parameters loaded may be an estimate.
         """
         self.quiesce()
         if self._inflight is not None:
@@ -532,18 +547,50 @@ class RoundEngine:
         self._next_kind = ESTIMATE if self.config.mode == "acco" else COMMIT
         if commits is not None:
             self.commits = commits
+        self.lr_clock.load_state_dict(None, self.commits)
+        self._compute_committed = compute_committed
         self._last_swap_t = time.perf_counter()
 
-    def finish(self) -> None:
-        """Drain and, after an estimate, commit what has been accumulated, so the
-        compute parameters equal the committed master parameters.
+    def committed_buffers(self) -> Optional[list[torch.Tensor]]:
+        """One full buffer per group holding the committed parameters (cast to the compute dtype).
 
-        Micro-batches accumulated after the last commit launch are dropped.
+        Waits for the round in flight without swapping it in (:meth:`quiesce`), so the
+        training trajectory is unchanged, and communicates nothing: with a commit in
+        flight its all-gathered result is where it landed; otherwise the compute
+        buffers hold the last commit (an estimate round leaves them alone while in flight).
+        Returns None where neither holds them exactly: the compute parameters being an
+        estimate with nothing in flight (after :meth:`wait`, or a load that restored one),
+        or ``all_gather_quantization: "int8"`` (commits arrive as int8 deltas); then
+        all-gather the master shards (every rank).
         """
+        self.quiesce()
+        if self.config.all_gather_quantization == "int8":
+            return None  # every all-gathered buffer trails the masters by an int8 delta's rounding
+        if self._inflight is not None and self._inflight.kind == COMMIT:
+            return self._landing.in_flight_targets()
+        if self._compute_committed:
+            return [g.flat for g in self.groups]
+        return None
+
+    def finish(self) -> None:
+        """Drain and commit everything accumulated, so the compute parameters equal the
+        committed master parameters (end of training, before export).
+
+        After an estimate the commit covers its micro-batches and those added since; after
+        a commit, micro-batches accumulated since its launch get one commit of their own.
+        Under the fixed policy a loop that stops at a step boundary has nothing left, and
+        this only waits.
+        """
+        self._ensure_open()
+        self._catch_up()
         self.wait()
         if self.overlapping and self.config.mode == "acco" and self._next_kind == COMMIT:
             self._launch(COMMIT, "acco")
             self._complete()
+        elif self._align.anyone(self._n > 0):
+            self._launch(COMMIT, "sync")
+            self._complete()
+        if self.config.mode == "acco":
             self._next_kind = ESTIMATE
         for buf in self.grads.active_buffers():
             buf.zero_()
@@ -567,6 +614,14 @@ class RoundEngine:
         for g, part in zip(self.groups, own):
             self.coll.all_gather(g.flat, part)  # in place: nothing reads the parameters while idle
 
+    def _catch_up(self) -> None:
+        """Launch the round some other rank has already launched (adaptive policy only)."""
+        target = self._align.most_launched(self._round_index)  # at most one ahead: see round_alignment
+        while self._round_index < target:
+            if self._inflight is not None:
+                self._complete()
+            self._launch(self._next_kind, self.config.mode if self.overlapping else "sync")
+
     def close(self, drain: bool = True) -> None:
         """Drain (or abandon) the round in flight, stop the thread, release the group."""
         if self._closed:
@@ -580,6 +635,7 @@ class RoundEngine:
             atexit.unregister(self._atexit)
             self._comm.close(timeout_s=5.0)
             self.grads.remove_hooks()
+            self._align.destroy()
             self.coll.destroy()
 
     def __del__(self):  # pragma: no cover - best effort at garbage collection

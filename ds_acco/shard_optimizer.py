@@ -2,7 +2,7 @@
 
 Any ``torch.optim.Optimizer`` built over the master shards works. The commit is
 its ordinary ``step()`` followed by one LR-scheduler step. The lookahead
-(``Opt_lookahead`` in ALGORITHMS.md) must give what the next commit would give
+(``Opt_lookahead`` in docs/algorithms.md) must give what the next commit would give
 with the same learning rate and step count, while leaving the shard and the
 optimizer state untouched. For Adam and AdamW (torch's and DeepSpeed's) it is
 evaluated functionally, chunk by chunk, straight into the caller's output
@@ -86,7 +86,7 @@ class ShardOptimizer:
     Args:
         optimizer: a torch optimizer whose params are exactly ``masters``.
         masters: this rank's fp32 master shards, one per parameter group.
-        lr_scheduler: advanced once per commit (never by a lookahead).
+        lr_scheduler: advanced by commits (never by a lookahead), as many steps as each is due.
     """
 
     def __init__(
@@ -116,13 +116,14 @@ class ShardOptimizer:
         for m in self.masters:
             m.grad = None
 
-    def commit(self, grads: Sequence[torch.Tensor]) -> None:
-        """``θ, S ← Opt(θ, S, g)``, then one scheduler step."""
+    def commit(self, grads: Sequence[torch.Tensor], scheduler_steps: int = 1) -> None:
+        """``θ, S ← Opt(θ, S, g)``, then ``scheduler_steps`` scheduler steps (see :mod:`ds_acco.lr_schedule`)."""
         self._set_grads(grads)
         self.optimizer.step()
         self._clear_grads()
         if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
+            for _ in range(scheduler_steps):
+                self.lr_scheduler.step()
 
     @property
     def lookahead_is_functional(self) -> bool:

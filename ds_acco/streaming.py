@@ -1,6 +1,6 @@
 """Streaming DiLoCo: local inner steps, one fragment of the model synchronised at a time.
 
-The rules are in ``shared/ALGORITHMS.md`` (section streaming). Every rank keeps a
+The rules are in ``docs/algorithms.md`` (section streaming). Every rank keeps a
 full replica ``θ_i`` of the model and its own inner optimizer. The global
 parameters ``θ_g`` and the outer Nesterov-SGD momentum are sharded ZeRO-1 style:
 rank ``r`` owns slice ``r`` of every fragment's flat buffer in fp32 (the
@@ -59,6 +59,7 @@ from .config import AccoConfig, AccoConfigError, check_saved_state_fits, parse_a
 from .flat_buffer import FlatLayout, flatten_into
 from .fragments import FragmentSpec, default_fragments, explicit_fragments, named_fragments
 from .int8_collectives import Int8ReduceScatter, ShardAllGather
+from .startup_line import announce, streaming_fields
 from .telemetry import RoundRecord, Telemetry, ensure_log_output
 
 logger = logging.getLogger("ds_acco")
@@ -539,4 +540,5 @@ def build(
     groups = list(param_groups) if param_groups is not None else [p for p in model.parameters() if p.requires_grad]
     engine = StreamingEngine(model, None, frags, config=cfg, process_group=process_group)  # flattens first
     engine.inner_optimizer = inner_optimizer_cls(groups, **(inner_optimizer_kwargs or {}))
+    announce(f"plain PyTorch, {len(frags)} fragments", engine.rank, streaming_fields(engine))
     return engine

@@ -65,6 +65,9 @@ class RoundRecord:
     stage_s: dict = field(default_factory=dict)
     """Communication-thread seconds per stage ("count all-gather", "reduce-scatter",
     "shard step", "all-gather"): where a round's time goes, next to ``bytes_sent``."""
+    nominal_step: int = 0
+    """The learning-rate schedule's position after this round: one per commit under the fixed
+    policy, committed micro-batches / (G × N) under the adaptive one."""
 
     @property
     def hidden(self) -> float:
@@ -89,6 +92,8 @@ class Telemetry:
     """The most bytes one round sent (a whole gradient round, or one streaming fragment)."""
     rounds: int = 0
     skipped_steps: int = 0
+    commits: int = 0
+    nominal_steps: int = 0
 
     def add(self, record: RoundRecord) -> None:
         self.records.append(record)
@@ -102,6 +107,8 @@ class Telemetry:
         self.total_bytes_received += record.bytes_received
         self.peak_round_bytes = max(self.peak_round_bytes, record.bytes_sent)
         self.skipped_steps += int(record.skipped and record.kind == "commit")
+        self.commits += int(record.kind == "commit")
+        self.nominal_steps = record.nominal_step
         if self.jsonl_path:
             with open(self.jsonl_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(asdict(record)) + "\n")
@@ -127,12 +134,14 @@ class Telemetry:
             "peak_round_bytes": self.peak_round_bytes,
             "bytes_received": self.total_bytes_received,
             "skipped_steps": self.skipped_steps,
+            "commits": self.commits,
+            "nominal_steps": self.nominal_steps,
         }
 
     def format_line(self, record: RoundRecord) -> str:
         norm = "skip" if record.skipped else (f"{record.grad_norm:.3g}" if not math.isnan(record.grad_norm) else "-")
         return (
-            f"[ds_acco] round {record.index} {record.kind:8s} step {record.step} "
+            f"[ds_acco] round {record.index} {record.kind:8s} step {record.step} nominal {record.nominal_step} "
             f"mb/rank {record.counts} compute {record.compute_s * 1e3:.1f}ms "
             f"round {record.round_s * 1e3:.1f}ms waited {record.waited_s * 1e3:.1f}ms "
             f"sent {record.bytes_sent / 2**20:.2f}MiB |g| {norm} "

@@ -49,12 +49,12 @@ def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt
         k, trajectory = client.get("k", 0), client.get("trajectory", [])
         extra["loaded_params"] = [p.detach().float().clone() for p in W.ordered_params(engine.module)]
         extra["loaded_steps"] = engine.global_steps
-        extra["loaded_masters"] = _full_masters(engine)
+        extra["loaded_masters"] = full_masters(engine)
         extra["probe_loss"] = _probe_loss(engine, dtype)
     while engine.global_steps < steps:
         if save_at is not None and k == save_at:
             engine.save_checkpoint(ckpt_dir, client_state={"k": k, "trajectory": trajectory})
-            extra["masters"] = _full_masters(engine)
+            extra["masters"] = full_masters(engine)
             extra["saved_params"] = [p.detach().float().clone() for p in W.ordered_params(engine.module)]
             extra["probe_loss"] = _probe_loss(engine, dtype)
             break
@@ -91,7 +91,7 @@ def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt
     return out
 
 
-def _full_masters(engine) -> dict:
+def full_masters(engine) -> dict:
     """name -> full fp32 master value, gathered from every rank's ZeRO-1 partition."""
     import torch.distributed as dist
 
@@ -123,3 +123,89 @@ def _probe_loss(engine, dtype) -> float:
     x, y = W.batch(99, 0)
     with torch.no_grad():
         return float(W.loss_fn(engine.module(x.to(dtype)), y.to(dtype)))
+
+
+def _ds_engine(config):
+    import ds_acco
+
+    model = W.make_model()
+    engine, _, _, _ = ds_acco.initialize(model=model, model_parameters=W.param_groups(model), config=config)
+    return engine
+
+
+def _micro_batch(engine, rank, k) -> None:
+    x, y = W.batch(rank, k)
+    engine.backward(W.loss_fn(engine(x), y))
+    engine.step()
+
+
+def exports_after_loop(rank, world, *, configs, micro_batches, ckpt_root):
+    """For each config and loop length: ``module.state_dict()`` and ``save_16bit_model`` right after the
+    loop (no finish), then a checkpoint; rank 0 reads the checkpoint back with zero_to_fp32."""
+    import torch.distributed as dist
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    out = []
+    for name, config in configs.items():
+        for m in micro_batches:
+            engine = _ds_engine(config)
+            for k in range(m):
+                _micro_batch(engine, rank, k)
+            in_flight = engine.acco._inflight.kind if engine.acco.in_flight else None
+            exported = {k: v.clone() for k, v in engine.module.state_dict().items()}
+            compute = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+            ckpt = os.path.join(ckpt_root, f"{name}_{m}")
+            engine.save_16bit_model(ckpt, "model16.bin")
+            engine.save_checkpoint(ckpt)
+            dist.barrier()
+            row = {"config": name, "micro_batches": m, "in_flight": in_flight, "exported": exported,
+                   "compute": compute}
+            if rank == 0:
+                fp32 = get_fp32_state_dict_from_zero_checkpoint(ckpt)
+                row["zero_to_fp32"] = {k: v.detach().clone() for k, v in fp32.items()}
+                row["model16"] = torch.load(os.path.join(ckpt, "model16.bin"), map_location="cpu")
+            engine.acco.close()
+            engine.destroy()
+            out.append(row)
+    return out
+
+
+def trajectory_with_exports(rank, world, *, config, steps, export_every, ckpt_dir):
+    """Parameters after each commit of a run that exports every ``export_every`` micro-batches
+    (state_dict, a checkpoint, an evaluation on the committed parameters), and of one that never does."""
+    runs = {}
+    for label, every in (("plain", None), ("exports", export_every)):
+        engine = _ds_engine(config)
+        trajectory, k = [], 0
+        while engine.global_steps < steps:
+            before = engine.global_steps
+            _micro_batch(engine, rank, k)
+            k += 1
+            if engine.global_steps > before:
+                trajectory.append([p.detach().clone() for p in W.ordered_params(engine.module)])
+            if every and k % every == 0:
+                engine.module.state_dict()
+                engine.save_checkpoint(ckpt_dir)
+                with engine.committed_parameters(), torch.no_grad():
+                    engine.module(W.batch(99, 0)[0])
+        runs[label] = trajectory
+        engine.acco.close()
+        engine.destroy()
+    return runs
+
+
+def adaptive_schedule(rank, world, *, config, steps):
+    """``steps * G`` micro-batches per rank under the adaptive policy, then finish(): scheduler advances,
+    committed micro-batches and the final learning rate."""
+    engine = _ds_engine(config)
+    G = engine.gradient_accumulation_steps()
+    start = engine.lr_scheduler.last_batch_iteration
+    for k in range(steps * G):
+        _micro_batch(engine, rank, k)
+    engine.finish()
+    records = list(engine.acco.telemetry.records)
+    out = {"advances": engine.lr_scheduler.last_batch_iteration - start, "lr": engine.get_lr()[0],
+           "committed": sum(sum(r.counts) for r in records), "summary": engine.acco.telemetry.summary(), "G": G}
+    engine.acco.close()
+    engine.destroy()
+    return out

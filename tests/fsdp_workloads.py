@@ -72,6 +72,22 @@ def train(rank, model, acco, steps, k=0, trajectory=None, save_at=None, ckpt=Non
     return trajectory, k
 
 
+def _exports_with_commit_in_flight(rank, model, acco, k) -> dict:
+    """Half a step more, so the estimate is swapped in and the next commit is in flight; then what
+    ``committed_parameters()``, the compute parameters and ``model.state_dict()`` hold."""
+    for k in range(k, k + acco.engine.G // 2):
+        x, y = W.batch(rank, k)
+        W.loss_fn(model(x), y).backward()
+        acco.after_micro_batch()
+    with acco.committed_parameters():
+        committed = _full(model)
+    compute = _full(model)
+    names = {id(p): n for n, p in model.named_parameters()}
+    keys = [names[id(p)] for p in W.ordered_params(model)]
+    state = model.state_dict()  # reshards FSDP2: its sharded parameters, the master shards
+    return {"committed": committed, "compute": compute, "state_dict": [_gather(state[n]).float() for n in keys]}
+
+
 def _gather(t) -> torch.Tensor:
     """A DTensor's full value, detached (results cross a process boundary)."""
     return t.full_tensor().detach().clone()
@@ -136,8 +152,9 @@ def variants(rank, world, *, G, steps) -> dict:
 
     out = {}
     model, acco = build(world, {"backend": "fsdp", "mode": "acco"}, G, nested=True)
-    out["nested"], _ = train(rank, model, acco, steps)
+    out["nested"], k = train(rank, model, acco, steps)
     out["nested_groups"] = len(acco.fsdp.groups)
+    out["exports"] = _exports_with_commit_in_flight(rank, model, acco, k)
     acco.close()
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     model, acco = build(world, {"backend": "fsdp", "mode": "acco"}, G, mp_policy=policy)

@@ -97,15 +97,31 @@ def test_unmodified_deepspeed_script_under_deepspeed_launcher(tmp_path):
     assert res["last_loss"] < res["first_loss"]
 
 
-def test_hf_trainer_gets_acco_from_its_deepspeed_config(tmp_path):
+@pytest.mark.parametrize("policy", ["fixed", "adaptive"])
+def test_hf_trainer_gets_acco_from_its_deepspeed_config_and_saves_the_committed_model(tmp_path, policy):
+    config = os.path.join(ROOT, "ds_configs", "hf_trainer_acco.json")
+    if policy == "adaptive":  # a fast link, made deterministic: one micro-batch per rank per round
+        block = json.load(open(config))
+        block["acco"].update(policy="adaptive", max_micro_batches_per_round=1)
+        config = str(tmp_path / "adaptive.json")
+        json.dump(block, open(config, "w"))
+    steps = 5
     res = _launch(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "ds_acco.run",
-                   "tests/scripts/hf_trainer_script.py", "--deepspeed-config", "ds_configs/hf_trainer_acco.json",
-                   "--output-dir", str(tmp_path), "--steps", "5"])
+                   "tests/scripts/hf_trainer_script.py", "--deepspeed-config", config,
+                   "--output-dir", str(tmp_path), "--steps", str(steps), "--check-export"])
     assert res["engine"] == "AccoDeepSpeedEngine"
     assert res["telemetry"]["rounds"] >= 8
     losses = res["losses"]
-    assert len(losses) == 5 and all(torch.isfinite(torch.tensor(losses)))
+    assert len(losses) == steps and all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0] - 0.2
+    export = res["export"]
+    # save_model() after train(): the saved bf16 weights are the committed fp32 masters, cast
+    assert export["compared"] > 0 and export["dtype"] == "torch.bfloat16" and export["equal_to_cast_masters"]
+    # HF's linear schedule for `steps` steps ran exactly to its end, however many commits it took
+    assert export["scheduler_steps"] == steps and export["final_lr"] == 0.0
+    assert res["telemetry"]["nominal_steps"] == steps
+    # warmup: one sync commit; then two commits per nominal step under the adaptive policy
+    assert export["commits"] == (steps if policy == "fixed" else 2 * steps - 1)
 
 
 def test_hf_trainer_runs_streaming_from_its_deepspeed_config(tmp_path):
@@ -114,8 +130,9 @@ def test_hf_trainer_runs_streaming_from_its_deepspeed_config(tmp_path):
                    "--output-dir", str(tmp_path), "--steps", "6", "--fp32"])
     assert res["engine"] == "StreamingDeepSpeedEngine" and res["mode"] == "streaming"
     assert res["global_steps"] == 6
-    # fragments launch at inner steps 2, 4, 6 (H = 4, P = 2) and merge one step later: two merged by the end
-    assert res["telemetry"]["rounds"] == 2 and res["telemetry"]["bytes_sent"] > 0
+    # fragments launch at inner steps 2, 4, 6 (H = 4, P = 2) and merge one step later; the end of train()
+    # merges the one launched at step 6 (and consolidates the replicas into the global model)
+    assert res["telemetry"]["rounds"] == 3 and res["telemetry"]["bytes_sent"] > 0
     losses = res["losses"]
     assert len(losses) == 6 and all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0] - 0.2

@@ -1,4 +1,4 @@
-"""The fixed-policy trajectories equal the single-process reference of ALGORITHMS.md."""
+"""The fixed-policy trajectories equal the single-process reference of docs/algorithms.md."""
 
 from __future__ import annotations
 

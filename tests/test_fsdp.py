@@ -68,6 +68,12 @@ def test_layer_by_layer_bf16_adaptive_and_frozen(two):
     got = two["variants"]
     assert got["nested_groups"] == 2
     assert_trajectories_equal(got["nested"], reference("acco", 2, G, steps=STEPS))
+    # with commit STEPS + 1 in flight, the state dict and committed_parameters() hold its result,
+    # while the model computes with the estimate
+    exports, want = got["exports"], reference("acco", 2, G, steps=STEPS + 1)[-1]
+    assert_trajectories_equal([exports["state_dict"]], [want])
+    assert_trajectories_equal([exports["committed"]], [exports["state_dict"]], atol=0, rtol=0)
+    assert any(not torch.equal(a, b) for a, b in zip(exports["compute"], exports["committed"]))
     # bf16 compute parameters, fp32 masters (FSDP2's sharded parameters), fp32 accumulation from reduce_dtype
     assert got["bf16_dtypes"] == {"compute": {"torch.bfloat16"}, "master": {"torch.float32"},
                                   "accumulator": "torch.float32", "grads_bound": False}

@@ -129,7 +129,8 @@ def test_streaming_config_trains_checkpoints_and_resumes_under_deepspeed_launche
     lines = [line for line in launched.stdout.splitlines() if "[ds_acco] round 0 " in line]
     assert len(lines) == 1 and "fragment 1" in lines[0] and "hidden" in lines[0], launched.stdout[-3000:]
     assert sorted(os.listdir(ckpt / "global_step6")) == [
-        "acco_streaming_state_dp_rank_0.pt", "acco_streaming_state_dp_rank_1.pt", "mp_rank_00_model_states.pt"]
+        "acco_streaming_state_dp_rank_0.pt", "acco_streaming_state_dp_rank_1.pt", "ds_acco_manifest.json",
+        "mp_rank_00_model_states.pt"]
     result = _launch("deepspeed_local.sh", str(config), *args, "--steps", "10", "--resume", "--log-jsonl", str(log))
     assert "resumed" in result.stdout and "at step 6" in result.stdout, result.stdout[-3000:]
     second = _summary(result)

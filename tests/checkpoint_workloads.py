@@ -1,0 +1,226 @@
+"""Damaged copies of checkpoints, and checkpoint round trips, for tests/test_checkpoint_verify.py.
+
+The damage helpers are shared by the DeepSpeed launch script
+(``tests/scripts/checkpoint_damage_script.py``) and the FSDP job below: rank 0 copies
+an intact checkpoint once per case and damages the copy; every rank then calls the
+front end's real ``load_checkpoint`` on each copy in turn and records what it raised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import torch
+import torch.distributed as dist
+
+from ds_acco.checkpoint_manifest import MANIFEST
+from ds_acco.checkpoint_verify import CheckpointError
+from tests import ds_workloads as D
+from tests import workloads as W
+
+ACCO = D.ds_config(4, {"mode": "acco", "policy": "fixed", "warmup_steps": 1}, clip=0.5, scheduler=True)
+STREAMING = dict(D.ds_config(1, {"mode": "streaming", "streaming": {"fragments": 2, "sync_every": 4,
+                                                                      "overlap_steps": 1}}, clip=0.5),
+                 zero_optimization={"stage": 0})
+SAVES, STEPS = (6, 14), 8  # micro-batches of the saves (the last with a round in flight), optimizer steps in all
+MODEL = "mp_rank_00_model_states.pt"
+OPTIM = "zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
+ROUND = "acco_round_state_dp_rank_{r}.pt"
+STREAM = "acco_streaming_state_dp_rank_{r}.pt"
+
+
+# ------------------------------------------------------------------ DeepSpeed engines
+def engine_of(config, stock=False):
+    import deepspeed
+
+    import ds_acco
+
+    model = W.make_model()
+    init = deepspeed.initialize if stock else ds_acco.initialize
+    return init(model=model, model_parameters=W.param_groups(model), config=config)[0]
+
+
+def train(engine, k, steps, trajectory, save=None):
+    """Micro-batches from ``k`` until ``steps`` optimizer steps; ``save=(dir, ks)`` saves at micro-batches ``ks``."""
+    while engine.global_steps < steps:
+        if save is not None and k in save[1]:
+            engine.save_checkpoint(save[0], client_state={"k": k, "trajectory": list(trajectory)})
+        x, y = W.batch(engine.global_rank, k)
+        k += 1
+        before = engine.global_steps
+        engine.backward(W.loss_fn(engine(x), y))
+        engine.step()
+        if engine.global_steps > before:
+            trajectory.append([p.detach().clone() for p in W.ordered_params(engine.module)])
+    return trajectory
+
+
+def resume_is_exact(engine, ckpt, full, steps=STEPS):
+    """Load ``ckpt`` (latest) into ``engine``, train to the end: the steps after the save equal ``full``'s."""
+    _, client = engine.load_checkpoint(ckpt)
+    done = engine.global_steps
+    resumed = train(engine, client["k"], steps, [])
+    engine.destroy()
+    return len(resumed) == len(full) - done > 0 and all(
+        torch.equal(x, y) for s, t in zip(resumed, full[done:]) for x, y in zip(s, t))
+
+
+# ------------------------------------------------------------------ damage
+def overwrite(path):
+    """XOR 4 KiB (at most half the file) in its middle: size unchanged, as a bad disk leaves it."""
+    size = os.path.getsize(path)
+    n, at = min(4096, size // 2), size // 3
+    with open(path, "r+b") as f:
+        f.seek(at)
+        data = bytearray(f.read(n))
+        f.seek(at)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
+def truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def empty(path):
+    open(path, "wb").close()
+
+
+def edit_manifest(path):
+    data = json.load(open(path))
+    first = sorted(data["files"])[0]
+    data["files"][first]["digest"] = "00000000"
+    json.dump(data, open(path, "w"))
+
+
+def latest_names_partial(tag_dir):
+    """A crashed save's debris named by ``latest`` (as a hand edit or another tool could leave it)."""
+    root, tag = os.path.split(tag_dir)
+    shutil.copytree(tag_dir, os.path.join(root, tag + "x.partial"))
+    os.remove(os.path.join(root, tag + "x.partial", MANIFEST))
+    with open(os.path.join(root, "latest"), "w") as f:
+        f.write(tag + "x.partial")
+
+
+def damage_cases(names, latest=True):
+    """case -> (file it damages, the file the message must name, what to do to it); ``latest``: the
+    folder has a ``latest`` file (DeepSpeed layout)."""
+    cases = {}
+    for name in names:
+        cases[f"overwrite {name}"] = (name, name, overwrite)
+    cases[f"truncate {names[-1]}"] = (names[-1], names[-1], truncate)
+    cases[f"empty {names[1]}"] = (names[1], names[1], empty)
+    cases[f"delete {names[-1]}"] = (names[-1], names[-1], os.remove)
+    cases["delete manifest"] = (MANIFEST, MANIFEST, os.remove)
+    cases["edit manifest"] = (MANIFEST, MANIFEST, edit_manifest)
+    if latest:
+        cases["latest names a partial tag"] = (None, "x.partial", latest_names_partial)
+    return cases
+
+
+def make_copies(ckpt, root, cases, tag=None):
+    """On rank 0: one copy of ``ckpt`` per case under ``root``, with ``tag`` (default: latest) damaged."""
+    tag = tag or open(os.path.join(ckpt, "latest")).read().strip()
+    dirs = {}
+    for i, (case, (target, _, damage)) in enumerate(cases.items()):
+        dest = os.path.join(root, f"case{i}")
+        if dist.get_rank() == 0:
+            shutil.copytree(ckpt, dest)
+            damage(os.path.join(dest, tag, target) if target else os.path.join(dest, tag))
+        dirs[case] = dest
+    dist.barrier()
+    return dirs
+
+
+def refusals(engine, dirs, cases):
+    """Load every damaged copy; return case -> (raised CheckpointError naming the file, message head)."""
+    seen = {}
+    for case, path in dirs.items():
+        steps_before = _steps(engine)
+        try:
+            engine.load_checkpoint(path)
+            seen[case] = {"refused": False, "message": "loaded"}
+        except CheckpointError as exc:
+            msg = str(exc)
+            seen[case] = {"refused": True, "names_file": cases[case][1] in msg, "message": msg[:600],
+                          "names_earlier": "resume from" in msg, "steps_unchanged": _steps(engine) == steps_before}
+    return seen
+
+
+def _steps(engine) -> int:
+    return engine.global_steps if hasattr(engine, "global_steps") else engine.commits
+
+
+def _equal(a, b) -> bool:
+    return len(a) == len(b) > 0 and all(torch.equal(x, y) for s, t in zip(a, b) for x, y in zip(s, t))
+
+
+# ------------------------------------------------------------------ FSDP front end
+FSDP_FILES = [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+def fsdp_job(rank, world, *, out, steps=6, saves=(6, 14)) -> dict:
+    """Save the FSDP front end's checkpoint twice while training on; on 2 ranks try every damaged
+    copy of the last one on a fresh trainer; then resume the intact one (fixed policy) and compare."""
+    from tests import fsdp_workloads as F
+
+    R = F.RESUME
+    root = os.path.join(out, "fsdp")
+    model, acco = F.build(world, R["config"], R["G"], R["clip"], R["schedule"])
+    trajectory, k = [], 0
+    for i, at in enumerate(saves):
+        trajectory, k = F.train(rank, model, acco, steps, k, trajectory, save_at=at,
+                                ckpt=os.path.join(root, f"tag{i}"))
+    full, _ = F.train(rank, model, acco, steps, k, trajectory)
+    acco.close()
+    manifest = sorted(os.listdir(os.path.join(root, f"tag{len(saves) - 1}")))
+
+    model, acco = F.build(world, R["config"], R["G"], R["clip"], R["schedule"])
+    seen = {}
+    if world == 2:
+        cases = damage_cases(FSDP_FILES, latest=False)
+        dirs = make_copies(root, os.path.join(out, "fsdp_damaged"), cases, tag=f"tag{len(saves) - 1}")
+        seen = refusals(acco, {c: os.path.join(d, f"tag{len(saves) - 1}") for c, d in dirs.items()}, cases)
+    extra = acco.load_checkpoint(os.path.join(root, f"tag{len(saves) - 1}"))
+    resumed, _ = F.train(rank, model, acco, steps, extra["k"], extra["trajectory"])
+    acco.close()
+    return {"cases": seen, "files": manifest, "exact_resume": _equal(resumed, full)}
+
+
+# ------------------------------------------------------------------ DeepSpeed front end, any world size
+def deepspeed_round_trip(rank, world) -> dict:
+    """Save (with a round in flight), train on; a fresh engine verifies, loads and must match."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = [tmp]
+        dist.broadcast_object_list(ckpt, src=0)
+        a = engine_of(ACCO)
+        full = train(a, 0, 6, [], save=(ckpt[0], (10,)))
+        a.destroy()
+        tag = open(os.path.join(ckpt[0], "latest")).read().strip()
+        with open(os.path.join(ckpt[0], tag, MANIFEST)) as f:
+            listed = sorted(json.load(f)["files"])
+        exact = resume_is_exact(engine_of(ACCO), ckpt[0], full, steps=6)
+        dist.barrier()
+    return {"exact_resume": exact, "listed": listed}
+
+
+def finite_check_job(rank, world) -> dict:
+    """Rank 1's loaded moment holds a NaN (or an inf): every rank must refuse, with the same message."""
+    from ds_acco.checkpoint_verify import refuse_unless_finite
+
+    out = {}
+    for bad in (float("nan"), float("inf")):
+        moment = torch.ones(1000)
+        if rank == 1:
+            moment[517] = bad
+        try:
+            refuse_unless_finite("/ckpt/global_step7", [("master", torch.zeros(10)), ("exp_avg_sq", moment)])
+            out[str(bad)] = "loaded"
+        except CheckpointError as exc:
+            out[str(bad)] = str(exc)
+    refuse_unless_finite("/ckpt/global_step7", [("master", torch.zeros(10))])  # finite: no error
+    return out

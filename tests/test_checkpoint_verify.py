@@ -1,0 +1,201 @@
+"""Damaged or incomplete checkpoints never train: every case refused on every rank, by file name.
+
+The DeepSpeed and streaming damage matrices run in one launch of the real ``deepspeed``
+launcher (tests/scripts/checkpoint_damage_script.py: each rank calls the real
+``load_checkpoint`` on every damaged copy, then resumes the intact checkpoint); the
+same launch ends by loading a damaged copy without catching, so it must exit non-zero,
+every rank having raised before its first step. The FSDP front end's matrix and the round trips on 1, 2
+and 3 ranks run on the pooled gloo workers of tests/dist_harness.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from ds_acco.checkpoint_manifest import HASH, MANIFEST, clean_partials, file_digest, read_manifest
+from tests import checkpoint_workloads as C
+from tests.dist_harness import free_port, run_distributed
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "tests", "scripts", "checkpoint_damage_script.py")
+
+
+def _launch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+    cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), SCRIPT, *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"deepspeed launch did not finish within {timeout}s:\n{out[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    out = tmp_path_factory.mktemp("damage")
+    result = _launch("--out", str(out))
+    missing = [r for r in range(2) if not (out / f"rank{r}.json").exists()]
+    if missing:
+        pytest.fail(f"ranks {missing} wrote no results:\n{result.stdout[-5000:]}")
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return result, ranks, out
+
+
+def _assert_all_refused(cases: dict, rank: int) -> None:
+    assert len(cases) >= 8
+    for case, seen in cases.items():
+        assert seen["refused"], (rank, case, seen["message"])
+        assert seen["names_file"], (rank, case, seen["message"])
+        assert seen["steps_unchanged"], (rank, case)
+        assert seen["names_earlier"], (rank, case, seen["message"])  # an earlier complete tag exists
+
+
+@pytest.mark.parametrize("front", ["acco", "streaming"])
+def test_every_damaged_deepspeed_checkpoint_is_refused_on_every_rank(matrix, front):
+    _, ranks, _ = matrix
+    for r, got in enumerate(ranks):
+        _assert_all_refused(got[front]["cases"], r)
+    # both ranks raised the same message, whichever rank's file was bad
+    for case in ranks[0][front]["cases"]:
+        assert ranks[0][front]["cases"][case]["message"] == ranks[1][front]["cases"][case]["message"], case
+    names = " ".join(ranks[0][front]["cases"])
+    for needle in ("overwrite mp_rank_00", "truncate", "empty", "delete acco_", "delete manifest", "edit manifest",
+                   "latest names a partial tag"):
+        assert needle in names
+    if front == "acco":
+        for r in (0, 1):
+            assert f"overwrite zero_pp_rank_{r}_mp_rank_00_optim_states.pt" in names
+            assert f"overwrite acco_round_state_dp_rank_{r}.pt" in names
+    msg = ranks[0][front]["cases"]["overwrite mp_rank_00_model_states.pt"]["message"]
+    assert f"expected {HASH}" in msg and f"found {HASH}" in msg and "resume from" in msg and "global_step" in msg
+
+
+@pytest.mark.parametrize("front", ["acco", "streaming"])
+def test_intact_checkpoint_resumes_bit_identically_after_the_refusals(matrix, front):
+    _, ranks, _ = matrix
+    assert all(got[front]["exact_resume"] for got in ranks)
+
+
+def test_salvage_drops_the_damaged_round_state_and_says_so(matrix):
+    _, ranks, _ = matrix
+    salvage = ranks[0]["acco"]["salvage"]
+    assert len(salvage["warnings"]) == 1, salvage["warnings"]
+    assert "salvage is on: dropped ['acco_round_state_dp_rank_0.pt']" in salvage["warnings"][0]
+    assert all(got["acco"]["salvage"]["trained"] for got in ranks)
+
+
+def test_stock_zero1_checkpoint_loads_with_one_warning(matrix):
+    _, ranks, _ = matrix
+    stock = ranks[0]["acco"]["stock"]
+    assert stock["steps"] == 2
+    assert len(stock["warnings"]) == 1, stock["warnings"]
+    assert "not verified" in stock["warnings"][0] and "not the trajectory" in stock["warnings"][0]
+    assert ranks[1]["acco"]["stock"]["warnings"] == []  # one WARNING per job, from rank 0
+
+
+def test_damaged_checkpoint_fails_every_rank_under_the_launcher(matrix):
+    """The launch's last load does not catch: non-zero exit, the same error noted by each rank, no step."""
+    result, _, out = matrix
+    assert result.returncode != 0, result.stdout[-4000:]
+    assert "TRAINING STARTED" not in result.stdout
+    errors = [(out / f"rank{r}.err").read_text() for r in range(2)]
+    assert errors[0] == errors[1], errors
+    assert f"acco_round_state_dp_rank_1.pt: expected {HASH}" in errors[0]
+
+
+def test_fsdp_damage_matrix_and_exact_resume(tmp_path):
+    got = run_distributed(C.fsdp_job, 2, out=str(tmp_path), timeout=240)
+    for r, res in enumerate(got):
+        _assert_all_refused(res["cases"], r)
+        assert res["exact_resume"], r
+        assert MANIFEST in res["files"] and ".metadata" in res["files"]
+    for case in got[0]["cases"]:
+        assert got[0]["cases"][case]["message"] == got[1]["cases"][case]["message"], case
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_verified_round_trip_on_one_and_three_ranks(world):
+    ds = run_distributed(C.deepspeed_round_trip, world, timeout=240)
+    assert all(r["exact_resume"] for r in ds)
+    assert ds[0]["listed"] == sorted([C.MODEL] + [C.OPTIM.format(r=r) for r in range(world)]
+                                     + [C.ROUND.format(r=r) for r in range(world)])
+
+
+def test_crashed_save_debris_is_reported_and_removed(tmp_path, caplog):
+    (tmp_path / "global_step4").mkdir()
+    (tmp_path / "global_step6.partial").mkdir()
+    (tmp_path / "global_step6.partial" / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    (tmp_path / "global_step2.old123").mkdir()
+    with caplog.at_level("WARNING", logger="ds_acco"):
+        clean_partials(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["global_step4"]
+    assert sum("did not finish" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_manifest_seal_and_hashes(tmp_path):
+    import zlib
+
+    data = os.urandom(3 << 20)
+    (tmp_path / "f.bin").write_bytes(data)
+    (tmp_path / "empty").write_bytes(b"")
+    assert file_digest(str(tmp_path / "f.bin"), "crc32") == f"{zlib.crc32(data):08x}"
+    assert file_digest(str(tmp_path / "empty"), "crc32") == "00000000"
+    if HASH == "xxh3_64":
+        import xxhash
+
+        assert file_digest(str(tmp_path / "f.bin")) == xxhash.xxh3_64_hexdigest(data)
+    with pytest.raises(ValueError, match="unknown hash 'md5'"):
+        file_digest(str(tmp_path / "f.bin"), "md5")
+    assert read_manifest(str(tmp_path)) == (None, "missing")
+    (tmp_path / MANIFEST).write_text("{not json")
+    assert "unreadable" in read_manifest(str(tmp_path))[1]
+
+
+def test_config_values_that_used_to_fail_late_fail_at_start_up(tmp_path):
+    """ds_acco.initialize validates the block before any process-group work (one fresh interpreter)."""
+    code = (
+        "import sys, ds_acco, torch.distributed as dist\n"
+        "from tests import ds_workloads as D, workloads as W\n"
+        "for block in eval(sys.argv[1]):\n"
+        "    try:\n"
+        "        ds_acco.initialize(model=W.make_model(), model_parameters=W.make_model().parameters(),\n"
+        "                           config=D.ds_config(4, block))\n"
+        "    except ds_acco.AccoConfigError as e:\n"
+        "        print('REFUSED', dist.is_initialized(), str(e).replace(chr(10), ' '))\n"
+    )
+    cases = [({"timeout_s": 1e15}, "acco.timeout_s: got 1000000000000000.0", "1 <= timeout_s <= 604800"),
+             ({"timeout_s": 1e-4}, "acco.timeout_s: got 0.0001", "1 <= timeout_s <= 604800"),
+             ({"telemetry": {"jsonl_path": "/proc/none/x.jsonl"}}, "acco.telemetry.jsonl_path: got '/proc/none",
+              "writable folder")]
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", code, repr([c[0] for c in cases])], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("REFUSED")]
+    assert len(lines) == len(cases), proc.stdout + proc.stderr[-3000:]
+    for line, (_, field, allowed) in zip(lines, cases):
+        assert line.startswith("REFUSED False") and field in line and allowed in line, line
+    jsonl = tmp_path / "new" / "dir" / "rounds.jsonl"
+    from ds_acco import parse_acco_config
+
+    parse_acco_config({"telemetry": {"jsonl_path": str(jsonl)}})
+    assert jsonl.parent.is_dir()  # created at validation, so the first round can write
+
+
+def test_non_finite_loaded_moments_fail_every_rank():
+    got = run_distributed(C.finite_check_job, 2, timeout=60)
+    for bad in ("nan", "inf"):
+        assert got[0][bad] == got[1][bad], bad
+        assert "rank 1's exp_avg_sq: expected finite values, found inf/NaN" in got[0][bad]
+        assert "global_step7" in got[0][bad]

@@ -1,0 +1,66 @@
+"""Exports give the committed parameters, and taking them changes nothing; LR schedules follow tokens.
+
+Real DeepSpeed engines (ZeRO-1, gloo, 2 pooled ranks) of the tiny job in tests/workloads.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests import ds_workloads as D
+from tests.dist_harness import run_distributed
+
+FIXED = D.ds_config(4, {"mode": "acco"}, clip=0.5)
+ADAPTIVE = D.ds_config(4, {"mode": "acco", "policy": "adaptive"}, clip=0.5)
+INT8_ALL_GATHER = D.ds_config(4, {"mode": "acco", "all_gather_quantization": "int8"}, clip=0.5)
+
+
+def test_state_dict_after_the_loop_equals_zero_to_fp32_of_a_checkpoint_saved_after_it(tmp_path):
+    # G = 4: rounds launch every 2 micro-batches; after 10 an estimate is in flight, after 12 a commit,
+    # after 13 a commit with one micro-batch accumulated on top.
+    # int8 parameter all-gathers: the compute parameters trail the masters, so the export gathers them
+    rows = run_distributed(D.exports_after_loop, 2, configs={"fixed": FIXED, "adaptive": ADAPTIVE,
+                                                             "int8_all_gather": INT8_ALL_GATHER},
+                           micro_batches=[10, 12, 13], ckpt_root=str(tmp_path), timeout=300)[0]
+    fixed_in_flight = {r["micro_batches"]: r["in_flight"] for r in rows if r["config"] == "fixed"}
+    assert fixed_in_flight == {10: "estimate", 12: "commit", 13: "commit"}
+    differs = 0
+    for row in rows:
+        where = f"{row['config']} after {row['micro_batches']} micro-batches"
+        fp32 = row["zero_to_fp32"]
+        assert set(fp32) == set(row["exported"]), where
+        for name, value in fp32.items():
+            assert torch.equal(row["exported"][name], value), (where, name)
+            assert torch.equal(row["model16"][name], value), (where, "save_16bit_model", name)
+            differs += not torch.equal(row["compute"][name], value)
+    assert differs, "the module never held anything but the committed parameters: the test shows nothing"
+
+
+def test_exports_in_the_middle_of_training_leave_the_trajectory_bit_identical(tmp_path):
+    runs = run_distributed(D.trajectory_with_exports, 2, config=FIXED, steps=6, export_every=3,
+                           ckpt_dir=str(tmp_path), timeout=300)[0]
+    assert len(runs["plain"]) == len(runs["exports"]) == 6
+    for t, (a, b) in enumerate(zip(runs["plain"], runs["exports"])):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y), f"commit {t} differs"
+
+
+def test_adaptive_policy_advances_the_lr_schedule_by_committed_micro_batches():
+    from deepspeed.runtime.lr_schedules import WarmupDecayLR
+
+    steps = 6
+    # A fast link, made deterministic: every round ends after one micro-batch per rank, so a commit
+    # (estimate + commit round) covers 4 micro-batches, half of G x N = 8: two commits per nominal step.
+    cfg = dict(ADAPTIVE, acco=dict(ADAPTIVE["acco"], max_micro_batches_per_round=1), scheduler={"type": "WarmupDecayLR", "params": {
+        "warmup_min_lr": 0.0, "warmup_max_lr": 0.02, "warmup_num_steps": 2, "total_num_steps": steps}})
+    out = run_distributed(D.adaptive_schedule, 2, config=cfg, steps=steps, timeout=300)[0]
+    G, world = out["G"], 2
+    assert out["committed"] == steps * G * world  # finish() committed every micro-batch
+    assert out["advances"] == out["committed"] // (G * world) == steps == out["summary"]["nominal_steps"]
+    assert out["summary"]["commits"] == 2 * steps
+    reference = WarmupDecayLR(torch.optim.SGD([torch.zeros(1)], lr=0.02), total_num_steps=steps, warmup_min_lr=0.0,
+                              warmup_max_lr=0.02, warmup_num_steps=2)
+    for _ in range(steps):
+        reference.step()
+    assert out["lr"] == pytest.approx(reference.get_last_lr()[0], abs=0.0)

@@ -131,8 +131,23 @@ class RoundCollectives:
         return buf
 
     def all_gather(self, full: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
-        """Concatenate every rank's ``shard`` into ``full`` (rank order)."""
-        _all_gather(full, shard, group=self.group)
+        """Concatenate every rank's ``shard`` into ``full`` (rank order); ``shard`` may be
+        this rank's own slice of ``full`` (in place).
+
+        On gloo in pieces of ``_A2A_PIECE_NUMEL`` elements per rank: gloo's all-gather
+        allocates a temporary as large as its output (measured: 1x a 100 MB tensor),
+        which a round would otherwise hold next to the model's buffers.
+        """
+        N, S = self.world_size, shard.numel()
+        if not self.reduce_scatter_via_all_to_all or S <= _A2A_PIECE_NUMEL:
+            _all_gather(full, shard, group=self.group)
+        else:
+            rows, flat = full.view(N, S), shard.reshape(-1)
+            for start in range(0, S, _A2A_PIECE_NUMEL):
+                n = min(_A2A_PIECE_NUMEL, S - start)
+                recv = self._scratch("recv", N * n, full)  # piece j of every row is read before it is written
+                _all_gather(recv, flat[start:start + n], group=self.group)
+                rows[:, start:start + n].copy_(recv.view(N, n))
         self.wire.add(_nbytes(full), self.world_size)
         return full
 

@@ -3,7 +3,7 @@
 With ACCO a round is nearly always in flight, so the module a training script holds
 is rarely the committed model: between an estimate swap and the commit swap it holds
 the lookahead estimate, and while a commit is in flight the committed result sits in
-the round engine's staging buffer. A script that exports after its loop
+the buffer the round engine's all-gather landed in. A script that exports after its loop
 (``model.state_dict()``, ``save_16bit_model``, HF ``Trainer.save_model``) must get
 the committed parameters anyway, and an export in the middle of training must not
 change what training does next.
@@ -12,7 +12,7 @@ Both come from :meth:`RoundEngine.committed_buffers`: it waits for the round in
 flight without swapping it in (the swap still happens at the quota, so under the
 fixed policy the trajectory is bit-for-bit the one without exports), then points at
 whichever buffer holds the committed parameters, cast to the compute dtype: the
-staging buffer while a commit was in flight, the compute buffers otherwise. No
+landing buffer while a commit was in flight, the compute buffers otherwise. No
 communication is needed, so an export called on one rank only (``if rank == 0:
 torch.save(model.state_dict(), ...)``) cannot hang under the fixed policy. The
 export all-gathers the master shards instead, which every rank must then call, after

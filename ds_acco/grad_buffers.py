@@ -81,6 +81,21 @@ class GradBuffers:
         self.bind()
         return taken
 
+    def replace(self, slot: int, group: int, buffer: torch.Tensor) -> None:
+        """Put ``buffer`` (zeroed, same size and dtype) in place of accumulator ``slot`` of ``group``.
+
+        The round engine rotates buffer roles at a swap (see :mod:`ds_acco.landing`);
+        only the inactive slot may change, so ``p.grad`` bindings stay valid.
+        """
+        old = self.buffers[slot][group]
+        if slot == self.active:
+            raise ValueError("only the inactive accumulator can be replaced")
+        if buffer.numel() != old.numel() or buffer.dtype != old.dtype or buffer.device != old.device:
+            raise ValueError(f"replacement accumulator {buffer.dtype}[{buffer.numel()}] does not match "
+                             f"{old.dtype}[{old.numel()}]")
+        self.buffers[slot][group] = buffer
+        self._views[slot][group] = self.groups[group].layout.views(buffer)
+
     def active_buffers(self) -> list[torch.Tensor]:
         return self.buffers[self.active]
 

@@ -11,10 +11,9 @@ and the commit reduce-scatters ``A_t + B_t``. Reduce-scatter is linear, so this
 engine reduce-scatters ``A_t`` in the estimate round, keeps this rank's summed
 shard of it (``O(params / N)`` fp32), and lets the commit reduce-scatter only
 ``B_t`` and add the kept shard. The update is the same (up to fp32 summation
-order), the commit moves the same bytes, and the training thread never copies
-or clears a model-sized buffer: each round zeroes the accumulator it was handed
-after its reduce-scatter, and that accumulator becomes the active one again at
-the next launch.
+order), and the commit moves the same bytes. The accumulator a round has
+reduce-scattered is where its all-gather lands (no staging buffer; see the note
+in ds_acco/landing.py), and it comes back to the training thread zeroed at the swap.
 """
 
 from __future__ import annotations
@@ -30,12 +29,14 @@ import torch
 import torch.distributed as dist
 
 from .collectives import RoundCollectives
+from .chunked_cast import ChunkedCastReduceScatter
 from .comm_thread import AccoRoundError, CommThread, RoundHandle, drain_at_exit, record_ready
 from .config import AccoConfig, AccoConfigError, check_saved_state_fits, parse_acco_config
 from .dtypes import resolve_dtype
 from .flat_buffer import ShardedGroup
 from .grad_buffers import GradBuffers
 from .int8_collectives import Int8DeltaAllGather, Int8ReduceScatter
+from .landing import Landing
 from .lr_schedule import LrScheduleClock
 from .round_alignment import RoundAlignment
 from .shard_optimizer import ShardOptimizer
@@ -44,6 +45,12 @@ from .telemetry import RoundRecord, Telemetry, ensure_log_output
 logger = logging.getLogger("ds_acco")
 
 ESTIMATE, COMMIT = "estimate", "commit"
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """No inf/NaN in ``t``, without ``isfinite``'s model-sized bool temporary (min and max carry them)."""
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 
 @dataclass
@@ -121,23 +128,36 @@ class RoundEngine:
         self.grads = GradBuffers(self.groups, accum)
         comm = resolve_dtype(self.config.comm_dtype, accum, "acco.comm_dtype")
         self._comm_dtype = comm
-        self._staging = [g.layout.new_buffer(g.flat) for g in self.groups]
-        self._publish = [torch.empty(g.layout.shard_numel, dtype=g.flat.dtype, device=self.device) for g in self.groups]
+        self._landing = Landing(self.groups, self.grads)  # no staging buffer: see the note in ds_acco/landing.py
         self._shard32 = [torch.zeros(g.layout.shard_numel, dtype=torch.float32, device=self.device) for g in self.groups]
         int8 = self.config.comm_quantization == "int8"  # the int8 exchange reads any dtype, sums in fp32
-        self._rs_out = [
-            s if comm == torch.float32 or int8 else torch.empty(s.numel(), dtype=comm, device=self.device)
-            for s in self._shard32
+        self._rs_out = [  # the chunked cast (comm != accum, unpacked groups) sums into fp32 itself
+            s if comm == torch.float32 or int8 or (comm != accum and g.packing is None)
+            else torch.empty(s.numel(), dtype=comm, device=self.device)
+            for g, s in zip(self.groups, self._shard32)
         ]
+        # Packed (rank-major, FSDP2) groups copy their gradients into a rank-major send buffer,
+        # cast on the way when the comm dtype differs; the others reduce-scatter the accumulator
+        # itself, or cast it in chunks (never a model-sized cast buffer).
         self._comm_scratch = [
-            g.layout.new_buffer(g.flat, accum if int8 else comm) if g.packing is not None  # rank-major send buffer
-            else None if comm == accum or int8 else g.layout.new_buffer(g.flat, comm)
+            g.layout.new_buffer(g.flat, accum if int8 else comm) if g.packing is not None else None
             for g in self.groups
         ]
         # a packed group's rank-major all-gather output (its send buffer when the dtypes agree: it is free by then)
         self._gather_scratch = [
             None if g.packing is None else s if s.dtype == g.flat.dtype else g.layout.new_buffer(g.flat)
             for g, s in zip(self.groups, self._comm_scratch)
+        ]
+        self._cast_rs = [
+            None if comm == accum or int8 or g.packing is not None else ChunkedCastReduceScatter(
+                g.layout.padded_numel, self.world_size, comm, self.device)
+            for g in self.groups
+        ]
+        # a packed group's slice of the landing buffer is in another layout than its shard: it publishes
+        # into a shard-sized buffer of its own
+        self._publish_packed = [
+            None if g.packing is None else torch.empty(g.layout.shard_numel, dtype=g.flat.dtype, device=self.device)
+            for g in self.groups
         ]
         self._int8_rs = [
             Int8ReduceScatter(g.layout.padded_numel, self.world_size, block_size=self.config.quantization_block_size,
@@ -158,8 +178,8 @@ class RoundEngine:
                                device=self.device)
             for g in self.groups
         ] if self.config.all_gather_quantization != "none" else None
-        self._publish32 = self._publish if self._delta_ag is None or all(
-            p.dtype == torch.float32 for p in self._publish) else [torch.empty_like(s) for s in self._shard32]
+        self._publish32 = None if self._delta_ag is None or all(
+            g.flat.dtype == torch.float32 for g in self.groups) else [torch.empty_like(s) for s in self._shard32]
         self._kept_count = 0
         self._kept_nonfinite = False
 
@@ -285,11 +305,7 @@ class RoundEngine:
             self._inflight = None
             raise
         t1 = time.perf_counter()
-        spare = []
-        for g, staging in zip(self.groups, self._staging):
-            spare.append(g.flat)  # the buffer just read by compute becomes the next staging
-            g.bind(staging)
-        self._staging = spare
+        self._landing.install()
         self._inflight = None
         self._compute_committed = flight.kind == COMMIT
         if flight.kind == COMMIT:
@@ -333,7 +349,7 @@ class RoundEngine:
         sent0, recv0 = self.coll.wire.sent, self.coll.wire.received
         nonfinite = False
         if self.config.check_finite:
-            nonfinite = any(not bool(torch.isfinite(b).all()) for b in grads)
+            nonfinite = any(not _all_finite(b) for b in grads)
         self._enter_stage(handle, "count all-gather")
         local = torch.tensor([count, int(nonfinite)], dtype=torch.int64, device=self.device)
         per_rank = self.coll.all_gather_small(local).cpu()
@@ -347,9 +363,12 @@ class RoundEngine:
             send = g.comm_input(buf, scratch)
             if self._int8_rs is not None:
                 self._int8_rs[i](self.coll, out, send)
+            elif self._cast_rs[i] is not None:
+                self._cast_rs[i](self.coll, out, send)
             else:
                 self.coll.reduce_scatter_sum(out, send)
-            buf.zero_()  # "local grads reset": the accumulator goes back to the training thread clean
+            if self._landing.round_zeroes(i):
+                buf.zero_()  # "local grads reset"; otherwise the all-gather lands here and the swap zeroes
             if out is not shard:
                 shard.copy_(out)
             if scale != 1.0:
@@ -367,7 +386,11 @@ class RoundEngine:
 
         self._enter_stage(handle, "shard step")
         delta = self._sends_delta(kind)
-        publish = self._publish32 if delta else self._publish
+        landing = self._landing.targets(grads)
+        # this rank's new shard goes straight into its slice of the all-gather destination
+        publish = self._publish32 if delta and self._publish32 else [
+            own if own is not None else g.layout.shard(full, self.rank)
+            for g, full, own in zip(self.groups, landing, self._publish_packed)]
         skipped = (self.config.check_finite and nonfinite) or total == 0
         grad_norm = float("nan")
         if skipped:
@@ -380,13 +403,14 @@ class RoundEngine:
             if self.clip > 0:
                 grad_norm = self._clip_global_norm()
             if kind == ESTIMATE:
-                self.shard_optimizer.lookahead(self._shard32, lambda: self._publish_masters(publish))
+                self._publish_masters(publish)  # padding beyond a master's own elements comes from here
+                self.shard_optimizer.lookahead(self._shard32, publish)
             else:
                 self.shard_optimizer.commit(self._shard32, scheduler_steps=self.lr_clock.advances(total))
                 self._publish_masters(publish)
 
         self._enter_stage(handle, "all-gather")
-        for i, (full, part) in enumerate(zip(self._staging, publish)):
+        for i, (full, part) in enumerate(zip(landing, publish)):
             if delta:
                 self._delta_ag[i](self.coll, full, bases[i], part)
             else:
@@ -480,7 +504,8 @@ class RoundEngine:
             pending = {
                 "kind": f.kind, "mode": f.mode, "step": f.step, "index": f.handle.index,
                 "outcome": vars(outcome).copy(),
-                "staging_shards": [g.compute_shard(st, self.rank) for g, st in zip(self.groups, self._staging)],
+                "staging_shards": [g.compute_shard(st, self.rank)
+                                   for g, st in zip(self.groups, self._landing.in_flight_targets())],
             }
         return {
             "format": 1,
@@ -539,7 +564,7 @@ class RoundEngine:
                 rs.reset_error_feedback()
         pending = state["pending"]
         if pending is not None:
-            for i, (full, part) in enumerate(zip(self._staging, pending["staging_shards"])):
+            for i, (full, part) in enumerate(zip(self._landing.in_flight_targets(), pending["staging_shards"])):
                 self.all_gather_compute(i, full, part.to(full.dtype))
             handle = RoundHandle.completed(pending["index"], pending["kind"], self.config.timeout_s,
                                            _RoundOutcome(**pending["outcome"]))
@@ -553,6 +578,8 @@ class RoundEngine:
         ``compute_committed=False`` when the compute parameters loaded may be an estimate.
         """
         self.quiesce()
+        if self._inflight is not None:
+            self._landing.zero_in_flight()  # it held the dropped round's parameters
         self._inflight = None
         for buf in self.grads.active_buffers():
             buf.zero_()
@@ -573,7 +600,7 @@ class RoundEngine:
 
         Waits for the round in flight without swapping it in (:meth:`quiesce`), so the
         training trajectory is unchanged, and communicates nothing: with a commit in
-        flight its all-gathered result is the staging buffer; otherwise the compute
+        flight its all-gathered result is where it landed; otherwise the compute
         buffers hold the last commit (an estimate round leaves them alone while in flight).
         Returns None where neither holds them exactly: the compute parameters being an
         estimate with nothing in flight (after :meth:`wait`, or a load that restored one),
@@ -584,7 +611,7 @@ class RoundEngine:
         if self.config.all_gather_quantization == "int8":
             return None  # every all-gathered buffer trails the masters by an int8 delta's rounding
         if self._inflight is not None and self._inflight.kind == COMMIT:
-            return list(self._staging)
+            return self._landing.in_flight_targets()
         if self._compute_committed:
             return [g.flat for g in self.groups]
         return None
@@ -626,13 +653,13 @@ class RoundEngine:
         self._ensure_open()
         if self._inflight is not None:
             raise AccoRoundError("exact_parameters needs an idle engine (call finish() or wait() first)")
-        self._publish_masters(self._publish)
-        spare = []
-        for i, (g, staging, part) in enumerate(zip(self.groups, self._staging, self._publish)):
-            self.all_gather_compute(i, staging, part)
-            spare.append(g.flat)
-            g.bind(staging)
-        self._staging = spare
+        for i, g in enumerate(self.groups):
+            if g.packing is None:
+                own = g.layout.shard(g.flat, self.rank)
+                g.read_master(own)
+                self.coll.all_gather(g.flat, own)  # in place: nothing reads the parameters while idle
+            else:
+                self.all_gather_masters(i, g.flat)
 
     def _catch_up(self) -> None:
         """Launch the round some other rank has already launched (adaptive policy only)."""

@@ -4,11 +4,14 @@ Any ``torch.optim.Optimizer`` built over the master shards works. The commit is
 its ordinary ``step()`` followed by one LR-scheduler step. The lookahead
 (``Opt_lookahead`` in docs/algorithms.md) must give what the next commit would give
 with the same learning rate and step count, while leaving the shard and the
-optimizer state untouched; it snapshots both into scratch tensors that are
-allocated once and reused (the shard is ``1/N`` of the model, so the scratch is
-``O(params / N)``), steps, lets the caller publish the result, and copies the
-snapshot back in place, so tensor identities (which DeepSpeed and user code may
-hold) never change.
+optimizer state untouched. For Adam and AdamW (torch's and DeepSpeed's) it is
+evaluated functionally, chunk by chunk, straight into the caller's output
+(:mod:`ds_acco.adam_lookahead`; no model-proportional scratch). Any other
+optimizer is stepped on the real tensors after a snapshot of both into scratch
+tensors that are allocated once and reused (``O(params / N)``: 12 bytes per
+shard element for a two-moment optimizer), the result is copied out, and the
+snapshot is copied back in place, so tensor identities (which DeepSpeed and user
+code may hold) never change.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import copy
 from typing import Any, Callable, Sequence
 
 import torch
+
+from .adam_lookahead import FunctionalAdam, local_flat
 
 
 class _Snapshot:
@@ -101,6 +106,7 @@ class ShardOptimizer:
         self.masters = list(masters)
         self.lr_scheduler = lr_scheduler
         self._snapshot = _Snapshot()
+        self._functional = FunctionalAdam.for_optimizer(optimizer)
 
     def _set_grads(self, grads: Sequence[torch.Tensor]) -> None:
         for m, g in zip(self.masters, grads):
@@ -119,14 +125,28 @@ class ShardOptimizer:
             for _ in range(scheduler_steps):
                 self.lr_scheduler.step()
 
-    def lookahead(self, grads: Sequence[torch.Tensor], publish: Callable[[], None]) -> None:
-        """Run ``Opt`` on ``grads``, call ``publish()`` while the stepped shard is in place, then undo."""
+    @property
+    def lookahead_is_functional(self) -> bool:
+        """True when the next lookahead needs no snapshot (Adam/AdamW over fp32 shards)."""
+        return self._functional is not None and self._functional.supports(self.masters)
+
+    def lookahead(self, grads: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
+        """Write ``Opt_lookahead(θ, S, g)`` of each master into the first ``numel`` elements of its ``out``.
+
+        ``θ``, ``S``, the parameter groups and the scheduler are left as they were.
+        """
+        if self.lookahead_is_functional:
+            self._functional.lookahead(self.masters, grads, outs)
+            return
         self._snapshot.take(self.optimizer, self.masters)
         try:
             self._set_grads(grads)
             self.optimizer.step()
             self._clear_grads()
-            publish()
+            with torch.no_grad():
+                for m, out in zip(self.masters, outs):
+                    flat = local_flat(m)
+                    out[: flat.numel()].copy_(flat)
         finally:
             self._snapshot.restore(self.optimizer, self.masters)
 

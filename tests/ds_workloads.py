@@ -86,6 +86,7 @@ def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt
         acco.close()
         out["counts"] = [r.counts for r in acco.telemetry.records]
         out["summary"] = acco.telemetry.summary()
+        out["accum_dtypes"] = sorted({str(dt) for dt in acco.grads.dtypes})
     engine.destroy()
     return out
 

@@ -97,12 +97,17 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
     assert modes == {"sync": ("sync", "fixed"), "dpu": ("dpu", "fixed"), "acco_fixed": ("acco", "fixed"),
                      "acco_adaptive": ("acco", "adaptive"), "streaming_int8": ("streaming", "fixed"),
                      "streaming_fp32": ("streaming", "fixed"), "sync_lowbit": ("sync", "fixed"),
-                     "acco_lowbit_fixed": ("acco", "fixed"), "acco_lowbit_adaptive": ("acco", "adaptive")}
+                     "acco_lowbit_fixed": ("acco", "fixed"), "acco_lowbit_adaptive": ("acco", "adaptive"),
+                     "acco_bf16": ("acco", "fixed"), "acco_bf16_fp32acc": ("acco", "fixed")}
     for name in ("sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive"):  # the low-bit rounds
         acco = made[name]["acco"]
         assert (acco["comm_quantization"], acco["error_feedback"], acco["all_gather_quantization"]) == (
             "int8", True, "int8"), name
     assert made["zero1_bf16"]["bf16"] == {"enabled": True} and "bf16" not in made["zero1"]
+    accum = {n: (made[n]["bf16"], made[n]["acco"]["grad_accum_dtype"], made[n]["acco"]["comm_dtype"])
+             for n in ("acco_bf16", "acco_bf16_fp32acc")}
+    assert accum == {"acco_bf16": ({"enabled": True}, "bf16", "bf16"),
+                     "acco_bf16_fp32acc": ({"enabled": True}, "fp32", "bf16")}
     for name in ("streaming_int8", "streaming_fp32"):  # stage 0, the benchmark's fragment schedule
         assert made[name]["zero_optimization"] == {"stage": 0}
         assert {k: made[name]["acco"]["streaming"][k] for k in configs.STREAMING_BLOCK} == configs.STREAMING_BLOCK
@@ -114,11 +119,18 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
 def test_memory_model():
     P, N = 1_000_000, 2
     assert memory.total("zero1", N, P) == pytest.approx(12 * P + 16 * P / N)
-    assert memory.total("sync", N, P) == pytest.approx(16 * P + 20 * P / N)
-    assert memory.total("acco_adaptive", N, P) == pytest.approx(16 * P + 36 * P / N)
-    assert memory.formula("acco_fixed") == "16·P + 36·P/N"
-    # acco = ZeRO-1 + one model-sized buffer + O(P/N)
-    assert memory.total("acco_fixed", N, P) - memory.total("zero1", N, P) == pytest.approx(4 * P + 20 * P / N)
+    assert memory.total("zero1_bf16", N, P) == pytest.approx(6 * P + 16 * P / N)
+    assert memory.total("sync", N, P) == pytest.approx(memory.total("zero1", N, P))
+    assert memory.formula("acco_fixed") == "12·P + 20·P/N"
+    for acco, full in (("acco_fixed", 0), ("acco_adaptive", 0), ("acco_bf16", 2 * P), ("acco_bf16_fp32acc", 4 * P)):
+        base = memory.baseline(acco)
+        extra = memory.total(acco, N, P) - memory.total(base, N, P) - memory.constant_bytes(acco, N, P)
+        assert extra <= full + 4 * P / N + 2 * P / N * (acco == "acco_bf16"), acco  # the bounds
+    # fp32: exactly the kept estimate shard; the chunked scratch is a constant
+    assert memory.total("acco_fixed", N, P, constants=False) - memory.total("zero1", N, P) == pytest.approx(4 * P / N)
+    assert memory.constant_bytes("acco_fixed", N, 10 ** 9) == memory.constant_bytes("acco_fixed", N, 10 ** 10)
+    with pytest.raises(ValueError, match="config"):
+        memory.total("streaming_int8", N, P)
 
 
 def test_timeline_reconstruction():

@@ -43,8 +43,8 @@ def test_lookahead_is_bit_identical_and_equals_next_commit(name, commits_before)
     before = [m.clone() for m in masters]
     state = _state_copy(opt)
     lr = so.lr
-    published = []
-    so.lookahead(grads, lambda: published.append([m.clone() for m in masters]))
+    published = [[torch.empty_like(m) for m in masters]]
+    so.lookahead(grads, published[0])
     for m, b in zip(masters, before):
         assert torch.equal(m, b)
     _assert_same_state(opt, state)
@@ -61,3 +61,85 @@ def test_optimizer_over_model_params_is_rejected():
     opt = torch.optim.AdamW([torch.zeros(3, requires_grad=True)])
     with pytest.raises(ValueError, match="does not own master shard"):
         ShardOptimizer(opt, masters)
+
+
+class _SnapshotAdamW(torch.optim.AdamW):
+    """A subclass: ShardOptimizer does not trust its step to be AdamW's and snapshots."""
+
+
+class _SnapshotAdam(torch.optim.Adam):
+    pass
+
+
+# (optimizer kind, keyword arguments, exact?): the functional rule is torch's single-tensor
+# arithmetic, so it is bit-identical to the single-tensor and foreach paths; fused rounds differently.
+ADAM_CASES = {
+    "adamw_wd": (torch.optim.AdamW, _SnapshotAdamW, {"weight_decay": 0.1}, True),
+    "adam_l2": (torch.optim.Adam, _SnapshotAdam, {"weight_decay": 0.05}, True),
+    "adam_amsgrad_l2": (torch.optim.Adam, _SnapshotAdam, {"amsgrad": True, "weight_decay": 0.05}, True),
+    "adamw_amsgrad_maximize": (torch.optim.AdamW, _SnapshotAdamW, {"amsgrad": True, "maximize": True}, True),
+    "adamw_foreach": (torch.optim.AdamW, _SnapshotAdamW, {"weight_decay": 0.1, "foreach": True}, True),
+    "adamw_fused": (torch.optim.AdamW, _SnapshotAdamW, {"weight_decay": 0.1, "fused": True}, False),
+}
+
+
+def _adam_pair(case, sizes):
+    """The same masters and groups under the functional and the snapshot lookahead."""
+    functional_kind, snapshot_kind, kwargs, exact = ADAM_CASES[case]
+    torch.manual_seed(1)
+    init = [torch.randn(n) for n in sizes]
+    built = []
+    for kind in (functional_kind, snapshot_kind):
+        masters = [t.clone() for t in init]
+        groups = [  # per-group lr, betas, eps and weight decay
+            {"params": [masters[0]]},
+            {"params": [masters[1]], "lr": 0.03, "betas": (0.8, 0.99), "eps": 1e-6,
+             "weight_decay": 0.0 if "weight_decay" not in kwargs else 0.2},
+        ]
+        opt = kind(groups, lr=0.1, betas=(0.9, 0.95), **kwargs)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+        built.append(ShardOptimizer(opt, masters, sched))
+    return built[0], built[1], exact
+
+
+@pytest.mark.parametrize("case", sorted(ADAM_CASES))
+def test_functional_adam_lookahead_equals_snapshot_lookahead(case, monkeypatch):
+    """Step 1 (no state yet, bias correction at its largest) and later steps, chunked, into fp32 and bf16."""
+    import ds_acco.adam_lookahead as adam_lookahead
+
+    monkeypatch.setattr(adam_lookahead, "CHUNK_ELEMS", 64)  # several chunks and a ragged last one
+    sizes = (203, 70)
+    functional, snapshot, exact = _adam_pair(case, sizes)
+    assert functional.lookahead_is_functional and not snapshot.lookahead_is_functional
+    gen = torch.Generator().manual_seed(2)
+    for step in range(4):
+        grads = [torch.randn(n, generator=gen) for n in sizes]
+        before = [m.clone() for m in functional.masters]
+        state = _state_copy(functional.optimizer)
+        for dtype in (torch.float32, torch.bfloat16):
+            got = [torch.full((n + 5,), 7.0, dtype=dtype) for n in sizes]  # longer than the shard: tail untouched
+            want = [torch.full((n + 5,), 7.0, dtype=dtype) for n in sizes]
+            functional.lookahead(grads, got)
+            snapshot.lookahead(grads, want)
+            for g, w in zip(got, want):
+                if exact:
+                    assert torch.equal(g, w), f"step {step} {dtype}: max diff {(g.float() - w.float()).abs().max()}"
+                else:
+                    torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
+                assert torch.equal(g[-5:], torch.full((5,), 7.0, dtype=dtype))
+        for m, b in zip(functional.masters, before):
+            assert torch.equal(m, b)
+        _assert_same_state(functional.optimizer, state)
+        commit_grads = [torch.randn(n, generator=gen) for n in sizes]
+        functional.commit(commit_grads)
+        snapshot.commit(commit_grads)
+        for a, b in zip(functional.masters, snapshot.masters):
+            assert torch.equal(a, b)
+
+
+def test_functional_lookahead_is_not_used_where_it_has_no_rule():
+    masters = [torch.zeros(4)]
+    assert not ShardOptimizer(torch.optim.SGD(masters, lr=0.1), masters).lookahead_is_functional
+    capturable = [torch.zeros(4)]
+    opt = torch.optim.AdamW(capturable, lr=0.1, capturable=True)
+    assert not ShardOptimizer(opt, capturable).lookahead_is_functional

@@ -111,12 +111,15 @@ def _slow_table(sh: dict, key: str, p) -> None:
 
 
 def _print_memory_model(params: float, world: int) -> None:
-    print(f"\nAnalytic memory model per worker, P = {params / 1e6:.2f}M parameters, N = {world} (fp32):")
-    for cfg in cfgs.DEFAULT_CONFIGS:
+    print(f"\nAnalytic memory model per worker, P = {params / 1e6:.2f}M parameters, N = {world} "
+          "(fp32; bf16 parameters with bf16 or fp32 accumulation):")
+    for cfg in memory.DTYPE_BYTES:
         total = memory.total(cfg, world, int(params))
-        print(f"  {cfg:14s} {memory.formula(cfg):18s} = {total / 2 ** 20:8.1f} MB")
+        base = memory.baseline(cfg)
+        delta = "" if cfg in memory.STOCK else f"  ({(total - memory.total(base, world, int(params))) / 2 ** 20:+.1f} MB vs {base})"
+        print(f"  {cfg:18s} {memory.formula(cfg):18s} = {total / 2 ** 20:8.1f} MB{delta}")
         for k, v in memory.components(cfg, world, int(params)).items():
-            print(f"      {k:28s} {v / 2 ** 20:8.1f} MB")
+            print(f"      {k:34s} {v / 2 ** 20:8.1f} MB")
 
 
 def main(argv=None) -> int:

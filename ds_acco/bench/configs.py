@@ -14,6 +14,10 @@ run; only how gradients travel differs:
 ``acco_adaptive``   ds_acco ``mode: acco``, ``policy: adaptive`` (acco_adaptive.json)
 ``zero1_bf16``      stock DeepSpeed ZeRO-1 in bf16 (bf16 gradients and parameters
                     on the wire: the bytes of bf16 DDP; zero1_bf16.json)
+``acco_bf16``       ds_acco ``mode: acco`` fixed, bf16 parameters, bf16 gradient
+                    accumulation and payload (the ACCO paper's setting; acco_bf16.json
+                    with ``grad_accum_dtype: "bf16"``)
+``acco_bf16_fp32acc`` the same with fp32 accumulation and a bf16 payload (acco_bf16.json)
 ``streaming_int8``  ds_acco ``mode: streaming`` on stage 0, int8 pseudo-gradients,
                     bf16 all-gather (streaming_int8.json, :data:`STREAMING_BLOCK`)
 ``streaming_fp32``  the same schedule with fp32 both ways (what int8 saves)
@@ -40,7 +44,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TEMPLATE_DIR = os.path.join(REPO, "ds_configs")
 
 CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive", "zero1_bf16", "streaming_int8",
-           "streaming_fp32", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive")
+           "streaming_fp32", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_bf16",
+           "acco_bf16_fp32acc")
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
 """The configs of the sweep part ``streaming`` (not in the default bandwidth comparison)."""
@@ -65,10 +70,13 @@ LABELS = {
     "sync_lowbit": "ds_acco sync low-bit",
     "acco_lowbit_fixed": "ds_acco acco low-bit fixed",
     "acco_lowbit_adaptive": "ds_acco acco low-bit adaptive",
+    "acco_bf16": "ds_acco acco bf16 (bf16 accumulation)",
+    "acco_bf16_fp32acc": "ds_acco acco bf16 (fp32 accumulation)",
 }
 _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "acco_fixed.json",
                   "acco_adaptive": "acco_adaptive.json", "sync_lowbit": "acco_lowbit.json",
-                  "acco_lowbit_fixed": "acco_lowbit.json", "acco_lowbit_adaptive": "acco_lowbit.json"}
+                  "acco_lowbit_fixed": "acco_lowbit.json", "acco_lowbit_adaptive": "acco_lowbit.json",
+                  "acco_bf16": "acco_bf16.json", "acco_bf16_fp32acc": "acco_bf16.json"}
 
 
 def _load(name: str, template_dir: str) -> dict:
@@ -105,7 +113,7 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
     cfg["steps_per_print"] = 10 ** 9  # keep DeepSpeed's periodic prints out of the logs
     if name == "zero1_overlap":
         cfg["zero_optimization"] = copy.deepcopy(_load("zero1_overlap.json", template_dir)["zero_optimization"])
-    if name == "zero1_bf16":
+    if name in ("zero1_bf16", "acco_bf16", "acco_bf16_fp32acc"):
         cfg["bf16"] = copy.deepcopy(_load("zero1_bf16.json", template_dir)["bf16"])
     if name.startswith("streaming"):
         template = _load("streaming_int8.json", template_dir)
@@ -124,6 +132,8 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
         cfg["acco"] = acco
     if name in _ACCO_TEMPLATE:
         acco = copy.deepcopy(_load(_ACCO_TEMPLATE[name], template_dir)["acco"])
+        if name == "acco_bf16":
+            acco.update(grad_accum_dtype="bf16", comm_dtype="bf16")
         if name in ("sync", "sync_lowbit"):
             acco["mode"] = "sync"
             acco.pop("max_micro_batches_per_round", None)

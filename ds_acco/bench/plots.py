@@ -290,7 +290,7 @@ def memory_plot(result: dict, path: str) -> Optional[str]:
            label="analytic model - ZeRO-1's", color="#f5a623")
     ax.set_xticks(list(xs))
     ax.set_xticklabels([t["config"] for t in rows], fontsize=8)
-    ax.set_ylabel("MB per worker vs ZeRO-1")
+    ax.set_ylabel("MB per worker vs ZeRO-1 (same dtype)")
     ax.axhline(0, color="black", lw=0.8)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)

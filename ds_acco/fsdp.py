@@ -328,6 +328,16 @@ class _DTensorShardOptimizer(ShardOptimizer):
                 for p in params
             ]
 
+    @property
+    def lookahead_is_functional(self) -> bool:
+        # the rounds hand one packed shard per unit, the optimizer holds one DTensor per parameter:
+        # the lookahead takes the snapshot path and writes each unit's masters in packed order
+        return False
+
+    def _write_masters(self, outs) -> None:
+        for packing, out in zip(self._packings, outs):
+            packing.read_masters(out)
+
     def _set_grads(self, grads) -> None:
         grads = [chunk for packing, shard in zip(self._packings, grads) for chunk in packing.split_shard(shard)]
         for param, grad, (local_shape, mesh, placements, shape, stride) in zip(self.masters, grads, self._specs):

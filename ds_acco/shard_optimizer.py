@@ -144,11 +144,16 @@ class ShardOptimizer:
             self.optimizer.step()
             self._clear_grads()
             with torch.no_grad():
-                for m, out in zip(self.masters, outs):
-                    flat = local_flat(m)
-                    out[: flat.numel()].copy_(flat)
+                self._write_masters(outs)
         finally:
             self._snapshot.restore(self.optimizer, self.masters)
+
+    def _write_masters(self, outs: Sequence[torch.Tensor]) -> None:
+        """Copy each master into the first ``numel`` elements of its ``out`` (adapters with another
+        master-to-buffer mapping override this)."""
+        for m, out in zip(self.masters, outs):
+            flat = local_flat(m)
+            out[: flat.numel()].copy_(flat)
 
     def skip(self) -> None:
         """A commit skipped for non-finite gradients: no step, no scheduler step."""

@@ -218,6 +218,7 @@ def parse_run(spec: "RunSpec", run_dir: str, rc: int, wall_s: float, load: Optio
         curve[-1]["final_val_loss"] = row["val_loss"]
     row["curve"] = curve
     row["tokens_last_step"] = curve[-1]["tokens"] if curve else None
-    row["timeline"] = [[{k: x[k] for k in ("index", "kind", "mode", "counts", "compute_s", "round_s", "waited_s")}
+    row["timeline"] = [[{k: x.get(k) for k in ("index", "kind", "mode", "counts", "compute_s", "round_s", "waited_s",
+                                               "bytes_sent", "stage_s")}
                         for x in rr] for rr in rounds]
     return row

@@ -359,7 +359,7 @@ def time_to_loss_plot(result: dict, path: str) -> Optional[str]:
         ax.set_xlabel("training seconds (evaluation excluded)")
         ax.set_ylabel("validation loss (nats/byte)")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=6)
+    max(axes[0], key=lambda a: len(a.get_lines())).legend(fontsize=6)  # the panel with every config
     wl = runs[0]["workload"]
     fig.suptitle(_title(result, f"time to loss: {wl['model_size']} model, {wl.get('max_tokens')} tokens per run, "
                                 "2 emulated hosts"), fontsize=9)

@@ -38,6 +38,7 @@ from typing import Optional
 
 import torch
 
+from . import collectives
 from .collectives import RoundCollectives
 from .quantization import DEFAULT_BLOCK_SIZE, check_block_size, dequantize_blockwise, num_blocks, quantize_blockwise
 
@@ -284,16 +285,18 @@ class Int8DeltaAllGather:
     round's error (error feedback without a residual buffer), and the distance of
     the replicas to the fp32 master is one quantisation step of the last delta.
 
-    The shard travels in pieces of at most ``piece_numel`` elements (whole blocks),
-    one all-gather each, so the receive buffer is ``N * piece_numel`` bytes, not a
-    model-sized one; blocks never straddle pieces, so the result is the same as in
-    one piece.
+    The shard travels in pieces of whole blocks, one all-gather each, so the receive
+    buffer is ``N`` wire rows of one piece, not a model-sized one; blocks never
+    straddle pieces, so the result is the same as in one piece. By default a piece's
+    wire row (scales and payload) fits in one of the pieces
+    :meth:`RoundCollectives.all_gather` cuts on gloo, so nothing is cut and copied twice.
 
     Args:
         shard_numel: elements per rank.
         world_size: ranks in the group.
         block_size: elements per int8 block (one fp32 scale each).
-        piece_numel: elements per rank per all-gather (rounded down to whole blocks).
+        piece_numel: elements per rank per all-gather (rounded down to whole blocks); None:
+            as many whole blocks as fit, with their scales, in ``collectives._A2A_PIECE_NUMEL`` bytes.
         device: where the wire buffers and the ``shard_numel`` fp32 scratch live.
 
     Raises:
@@ -301,11 +304,13 @@ class Int8DeltaAllGather:
     """
 
     def __init__(self, shard_numel: int, world_size: int, *, block_size: int = DEFAULT_BLOCK_SIZE,
-                 piece_numel: int = 1 << 22, device: Optional[torch.device] = None):
+                 piece_numel: Optional[int] = None, device: Optional[torch.device] = None):
         if shard_numel < 1 or world_size < 1:
             raise ValueError(f"shard_numel and world_size must be >= 1, got {shard_numel}, {world_size}")
         check_block_size(block_size)
         self.shard_numel, self.world_size, self.block_size = shard_numel, world_size, block_size
+        if piece_numel is None:  # a row of b blocks takes b * (block_size + 4) bytes, plus < 4 of alignment
+            piece_numel = (collectives._A2A_PIECE_NUMEL - 4) // (block_size + 4) * block_size
         piece = min(shard_numel, max(block_size, piece_numel // block_size * block_size))
         self.pieces = [(start, min(piece, shard_numel - start)) for start in range(0, shard_numel, piece)]
         self._rows = {n: (_WireRows(1, n, block_size, device), _WireRows(world_size, n, block_size, device))

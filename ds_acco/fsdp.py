@@ -68,15 +68,14 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from ._fsdp2 import TORCH_RANGE, FSDP2Model, ManagedParam, check_torch_version
 from .committed import committed_parameters
 from .config import AccoConfig, AccoConfigError, parse_acco_config
 from .flat_buffer import ShardedGroup
+from .fsdp_shard_optimizer import DTensorShardOptimizer
 from .rank_major import RankMajorPacking
 from .round_engine import RoundEngine
-from .shard_optimizer import ShardOptimizer
 from .startup_line import announce, round_fields
 from .telemetry import Telemetry
 
@@ -308,45 +307,6 @@ def _unit_groups(fsdp: FSDP2Model, world: int) -> tuple[list[ShardedGroup], list
     return groups, list(units.values())
 
 
-class _DTensorShardOptimizer(ShardOptimizer):
-    """A :class:`ShardOptimizer` whose master shards are FSDP2's sharded DTensor parameters.
-
-    A round hands one packed 1-D fp32 gradient shard per group; each parameter's
-    padded chunk of it becomes that parameter's DTensor gradient: a view of the
-    round's buffer, unpadded and shaped like the local shard (cast when the sharded
-    parameters are not fp32).
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, params: list[ManagedParam],
-                 packings: list[RankMajorPacking], lr_scheduler: Any):
-        super().__init__(optimizer, [p.sharded for p in params], lr_scheduler)
-        self._packings = packings
-        with torch.no_grad():
-            self._specs = [
-                (p.sharded.to_local().shape, p.sharded.device_mesh, p.sharded.placements, p.sharded.shape,
-                 p.sharded.stride())
-                for p in params
-            ]
-
-    @property
-    def lookahead_is_functional(self) -> bool:
-        # the rounds hand one packed shard per unit, the optimizer holds one DTensor per parameter:
-        # the lookahead takes the snapshot path and writes each unit's masters in packed order
-        return False
-
-    def _write_masters(self, outs) -> None:
-        for packing, out in zip(self._packings, outs):
-            packing.read_masters(out)
-
-    def _set_grads(self, grads) -> None:
-        grads = [chunk for packing, shard in zip(self._packings, grads) for chunk in packing.split_shard(shard)]
-        for param, grad, (local_shape, mesh, placements, shape, stride) in zip(self.masters, grads, self._specs):
-            local = grad.narrow(0, 0, local_shape.numel()).view(local_shape)
-            if local.dtype != param.dtype:
-                local = local.to(param.dtype)
-            param.grad = DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
-
-
 class AccoFSDP:
     """An FSDP2 model whose gradient rounds run in the background (see the module docstring).
 
@@ -370,7 +330,7 @@ class AccoFSDP:
         try:
             groups, units = _unit_groups(fsdp, world)
             self.params = [p for unit in units for p in unit]  # the order of the rounds' packed shards
-            shard_opt = _DTensorShardOptimizer(optimizer, self.params, [g.packing for g in groups], lr_scheduler)
+            shard_opt = DTensorShardOptimizer(optimizer, self.params, [g.packing for g in groups], lr_scheduler)
             self.engine = RoundEngine(
                 groups, shard_opt, config=config, gradient_accumulation_steps=gradient_accumulation_steps,
                 clip_grad_norm=clip_grad_norm, process_group=fsdp.process_group, grad_scale=grad_scale,

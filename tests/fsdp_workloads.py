@@ -205,6 +205,45 @@ def collectives_per_round(rank, world, *, G) -> dict:
             "rs_via_all_to_all": acco.engine.coll.reduce_scatter_via_all_to_all}
 
 
+def _optimizer_values(opt) -> list[torch.Tensor]:
+    """Local master shards and every optimizer state tensor, in a fixed order (views, not copies)."""
+    out = []
+    for p in opt.masters:
+        out.append(p.to_local())
+        for key in sorted(opt.optimizer.state[p]):
+            value = opt.optimizer.state[p][key]
+            out.append(value.to_local() if hasattr(value, "to_local") else value)
+    return out
+
+
+def local_adam_step(rank, world, *, G) -> dict:
+    """The commit on the DTensors' local tensors (ds_acco/fsdp_shard_optimizer.py) against
+    ``optimizer.step()`` on DTensor gradients, from the same state: single-tensor and foreach AdamW."""
+    from ds_acco.shard_optimizer import ShardOptimizer
+
+    out = {}
+    for foreach in (False, True):
+        model, acco = build(world, {"backend": "fsdp", "mode": "sync"}, G, clip=0.5)
+        for group in acco.optimizer.param_groups:
+            group["foreach"] = foreach
+        train(rank, model, acco, 2)  # the first commit creates the state through optimizer.step()
+        opt = acco.engine.shard_optimizer
+        gen = torch.Generator().manual_seed(rank)
+        grads = [torch.randn(s.numel(), generator=gen) for s in acco.engine._shard32]
+        before = [t.clone() for t in _optimizer_values(opt)]
+        opt.commit(grads)
+        local = [t.clone() for t in _optimizer_values(opt)]
+        with torch.no_grad():
+            for t, b in zip(_optimizer_values(opt), before):
+                t.copy_(b)
+        ShardOptimizer.commit(opt, grads)  # optimizer.step() on DTensor gradients
+        out[foreach] = {"local_commits": opt.local_commits,
+                        "equal": all(torch.equal(a, b) for a, b in zip(local, _optimizer_values(opt))),
+                        "changed": sum(not torch.equal(a, b) for a, b in zip(local, before))}
+        acco.close()
+    return out
+
+
 def resume_job(rank, world, *, steps, save_at=None, ckpt=None, resume=False) -> dict:
     """``RESUME``'s job: uninterrupted; or stopped at micro-batch ``save_at`` with a checkpoint; or resumed."""
     model, acco = build(world, RESUME["config"], RESUME["G"], RESUME["clip"], RESUME["schedule"])
@@ -230,6 +269,7 @@ def first_job(rank, world, *, G, steps, resume_steps, save_at, ckpt) -> dict:
     return {"modes": modes(rank, world, G=G, steps=steps),
             "variants": variants(rank, world, G=G, steps=steps),
             "collectives": collectives_per_round(rank, world, G=G),
+            "local_adam": local_adam_step(rank, world, G=G),
             "full": resume_job(rank, world, steps=resume_steps)["trajectory"],
             "saved": resume_job(rank, world, steps=resume_steps, save_at=save_at, ckpt=ckpt)["saved"],
             "resumed": resume_job(rank, world, steps=resume_steps, ckpt=ckpt, resume=True)["trajectory"]}

@@ -100,6 +100,13 @@ def test_a_round_issues_two_collectives_per_fully_shard_unit(two):
     assert got["wire_calls"] == rounds * (2 * units + 2)  # the collectives that went on the wire
 
 
+def test_adamw_commit_on_local_tensors_is_the_dtensor_step(two):
+    """The sync commit skips DTensor dispatch (ds_acco/fsdp_shard_optimizer.py) and changes no bit."""
+    for foreach, got in two["local_adam"].items():
+        assert got["local_commits"] == 2, (foreach, got)  # commit 2 of training and the one compared here
+        assert got["changed"] >= 12 and got["equal"], (foreach, got)  # 4 masters, 2 moments each, steps
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_sync_equals_stock_fsdp2_and_disabled_is_stock(world, two, three):
     got = _modes(world, two, three)

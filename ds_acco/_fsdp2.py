@@ -32,16 +32,17 @@ Internals used (``torch/distributed/fsdp/_fully_shard/``, torch 2.13)
       ``reduce_dtype``, ``param_dtype``, ``orig_dtype``, ``unsharded_param`` (the
       compute parameter), ``free_unsharded_param()``.
 
-[Note: the layout is FSDP2's own, one round-engine group per unit]
+[Note: the layout is FSDP2's own, one round-engine group per bucket of units]
 FSDP2 shards every parameter on dim 0 with ``torch.chunk`` semantics: each rank
 holds ``c = ceil(d0 / N)`` rows (the last ranks fewer, padded with zero rows up
 to ``c``), the padded local shard ``_sharded_param_data``. The round engine's
-group for a ``fully_shard`` unit packs those chunks rank-major, as FSDP2's own
-all-gather does (:mod:`ds_acco.rank_major`): rank ``r``'s shard of the group is
-the concatenation of its padded local shards, so they *are* the master shards
-(read with one ``torch.cat`` when a round publishes, stepped in place by the
-optimizer) and no second fp32 copy exists. A round costs one reduce-scatter
-and one all-gather per unit, on the background thread.
+group for a bucket of ``fully_shard`` units (one unit, or consecutive small
+ones: ``bucket_cap_mb``) packs those chunks rank-major, as FSDP2's own
+all-gather does for a unit (:mod:`ds_acco.rank_major`): rank ``r``'s shard of
+the group is the concatenation of its padded local shards, so they *are* the
+master shards (read with one ``torch.cat`` when a round publishes, stepped in
+place by the optimizer) and no second fp32 copy exists. A round costs one
+reduce-scatter and one all-gather per bucket, on the background thread.
 """
 
 from __future__ import annotations

@@ -19,17 +19,19 @@ the compute parameters at the next swap. The training loop is the plain one::
 
 Where the buffers live (see :mod:`ds_acco._fsdp2` for the FSDP2 internals used):
 
-* **master shards**: FSDP2's sharded parameters. The optimizer steps the DTensor
-  parameters ``model.parameters()`` returns after ``fully_shard`` (as with stock
-  FSDP2), and the round engine reads their padded local shards; no second fp32
-  copy exists. Checkpoints therefore hold ordinary FSDP2/DCP state.
+* **master shards**: FSDP2's sharded parameters. The optimizer is built over the
+  DTensor parameters ``model.parameters()`` returns after ``fully_shard`` (as with
+  stock FSDP2; Adam/AdamW commits step their local tensors, bit-identically and
+  without DTensor dispatch: :mod:`ds_acco.fsdp_shard_optimizer`), and the round
+  engine reads their padded local shards; no second fp32 copy exists. Checkpoints therefore hold ordinary FSDP2/DCP state.
 * **compute parameters**: FSDP2's unsharded parameters (same ``nn.Parameter``
   objects, in ``mp_policy.param_dtype``), each a view of a round-engine buffer;
   a swap re-points them at the freshly all-gathered buffer.
-* **layout**: one round-engine group per ``fully_shard`` unit, so a round issues
-  one reduce-scatter and one all-gather per unit, as FSDP2 does: the unit's
-  dim-0 chunks are packed rank-major around each collective (FSDP2's own
-  all-gather layout, :mod:`ds_acco.rank_major`).
+* **layout**: one round-engine group per bucket of consecutive ``fully_shard``
+  units (``bucket_cap_mb``, 25 MiB by default; 0: one per unit, as FSDP2 issues
+  its collectives), so a round issues one reduce-scatter and one all-gather per
+  bucket: the bucket's dim-0 chunks are packed rank-major around each collective
+  (FSDP2's own all-gather layout, :mod:`ds_acco.rank_major`).
 
 What it relies on from FSDP2 (all of it in :mod:`ds_acco._fsdp2`, checked at
 start-up): the public ``fully_shard``, ``unshard``/``reshard``,
@@ -53,7 +55,7 @@ and other 2-D meshes, tensor/expert parallel (DTensor) parameters, CPU offload,
 FSDP2's parameter sharding (ZeRO-3) is not kept during training: like ZeRO-1,
 every rank holds the full compute parameters (twice: one set computing, one
 being gathered) while optimizer state and fp32 masters stay sharded. The
-rank-major packing adds one model-sized buffer per unit for the collectives
+rank-major packing adds one buffer per bucket (model-sized in all) for the collectives
 (the reduce-scatter input, reused as the all-gather output when the
 accumulation and compute dtypes agree), as FSDP2's own all-gather output and
 reduce-scatter input do.
@@ -84,6 +86,7 @@ logger = logging.getLogger("ds_acco")
 __all__ = ["AccoFSDP", "StockFSDP", "TORCH_RANGE", "acco_fully_shard", "check_torch_version", "split_backend"]
 
 BACKENDS = ("deepspeed", "fsdp")
+DEFAULT_BUCKET_CAP_MB = 25.0
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -229,6 +232,7 @@ def acco_fully_shard(
     clip_grad_norm: Optional[float] = None,
     lr_scheduler: Optional[Callable[[torch.optim.Optimizer], Any]] = None,
     grad_scale: Union[float, Callable[[], float]] = 1.0,
+    bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
 ) -> Union["AccoFSDP", "StockFSDP"]:
     """Shard ``model`` with FSDP2 (unless it already is) and train it with ACCO rounds.
 
@@ -251,6 +255,10 @@ def acco_fully_shard(
         clip_grad_norm: clip the mean gradient to this global L2 norm.
         lr_scheduler: a factory called with the optimizer; stepped once per commit.
         grad_scale: the factor backward multiplied gradients by (see RoundEngine).
+        bucket_cap_mb: consecutive ``fully_shard`` units are packed into one round
+            collective until it holds this many MiB of parameters (DDP's knob of the
+            same name); a unit is never split. 0: one reduce-scatter and one
+            all-gather per unit, as FSDP2 issues them.
 
     Raises:
         AccoConfigError: a wrong option, or an FSDP2 feature ACCO does not support.
@@ -258,6 +266,8 @@ def acco_fully_shard(
     """
     check_torch_version()
     config = _fsdp_config(acco_config)
+    if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) or not bucket_cap_mb >= 0:
+        raise AccoConfigError(f"bucket_cap_mb: got {bucket_cap_mb!r}; must be a number >= 0 (0: one bucket per unit)")
     if config.enabled:
         config.check_accumulation(gradient_accumulation_steps)
         mp_policy, config = _translate_mp_policy(mp_policy, config, model)
@@ -272,15 +282,40 @@ def acco_fully_shard(
     scheduler = lr_scheduler(optimizer) if lr_scheduler is not None else None
     if not config.enabled:
         return StockFSDP(model, fsdp, optimizer, scheduler, gradient_accumulation_steps, clip_grad_norm, grad_scale)
-    return AccoFSDP(model, fsdp, optimizer, scheduler, config, gradient_accumulation_steps, clip_grad_norm, grad_scale)
+    return AccoFSDP(model, fsdp, optimizer, scheduler, config, gradient_accumulation_steps, clip_grad_norm, grad_scale,
+                    bucket_cap_mb=bucket_cap_mb)
 
 
-def _unit_groups(fsdp: FSDP2Model, world: int) -> tuple[list[ShardedGroup], list[list[ManagedParam]]]:
-    """One packed round-engine group per ``fully_shard`` unit (and compute dtype), as FSDP2 batches its collectives.
+def _buckets(units: Iterable[list[ManagedParam]], cap_bytes: float) -> list[list[ManagedParam]]:
+    """Consecutive ``fully_shard`` units of one compute dtype merged until a bucket holds ``cap_bytes``.
+
+    A collective pays the link's latency (and, on gloo, a few milliseconds of a busy
+    host's scheduling) once per call: small units merged into one bucket cost one
+    reduce-scatter and one all-gather instead of one per unit. A unit is never split;
+    ``cap_bytes <= 0`` keeps one bucket per unit.
+    """
+    buckets: list[list[ManagedParam]] = []
+    open_bucket: dict[torch.dtype, tuple[int, int]] = {}  # dtype -> (bucket index, bytes in it)
+    for unit in units:
+        dtype, size = unit[0].unsharded.dtype, sum(p.unsharded.numel() * p.unsharded.element_size() for p in unit)
+        at = open_bucket.get(dtype)
+        if at is not None and cap_bytes > 0 and at[1] + size <= cap_bytes:
+            buckets[at[0]].extend(unit)
+            open_bucket[dtype] = (at[0], at[1] + size)
+        else:
+            buckets.append(list(unit))
+            open_bucket[dtype] = (len(buckets) - 1, size)
+    return buckets
+
+
+def _unit_groups(fsdp: FSDP2Model, world: int,
+                 bucket_cap_mb: float) -> tuple[list[ShardedGroup], list[list[ManagedParam]]]:
+    """One packed round-engine group per bucket of ``fully_shard`` units (:func:`_buckets`).
 
     The trainable parameters' compute data moves into the group's param-major
     buffer (frozen ones get a private copy); the group's shards are FSDP2's padded
-    local shards, packed rank-major (:mod:`ds_acco.rank_major`).
+    local shards, packed rank-major (:mod:`ds_acco.rank_major`), as FSDP2 packs a
+    unit for its all-gather.
     """
     units: dict[tuple[int, torch.dtype], list[ManagedParam]] = {}
     for p in fsdp.params:
@@ -288,8 +323,9 @@ def _unit_groups(fsdp: FSDP2Model, world: int) -> tuple[list[ShardedGroup], list
             fsdp.own_storage(p, None)  # frozen: a private copy, never updated
             continue
         units.setdefault((id(p.group), p.unsharded.dtype), []).append(p)
+    units = _buckets(units.values(), bucket_cap_mb * 2 ** 20)
     groups = []
-    for unit in units.values():
+    for unit in units:
         try:
             packing = RankMajorPacking([p.unsharded.shape for p in unit], world, [p.master for p in unit])
         except ValueError as err:
@@ -304,7 +340,7 @@ def _unit_groups(fsdp: FSDP2Model, world: int) -> tuple[list[ShardedGroup], list
             fsdp.own_storage(p, view)
         groups.append(ShardedGroup(params=[p.unsharded for p in unit], layout=packing.layout, flat=flat,
                                    master=None, packing=packing))
-    return groups, list(units.values())
+    return groups, units
 
 
 class AccoFSDP:
@@ -319,7 +355,7 @@ class AccoFSDP:
 
     def __init__(self, module: nn.Module, fsdp: FSDP2Model, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
                  config: AccoConfig, gradient_accumulation_steps: int, clip_grad_norm: Optional[float],
-                 grad_scale: Union[float, Callable[[], float]]):
+                 grad_scale: Union[float, Callable[[], float]], *, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB):
         self.module, self.fsdp, self.optimizer, self.lr_scheduler = module, fsdp, optimizer, lr_scheduler
         self.closed = False
         world = len(fsdp.ranks)
@@ -328,7 +364,7 @@ class AccoFSDP:
             raise AccoConfigError("model: no trainable parameter under fully_shard; nothing for ACCO to train")
         fsdp.hold_unsharded()
         try:
-            groups, units = _unit_groups(fsdp, world)
+            groups, units = _unit_groups(fsdp, world, bucket_cap_mb)
             self.params = [p for unit in units for p in unit]  # the order of the rounds' packed shards
             shard_opt = DTensorShardOptimizer(optimizer, self.params, [g.packing for g in groups], lr_scheduler)
             self.engine = RoundEngine(
@@ -345,7 +381,8 @@ class AccoFSDP:
         # flight may be stepping: wait for it first (not swapped in, so training is unchanged). They
         # are then the committed parameters.
         self._quiesce_hook = module.register_state_dict_pre_hook(self._quiesce_for_state_dict)
-        announce(f"FSDP2, {len(self.params)} parameters in {len(groups)} packed fully_shard units",
+        announce(f"FSDP2, {len(self.params)} parameters of {len(fsdp.groups)} fully_shard units in {len(groups)} "
+                 "packed buckets",
                  self.engine.rank, round_fields(self.engine))
 
     # ------------------------------------------------------------ training loop

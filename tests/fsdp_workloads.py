@@ -31,7 +31,7 @@ def _full_sharded(model) -> list[torch.Tensor]:
     return [_gather(p).float() for p in W.ordered_params(model)]
 
 
-def build(world, config, G, clip=0.0, schedule=False, mp_policy=None, nested=False, frozen=()):
+def build(world, config, G, clip=0.0, schedule=False, mp_policy=None, nested=False, frozen=(), **kwargs):
     from ds_acco.fsdp import acco_fully_shard
 
     model = W.make_model()
@@ -45,7 +45,7 @@ def build(world, config, G, clip=0.0, schedule=False, mp_policy=None, nested=Fal
     acco = acco_fully_shard(
         model, mesh=mesh, mp_policy=mp_policy, acco_config=config, gradient_accumulation_steps=G,
         optimizer_kwargs=W.OPT_KWARGS, param_groups=W.param_groups, clip_grad_norm=clip,
-        lr_scheduler=W.decay_schedule if schedule else None,
+        lr_scheduler=W.decay_schedule if schedule else None, **kwargs,
     )
     return model, acco
 
@@ -195,14 +195,20 @@ def count_collectives(engine) -> dict:
 
 
 def collectives_per_round(rank, world, *, G) -> dict:
-    """acco with clipping on a model sharded in two ``fully_shard`` units of two parameters each."""
-    model, acco = build(world, {"backend": "fsdp", "mode": "acco"}, G, clip=0.5, nested=True)
-    calls = count_collectives(acco.engine)
-    train(rank, model, acco, 3)
-    acco.close()
-    return {"calls": calls, "rounds": acco.telemetry.rounds, "units": len(acco.fsdp.groups),
-            "params": len(acco.params), "wire_calls": acco.engine.coll.wire.calls,
+    """acco with clipping on a model sharded in two ``fully_shard`` units of two parameters each: one
+    bucket per unit (``bucket_cap_mb=0``, FSDP2's own batching), and both units in one bucket (the default)."""
+    out = {}
+    for cap in (0, None):
+        model, acco = build(world, {"backend": "fsdp", "mode": "acco"}, G, clip=0.5, nested=True,
+                            **({} if cap is None else {"bucket_cap_mb": cap}))
+        calls = count_collectives(acco.engine)
+        train(rank, model, acco, 3)
+        acco.close()
+        out["per_unit" if cap == 0 else "default"] = {
+            "calls": calls, "rounds": acco.telemetry.rounds, "units": len(acco.fsdp.groups),
+            "buckets": len(acco.engine.groups), "params": len(acco.params), "wire_calls": acco.engine.coll.wire.calls,
             "rs_via_all_to_all": acco.engine.coll.reduce_scatter_via_all_to_all}
+    return out
 
 
 def _optimizer_values(opt) -> list[torch.Tensor]:
@@ -333,6 +339,8 @@ def refused(rank, world) -> dict:
         "unsharded_params": lambda: acco_fully_shard(W.make_model(), acco_config=cfg, gradient_accumulation_steps=2,
                                                      param_groups=list(W.make_model().parameters())),
         "odd_G": lambda: acco_fully_shard(W.make_model(), acco_config=cfg, gradient_accumulation_steps=3),
+        "bucket_cap": lambda: acco_fully_shard(W.make_model(), acco_config=cfg, gradient_accumulation_steps=2,
+                                               bucket_cap_mb=-1),
     }
     out = {}
     for name, case in cases.items():

@@ -88,16 +88,19 @@ def test_layer_by_layer_bf16_adaptive_and_frozen(two):
     assert got["frozen"] == {"groups": 1, "changed": [True, True, False, True]}
 
 
-def test_a_round_issues_two_collectives_per_fully_shard_unit(two):
-    """FSDP2's batching: one reduce-scatter and one all-gather per unit, not per parameter."""
-    got = two["collectives"]
-    rounds, units, calls = got["rounds"], got["units"], got["calls"]
-    assert (units, got["params"]) == (2, 4) and rounds >= 6
-    assert calls["reduce_scatter_sum"] == calls["all_gather"] == rounds * units, got
+@pytest.mark.parametrize("bucketing", ["per_unit", "default"])
+def test_a_round_issues_two_collectives_per_bucket_of_fully_shard_units(bucketing, two):
+    """FSDP2's batching: one reduce-scatter and one all-gather per unit (bucket_cap_mb=0), not per
+    parameter; by default small consecutive units share one bucket, so one of each per round."""
+    got = two["collectives"][bucketing]
+    rounds, buckets, calls = got["rounds"], got["buckets"], got["calls"]
+    assert (got["units"], got["params"]) == (2, 4) and rounds >= 6
+    assert buckets == (2 if bucketing == "per_unit" else 1), got
+    assert calls["reduce_scatter_sum"] == calls["all_gather"] == rounds * buckets, got
     assert calls["all_gather_small"] == calls["all_reduce_sum"] == rounds, got  # counts; clipping's norm
     # on gloo a reduce-scatter runs as one all-to-all (ds_acco/collectives.py), otherwise as itself
-    assert calls["all_to_all"] == (rounds * units if got["rs_via_all_to_all"] else 0), got
-    assert got["wire_calls"] == rounds * (2 * units + 2)  # the collectives that went on the wire
+    assert calls["all_to_all"] == (rounds * buckets if got["rs_via_all_to_all"] else 0), got
+    assert got["wire_calls"] == rounds * (2 * buckets + 2)  # the collectives that went on the wire
 
 
 def test_adamw_commit_on_local_tensors_is_the_dtensor_step(two):
@@ -171,6 +174,7 @@ def test_resharded_load_on_one_rank_and_stock_fsdp2_interchange(two, ckpt, tmp_p
     assert refused["reduce_dtype"].startswith("AccoConfigError: mp_policy.reduce_dtype: got torch.float32"), refused
     assert refused["unsharded_params"].startswith("AccoConfigError: param_groups: a parameter"), refused
     assert refused["odd_G"].startswith("AccoConfigError: gradient_accumulation_steps: got 3"), refused
+    assert refused["bucket_cap"].startswith("AccoConfigError: bucket_cap_mb: got -1; must be"), refused
 
 
 def test_gpt_trains_under_torchrun(tmp_path):
@@ -187,10 +191,11 @@ def test_gpt_trains_under_torchrun(tmp_path):
     assert m, line[0]
     assert 0 < float(m.group(1)) < 10 and 0 <= float(m.group(2)) <= 100
     assert os.path.isdir(tmp_path / "ck")
-    # one fully_shard unit per block plus the root: 2 collectives per unit a round, + counts and clip norm
+    # one fully_shard unit per block plus the root, small enough to share one 25 MiB bucket: a
+    # reduce-scatter and an all-gather a round, + counts and clip norm
     with open(tmp_path / "m" / "fsdp_rank0.json") as f:
         rec = json.load(f)
-    assert (rec["fsdp_units"], rec["groups"]) == (5, 5) and rec["round_calls"] == rec["rounds"] * (2 * 5 + 2)
+    assert (rec["fsdp_units"], rec["groups"]) == (5, 1) and rec["round_calls"] == rec["rounds"] * (2 * 1 + 2)
     assert [e["step"] for e in rec["evals"]][0] == 2 and len(rec["evals"]) == 2 and len(rec["steps"]) >= 4
 
 

@@ -73,6 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--reshard-after-forward", action="store_true",
                    help="the blocks' fully_shard(reshard_after_forward=True) (FSDP2's default; only stock FSDP2 "
                         "all-gathers again in backward: ACCO holds the model unsharded)")
+    p.add_argument("--bucket-cap-mb", type=float, default=None,
+                   help="pack consecutive fully_shard units into one round collective up to this many MiB "
+                        "(default: ds_acco.fsdp's 25; 0: one reduce-scatter and all-gather per unit)")
     p.add_argument("--compute-delay-ms", type=float, default=0.0,
                    help="sleep per micro-batch, standing in for a slower accelerator's forward/backward")
     p.add_argument("--metrics-out", default=None,
@@ -146,6 +149,8 @@ def main(argv=None) -> int:
     n_params = count_parameters(model)
     mesh = init_device_mesh(device.type, (world,))
     kwargs = job.acco_kwargs()
+    if args.bucket_cap_mb is not None and not args.stock:
+        kwargs["bucket_cap_mb"] = args.bucket_cap_mb
     recorder = None
     if args.metrics_out:
         from ds_acco.bench.fsdp_record import RunRecorder

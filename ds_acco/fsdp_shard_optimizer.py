@@ -1,7 +1,7 @@
 """The FSDP front end's shard optimizer: FSDP2's DTensor parameters as master shards, stepped on their local tensors.
 
-A round hands one packed 1-D fp32 gradient shard per ``fully_shard`` unit; the
-user's optimizer holds one sharded DTensor per parameter (what stock FSDP2
+A round hands one packed 1-D fp32 gradient shard per bucket of ``fully_shard``
+units (:mod:`ds_acco.rank_major`); the user's optimizer holds one sharded DTensor per parameter (what stock FSDP2
 steps, and what DCP checkpoints). :class:`DTensorShardOptimizer` bridges the two.
 
 [Note: the commit on local tensors]
@@ -25,6 +25,11 @@ is ``fused``, ``capturable`` or ``differentiable``, and the optimizer has state
 for every parameter. The first commit after the take-over (which creates that
 state, and marks the optimizer stepped for an LR scheduler's order check) and
 anything else go through ``optimizer.step()`` on DTensor gradients.
+
+The acco estimate's lookahead is evaluated the same way for Adam/AdamW
+(:mod:`ds_acco.adam_lookahead` on the local tensors, into each parameter's chunk
+of the packed output) instead of snapshotting masters and moments around an
+``optimizer.step()`` on DTensors.
 """
 
 from __future__ import annotations
@@ -92,11 +97,21 @@ class DTensorShardOptimizer(ShardOptimizer):
         self.local_commits = 0
         """Commits taken on the local tensors (the rest went through ``optimizer.step()``)."""
 
-    @property
-    def lookahead_is_functional(self) -> bool:
-        # the rounds hand one packed shard per unit, the optimizer holds one DTensor per parameter:
-        # the lookahead takes the snapshot path and writes each unit's masters in packed order
-        return False
+    def _per_param(self, packed: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Each parameter's padded chunk of one packed tensor per group (views)."""
+        return [chunk for packing, t in zip(self._packings, packed) for chunk in packing.split_shard(t)]
+
+    def lookahead(self, grads: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
+        """As :meth:`ShardOptimizer.lookahead`, with one packed gradient and output per group.
+
+        Adam/AdamW: evaluated functionally on the local tensors into each parameter's
+        chunk of ``outs`` (the chunks' padding keeps what the caller published there);
+        other optimizers: a snapshot step, masters written in packed order.
+        """
+        if self.lookahead_is_functional:
+            self._functional.lookahead(self.masters, self._per_param(grads), self._per_param(outs))
+        else:
+            super().lookahead(grads, outs)
 
     def _write_masters(self, outs) -> None:
         for packing, out in zip(self._packings, outs):
@@ -104,9 +119,8 @@ class DTensorShardOptimizer(ShardOptimizer):
 
     def _local_grads(self, grads) -> list[torch.Tensor]:
         """Each parameter's gradient as a plain tensor shaped like its local shard."""
-        chunks = [chunk for packing, shard in zip(self._packings, grads) for chunk in packing.split_shard(shard)]
         out = []
-        for param, grad, (local_shape, *_) in zip(self.masters, chunks, self._specs):
+        for param, grad, (local_shape, *_) in zip(self.masters, self._per_param(grads), self._specs):
             local = grad.narrow(0, 0, local_shape.numel()).view(local_shape)
             out.append(local if local.dtype == param.dtype else local.to(param.dtype))
         return out

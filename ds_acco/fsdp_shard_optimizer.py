@@ -21,8 +21,9 @@ bit for bit, and sync against stock FSDP2 + AdamW as before).
 The local path is taken only where it is the same step: the optimizer's type is
 exactly ``torch.optim.Adam`` or ``AdamW``, its ``step`` is the class's (or the
 LR scheduler's counting wrapper of it), no step hooks are registered, no group
-is ``fused``, ``capturable`` or ``differentiable``, and the optimizer has state
-for every parameter. The first commit after the take-over (which creates that
+is ``fused``, ``capturable`` or ``differentiable``, the optimizer has state
+for every parameter, and this torch's ``torch.optim.adam.adam`` takes the
+keywords passed (checked once, by signature). The first commit after the take-over (which creates that
 state, and marks the optimizer stepped for an LR scheduler's order check) and
 anything else go through ``optimizer.step()`` on DTensor gradients.
 
@@ -44,6 +45,21 @@ from .rank_major import RankMajorPacking
 from .shard_optimizer import ShardOptimizer
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
+_ADAM_ARGS = ("amsgrad", "has_complex", "beta1", "beta2", "lr", "weight_decay", "eps", "maximize", "foreach",
+              "capturable", "differentiable", "fused", "decoupled_weight_decay")
+
+
+def _functional_adam_takes_our_arguments() -> bool:
+    """``torch.optim.adam.adam`` accepts every keyword the local commit passes (else: ``optimizer.step()``)."""
+    import inspect
+
+    from torch.optim import adam as adam_module
+
+    fn = getattr(adam_module, "adam", None)
+    try:
+        return fn is not None and set(_ADAM_ARGS) <= set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return False
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -92,7 +108,7 @@ class DTensorShardOptimizer(ShardOptimizer):
                 for p in params
             ]
         self._adam = type(optimizer) in (torch.optim.Adam, torch.optim.AdamW) and not any(
-            p.sharded.is_complex() for p in params)
+            p.sharded.is_complex() for p in params) and _functional_adam_takes_our_arguments()
         self._stepped = False  # this optimizer.step() has run once since the take-over
         self.local_commits = 0
         """Commits taken on the local tensors (the rest went through ``optimizer.step()``)."""

@@ -196,6 +196,9 @@ def test_gpt_trains_under_torchrun(tmp_path):
     with open(tmp_path / "m" / "fsdp_rank0.json") as f:
         rec = json.load(f)
     assert (rec["fsdp_units"], rec["groups"]) == (5, 1) and rec["round_calls"] == rec["rounds"] * (2 * 1 + 2)
+    # AdamW with a WarmupLR scheduler (its step wrapper is the scheduler's): commits after the first run on
+    # the local tensors (ds_acco/fsdp_shard_optimizer.py)
+    assert rec["local_commits"] == rec["kinds"].count("commit") - 1 > 0, rec["local_commits"]
     assert [e["step"] for e in rec["evals"]][0] == 2 and len(rec["evals"]) == 2 and len(rec["steps"]) >= 4
 
 

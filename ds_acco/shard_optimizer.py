@@ -136,7 +136,7 @@ class ShardOptimizer:
         ``θ``, ``S``, the parameter groups and the scheduler are left as they were.
         """
         if self.lookahead_is_functional:
-            self._functional.lookahead(self.masters, grads, outs)
+            self._functional.lookahead(self.masters, *self._per_master(grads, outs))
             return
         self._snapshot.take(self.optimizer, self.masters)
         try:
@@ -147,6 +147,11 @@ class ShardOptimizer:
                 self._write_masters(outs)
         finally:
             self._snapshot.restore(self.optimizer, self.masters)
+
+    def _per_master(self, grads: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]):
+        """Each master's gradient and output, in :attr:`masters` order (adapters whose rounds hand
+        one buffer for several masters override this)."""
+        return grads, outs
 
     def _write_masters(self, outs: Sequence[torch.Tensor]) -> None:
         """Copy each master into the first ``numel`` elements of its ``out`` (adapters with another

@@ -202,43 +202,82 @@ class FunctionalAdam:
                                 vmax[piece] if vmax is not None and hyper.amsgrad else None, out[piece])
 
     def _chunk(self, h: AdamHyper, step: float, p, g, m, v, vmax, out) -> None:
-        """torch's ``_single_tensor_adam`` (non-capturable branch) on one chunk, into scratch."""
+        """The next step of one chunk into ``out``, on scratch copies of ``p``, ``m`` and ``v``."""
         k, dev = p.numel(), p.device
         direct = out.dtype == torch.float32 and out.is_contiguous()
         res = out if direct else self._buf("result", k, dev)
+        res.copy_(p)
+        m2, v2 = self._buf("exp_avg", k, dev), self._buf("exp_avg_sq", k, dev)
+        m2.zero_() if m is None else m2.copy_(m)
+        v2.zero_() if v is None else v2.copy_(v)
+        # amsgrad: the maximum goes into v2 (the stored maximum is left as it is)
+        self._torch_update(h, step, res, g, m2, v2, vmax, vmax_out=v2, denom=v2)
+        if not direct:
+            out.copy_(res)
+
+    def _torch_update(self, h: AdamHyper, step: float, p, g, m, v, vmax, *, vmax_out, denom) -> None:
+        """torch's ``_single_tensor_adam`` (non-capturable branch), op for op, in place on ``p``, ``m``, ``v``."""
+        k, dev = p.numel(), p.device
         grad = g
         if h.maximize:
             grad = torch.neg(g, out=self._buf("grad", k, dev))
-        if h.weight_decay != 0 and h.decoupled:
-            torch.mul(p, 1 - h.lr * h.weight_decay, out=res)  # param.mul_(1 - lr * weight_decay)
-        else:
-            res.copy_(p)
-            if h.weight_decay != 0:
+        if h.weight_decay != 0:
+            if h.decoupled:
+                p.mul_(1 - h.lr * h.weight_decay)
+            else:
                 grad = torch.add(grad, p, alpha=h.weight_decay, out=self._buf("grad", k, dev))
-        m2 = self._buf("exp_avg", k, dev)
-        if m is None:
-            m2.zero_()
-        else:
-            m2.copy_(m)
-        m2.lerp_(grad, 1 - h.beta1)
-        v2 = self._buf("exp_avg_sq", k, dev)
-        if v is None:
-            v2.zero_()
-        else:
-            v2.copy_(v)
-        v2.mul_(h.beta2).addcmul_(grad, grad, value=1 - h.beta2)
+        m.lerp_(grad, 1 - h.beta1)
+        v.mul_(h.beta2).addcmul_(grad, grad, value=1 - h.beta2)
         if h.bias_correction:
             bias_correction1 = 1 - h.beta1 ** step
             bias_correction2 = 1 - h.beta2 ** step
         else:
             bias_correction1 = bias_correction2 = 1.0
         step_size = h.lr / bias_correction1
+        src = v
         if h.amsgrad and vmax is not None:
-            torch.maximum(vmax, v2, out=v2)
-        v2.sqrt_().div_(bias_correction2 ** 0.5).add_(h.eps)  # denom
-        res.addcdiv_(m2, v2, value=-step_size)
-        if not direct:
-            out.copy_(res)
+            src = torch.maximum(vmax, v, out=vmax_out)
+        torch.sqrt(src, out=denom).div_(bias_correction2 ** 0.5).add_(h.eps)
+        p.addcdiv_(m, denom, value=-step_size)
+
+    def steps_in_place(self, masters: Sequence[torch.Tensor]) -> bool:
+        """Whether :meth:`step` may replace ``optimizer.step()`` bit for bit: torch's Adam/AdamW
+        stepping single-tensor or ``foreach`` (not ``fused``), with no step hooks."""
+        opt = self.optimizer
+        from torch.optim import optimizer as torch_optimizer
+
+        hooks = (opt._optimizer_step_pre_hooks, opt._optimizer_step_post_hooks,
+                 getattr(torch_optimizer, "_global_optimizer_pre_hooks", None),
+                 getattr(torch_optimizer, "_global_optimizer_post_hooks", None))
+        return (self._hyper_reader is _torch_hyper and self.supports(masters)
+                and not any(g.get("fused") for g in opt.param_groups) and not any(hooks))
+
+    def step(self, masters: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
+        """The optimizer's step on ``masters``, chunk by chunk: the same arithmetic as torch's
+        single-tensor step (and so its state), with chunk-sized temporaries instead of two
+        shard-sized ones (``sqrt`` and the division of the denominator)."""
+        from torch.optim.optimizer import _get_scalar_dtype
+
+        with torch.no_grad():
+            for p, g in zip(masters, grads):
+                group = self._group_of(p)
+                hyper = self._hyper_reader(self.optimizer, group)
+                state = self.optimizer.state[p]
+                if not state:  # Adam._init_group, non-capturable, not fused
+                    state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype(), device="cpu")
+                    for key in ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ()):
+                        state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                step = _scalar(state["step"])
+                flat, m, v = local_flat(p), local_flat(state["exp_avg"]), local_flat(state["exp_avg_sq"])
+                vmax = local_flat(state["max_exp_avg_sq"]) if hyper.amsgrad else None
+                for start in range(0, flat.numel(), CHUNK_ELEMS):
+                    piece = slice(start, min(flat.numel(), start + CHUNK_ELEMS))
+                    chunk_max = vmax[piece] if vmax is not None else None
+                    self._torch_update(hyper, step, flat[piece], g[piece], m[piece], v[piece], chunk_max,
+                                       vmax_out=chunk_max,  # the lookahead's scratch: never in use at once
+                                       denom=self._buf("exp_avg_sq", piece.stop - start, p.device))
+        self.optimizer._opt_called = True  # what the LR scheduler's wrapper of optimizer.step() records
 
     def _chunk_deepspeed(self, h: AdamHyper, step: float, p, g, m, v, vmax, out) -> None:
         """DeepSpeed's CPU Adam kernel (``Adam_Optimizer::Step_AVX``) on one chunk, op for op.

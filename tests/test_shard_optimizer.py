@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -110,6 +112,7 @@ def test_functional_adam_lookahead_equals_snapshot_lookahead(case, monkeypatch):
     monkeypatch.setattr(adam_lookahead, "CHUNK_ELEMS", 64)  # several chunks and a ragged last one
     sizes = (203, 70)
     functional, snapshot, exact = _adam_pair(case, sizes)
+    kwargs = ADAM_CASES[case][2]
     assert functional.lookahead_is_functional and not snapshot.lookahead_is_functional
     gen = torch.Generator().manual_seed(2)
     for step in range(4):
@@ -131,10 +134,18 @@ def test_functional_adam_lookahead_equals_snapshot_lookahead(case, monkeypatch):
             assert torch.equal(m, b)
         _assert_same_state(functional.optimizer, state)
         commit_grads = [torch.randn(n, generator=gen) for n in sizes]
-        functional.commit(commit_grads)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # e.g. the scheduler's "lr_scheduler.step() before optimizer.step()"
+            functional.commit(commit_grads)  # chunked in place, except fused: torch's own step
         snapshot.commit(commit_grads)
         for a, b in zip(functional.masters, snapshot.masters):
             assert torch.equal(a, b)
+        for a, b in zip(functional.masters, snapshot.masters):  # the state the chunked commit wrote
+            sa, sb = functional.optimizer.state[a], snapshot.optimizer.state[b]
+            assert sorted(sa) == sorted(sb)
+            for key in sa:
+                assert torch.equal(sa[key], sb[key]) and sa[key].dtype == sb[key].dtype, key
+    assert functional._functional.steps_in_place(functional.masters) == (not kwargs.get("fused"))
 
 
 def test_functional_lookahead_is_not_used_where_it_has_no_rule():

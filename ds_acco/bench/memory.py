@@ -34,9 +34,11 @@ comm-dtype reduce-scatter output            r/N    only when r = a != 4 (e.g. bf
 fp32 master shard                           4/N
 optimizer state (AdamW m, v)                8/N
 kept estimate shard (acco only)             4/N    ``A_t``'s reduce-scattered sum, added at the commit
-lookahead scratch (acco only)      (8 or 12)·min(P/N, L)  chunks of ``L = adam_lookahead.CHUNK_ELEMS``;
-                                                   any other optimizer than Adam/AdamW snapshots
-                                                   master and state instead (12/N for two moments)
+Adam chunk scratch            (8 or 12)·min(P/N, L)  acco's lookahead, chunks of ``L = adam_lookahead.CHUNK_ELEMS``
+                                                   (any other optimizer than Adam/AdamW snapshots
+                                                   master and state instead: 12/N for two moments);
+                                    4·min(P/N, L)  sync/dpu: torch's Adam/AdamW commit, stepped in chunks
+                                                   (torch's own step holds 8/N of temporaries)
 =====================================  ======  ==========================================
 
 The publish shard costs nothing: the shard step writes this rank's new parameters
@@ -146,7 +148,9 @@ def components(config: str, world_size: int, params: int, *, bucket_elems: Optio
         out["publish shard"] = c * P / N
     if config.startswith("acco"):
         out["kept estimate shard"] = 4 * P / N
-        out["lookahead scratch"] = (8 if c == 4 else 12) * min(P / N, LOOKAHEAD_CHUNK) if constants else 0.0
+        out["Adam chunk scratch"] = (8 if c == 4 else 12) * min(P / N, LOOKAHEAD_CHUNK) if constants else 0.0
+    elif constants:
+        out["Adam chunk scratch"] = 4 * min(P / N, LOOKAHEAD_CHUNK)
     return {k: v for k, v in out.items() if v}
 
 

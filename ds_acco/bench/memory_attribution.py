@@ -246,13 +246,20 @@ def report(results: dict, params: int = 25_370_000, world: int = 2) -> None:
     if "zero1" not in results:
         return
     base = max(r["peak_mb"] for r in results["zero1"])
-    print("\nexcess over zero1 (max over ranks): measured, analytic, gap")
+    print("\nexcess over zero1 (MB; peaks: max over ranks): measured, analytic, gap; the gap's rises in the round's "
+          "collectives and in its optimizer step, per rank")
     for name, ranks in results.items():
         if name == "zero1":
             continue
         measured = max(r["peak_mb"] for r in ranks) - base
         analytic = (memory.total(name, world, params) - memory.total(memory.baseline(name), world, params)) / mb
-        print(f"  {name:12s} {measured:+7.1f} {analytic:+7.1f} {measured - analytic:+7.1f} MB")
+        split = []
+        for rec in ranks:
+            rises = rec["rises_mb"]
+            coll = sum(v for k, v in rises.items() if "reduce-scatter" in k or "all-gather" in k)
+            step = sum(v for k, v in rises.items() if ": commit" in k or ": lookahead" in k)
+            split.append(f"rank {rec['rank']}: collectives {coll:5.1f}, step {step:5.1f}")
+        print(f"  {name:12s} {measured:+7.1f} {analytic:+7.1f} {measured - analytic:+7.1f}   " + "; ".join(split))
 
 
 # --------------------------------------------------------------------------- isolated candidates
@@ -289,48 +296,61 @@ def _candidates(rank: int, world: int, params: int, port: int, repeats: int) -> 
     from deepspeed.ops.adam import FusedAdam
 
     from ds_acco.collectives import _A2A_PIECE_NUMEL, RoundCollectives
+    from ds_acco.shard_optimizer import ShardOptimizer
 
     shard_n = params // world
-    out: dict[str, float] = {}
+    out: dict[str, tuple[float, float]] = {}  # name: (first call, later calls)
 
-    def optimizer_case(name, make):
+    def optimizer_case(name, make, commit=False):
         master = torch.randn(shard_n)
         opt = make([master])
-        master.grad = torch.randn(shard_n)
-        opt.step()  # state allocated: what stays resident is not the step's working memory
-        out[name] = max(_rise(opt.step) for _ in range(repeats))
-        del opt, master
+        grad = torch.randn(shard_n)
+        if commit:
+            so = ShardOptimizer(opt, [master])
+            step = lambda: so.commit([grad])  # noqa: E731
+        else:
+            master.grad = grad
+            step = opt.step
+        first = _rise(step)  # allocates the state (persistent, counted by the model) and scratch
+        out[name] = (first, max(_rise(step) for _ in range(repeats)))
 
-    optimizer_case("FusedAdam step (DeepSpeed CPU)", lambda ps: FusedAdam(ps, lr=1e-3, weight_decay=0.1))
-    optimizer_case("torch AdamW step, single-tensor",
-                   lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.1, foreach=False))
+    adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.1)  # noqa: E731 - single-tensor on CPU
+    optimizer_case("torch AdamW step (single-tensor)", adamw)
     optimizer_case("torch AdamW step, foreach",
                    lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.1, foreach=True))
-    coll = RoundCollectives(None, 120.0)
+    optimizer_case("ds_acco commit, torch AdamW (chunked)", adamw, commit=True)
+    optimizer_case("DeepSpeed FusedAdam step (CPU kernel)", lambda ps: FusedAdam(ps, lr=1e-3, weight_decay=0.1))
+    groups = []
+    out["a second gloo process group (the rounds' own)"] = (
+        _rise(lambda: groups.append(RoundCollectives(None, 120.0)) or groups[-1].barrier()), 0.0)
+    groups[0].destroy()
     full = torch.randn(world * shard_n)
     shard = torch.empty(shard_n)
-
-    def barrier_then(fn):
-        def both():
-            coll.barrier()
-            fn()
-            coll.barrier()
-        return both
-
-    rs = barrier_then(lambda: coll.reduce_scatter_sum(shard, full))
-    ag = barrier_then(lambda: coll.all_gather(full, full[rank * shard_n:(rank + 1) * shard_n]))
     for thread in (False, True):
-        where = "communication thread" if thread else "main thread"
-        out[f"reduce-scatter, {where}"] = max(_rise(rs, thread) for _ in range(repeats))
-        out[f"all-gather, {where}"] = max(_rise(ag, thread) for _ in range(repeats))
-    coll.destroy()
+        where = "comm thread" if thread else "main thread"
+        for name in ("reduce-scatter", "all-gather"):
+            coll = RoundCollectives(None, 120.0)  # fresh piece scratch
+
+            def once(coll=coll, name=name):
+                coll.barrier()
+                if name == "reduce-scatter":
+                    coll.reduce_scatter_sum(shard, full)
+                else:
+                    coll.all_gather(full, full[rank * shard_n:(rank + 1) * shard_n])
+                coll.barrier()
+
+            first = _rise(once, thread)
+            out[f"gloo {name} of P fp32, {where}"] = (first, max(_rise(once, thread) for _ in range(repeats)))
+            scratch = sum(b.numel() * b.element_size() for b in coll._a2a_scratch.values()) / 2 ** 20
+            out[f"  of which ds_acco's piece scratch ({name}, {where})"] = (scratch, 0.0)
+            coll.destroy()
     dist.destroy_process_group()
     if rank == 0:
         print(f"isolated candidates: P = {params / 1e6:.2f}M fp32, N = {world}, shard {shard_n / 1e6:.2f}M "
               f"elements ({shard_n * 4 / 2 ** 20:.1f} MB); gloo pieces of {_A2A_PIECE_NUMEL} elements per rank; "
-              f"peak above resident, max of {repeats} runs:")
-        for name, rise in out.items():
-            print(f"  {name:40s} +{rise:6.1f} MB")
+              f"VmHWM above the resident set (MB): first call, then the largest of {repeats} more")
+        for name, (first, later) in out.items():
+            print(f"  {name:62s} {first:+7.1f} {later:+7.1f}")
 
 
 def candidates(params: int, world: int = 2, port: int = 29561, repeats: int = 3) -> None:

@@ -328,15 +328,20 @@ class _DTensorShardOptimizer(ShardOptimizer):
                 for p in params
             ]
 
-    @property
-    def lookahead_is_functional(self) -> bool:
-        # the rounds hand one packed shard per unit, the optimizer holds one DTensor per parameter:
-        # the lookahead takes the snapshot path and writes each unit's masters in packed order
-        return False
-
     def _write_masters(self, outs) -> None:
         for packing, out in zip(self._packings, outs):
             packing.read_masters(out)
+
+    def _per_master(self, grads, outs):
+        """Each parameter's padded chunk of the packed gradient and output shards, in :attr:`masters` order.
+
+        The functional lookahead steps a chunk's first ``local numel`` elements (its DTensor's
+        local shard); the padding after them keeps what the round published there (the masters').
+        """
+        grads = [chunk for packing, shard in zip(self._packings, grads) for chunk in packing.split_shard(shard)]
+        outs = [chunk for packing, out in zip(self._packings, outs)
+                for chunk in packing.split_shard(out[: packing.shard_numel])]
+        return grads, outs
 
     def _set_grads(self, grads) -> None:
         grads = [chunk for packing, shard in zip(self._packings, grads) for chunk in packing.split_shard(shard)]

@@ -205,6 +205,50 @@ def collectives_per_round(rank, world, *, G) -> dict:
             "rs_via_all_to_all": acco.engine.coll.reduce_scatter_via_all_to_all}
 
 
+def lookahead_paths(rank, world, *, G) -> dict:
+    """The functional lookahead on FSDP2's packed units against the snapshot lookahead.
+
+    Before the first commit (no optimizer state; bias correction at step 1) and after two
+    commits: the same gradients, published as a round publishes (the masters first, so
+    padding after a local shard is the masters'), bit for bit; masters and moments untouched.
+    sync mode, so no round is in flight while the test steps the shard optimizer itself.
+    """
+    from ds_acco.adam_lookahead import local_flat
+
+    model, acco = build(world, {"backend": "fsdp", "mode": "sync"}, G, nested=True)
+    so, groups = acco.engine.shard_optimizer, acco.engine.groups
+    gen = torch.Generator().manual_seed(100 + rank)
+    out = {"functional": so.lookahead_is_functional, "equal": [], "untouched": [], "moved": []}
+    for commits in (0, 2):
+        train(rank, model, acco, commits)
+        grads = [torch.randn(g.layout.shard_numel, generator=gen) for g in groups]
+        masters = _packed_masters(groups)
+        moments = [local_flat(v).clone() for s in so.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+        published = {}
+        for path in ("functional", "snapshot"):
+            functional, so._functional = so._functional, (None if path == "snapshot" else so._functional)
+            try:
+                published[path] = _packed_masters(groups)
+                so.lookahead(grads, published[path])
+            finally:
+                so._functional = functional
+        out["equal"].append(all(torch.equal(a, b) for a, b in zip(published["functional"], published["snapshot"])))
+        out["moved"].append(any(not torch.equal(a, b) for a, b in zip(published["functional"], masters)))
+        after = [local_flat(v) for s in so.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+        out["untouched"].append(all(torch.equal(a, b) for a, b in zip(masters, _packed_masters(groups)))
+                                and all(torch.equal(a, b) for a, b in zip(moments, after)))
+    acco.close()
+    return out
+
+
+def _packed_masters(groups) -> list[torch.Tensor]:
+    """Each group's packed master shard, as a round publishes it before the lookahead."""
+    outs = [torch.empty(g.layout.shard_numel) for g in groups]
+    for g, o in zip(groups, outs):
+        g.read_master(o)
+    return outs
+
+
 def resume_job(rank, world, *, steps, save_at=None, ckpt=None, resume=False) -> dict:
     """``RESUME``'s job: uninterrupted; or stopped at micro-batch ``save_at`` with a checkpoint; or resumed."""
     model, acco = build(world, RESUME["config"], RESUME["G"], RESUME["clip"], RESUME["schedule"])
@@ -230,6 +274,7 @@ def first_job(rank, world, *, G, steps, resume_steps, save_at, ckpt) -> dict:
     return {"modes": modes(rank, world, G=G, steps=steps),
             "variants": variants(rank, world, G=G, steps=steps),
             "collectives": collectives_per_round(rank, world, G=G),
+            "lookahead": lookahead_paths(rank, world, G=G),
             "full": resume_job(rank, world, steps=resume_steps)["trajectory"],
             "saved": resume_job(rank, world, steps=resume_steps, save_at=save_at, ckpt=ckpt)["saved"],
             "resumed": resume_job(rank, world, steps=resume_steps, ckpt=ckpt, resume=True)["trajectory"]}
@@ -306,5 +351,5 @@ def refused(rank, world) -> dict:
 
 def third_job(rank, world, *, G, steps, ckpt) -> dict:
     """Three ranks: every mode, then a resharded load of the two-rank checkpoint."""
-    return {"modes": modes(rank, world, G=G, steps=steps), "resharded": resharded_load(rank, world, ckpt=ckpt,
-                                                                                        more_steps=2)}
+    return {"modes": modes(rank, world, G=G, steps=steps), "lookahead": lookahead_paths(rank, world, G=G),
+            "resharded": resharded_load(rank, world, ckpt=ckpt, more_steps=2)}

@@ -299,3 +299,12 @@ def test_rank_major_packing_is_fsdp2s_chunk_layout():
     assert all(torch.equal(v, p) for v, p in zip(packing.layout.views(back), params))
     with pytest.raises(ValueError, match="not 1-D padded dim-0 chunks"):
         RankMajorPacking([p.shape for p in params], world, masters[:1] + [torch.zeros(3)] + masters[2:])
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_functional_lookahead_on_packed_units_equals_snapshot(world, two, three):
+    got = (two if world == 2 else three)["lookahead"]
+    assert got["functional"]  # torch AdamW over FSDP2's fp32 DTensor shards: no 12 P/N snapshot
+    assert got["equal"] == [True, True]  # step 1 (no state) and step 3, padding included
+    assert got["moved"] == [True, True]
+    assert got["untouched"] == [True, True]

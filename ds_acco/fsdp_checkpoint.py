@@ -116,6 +116,7 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
         remove_manifest(folder)  # overwritten in place: incomplete until the new manifest is there
     dist.barrier(group=group)
     engine = getattr(trainer, "engine", None)
+    fsync = engine.config.checkpoint.fsync if engine else True
     rounds = engine.state_dict() if engine else None  # waits for the round in flight (no swap): all at rest
     pending_commit = bool(rounds and rounds["pending"] and rounds["pending"]["kind"] == "commit")
     has_optim = bool(trainer.optimizer.state)
@@ -149,12 +150,13 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
             state["optim"] = optim_sd
         if extra is not None:
             state[EXTRA_KEY] = _blob(extra)
-        dcp.save(state, checkpoint_id=checkpoint_id)
+        # DCP flushes its files itself (sync_files), before the manifest that vouches for them
+        dcp.save(state, checkpoint_id=checkpoint_id, storage_writer=dcp.FileSystemWriter(folder, sync_files=fsync))
     finally:
         if engine:
             trainer.fsdp.to_unsharded()
     write_manifest(folder, writer="ds_acco fsdp", tag=os.path.basename(os.path.normpath(folder)),
-                   claim=_dcp_files_of(dist.get_rank(group)), group=group)
+                   claim=_dcp_files_of(dist.get_rank(group)), fsync=fsync, group=group)
 
 
 def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:

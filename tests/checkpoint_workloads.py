@@ -273,3 +273,45 @@ def stock_fsdp2_job(rank, world, *, out) -> dict:
         acco.after_micro_batch()
     acco.close()
     return dict(loaded, warnings=captured, losses=losses, files=sorted(os.listdir(ckpt)))
+
+
+def flush_order_job(rank, world, *, folder) -> dict:
+    """Write three files, hand them to a FileFinisher (fsync on) and write the manifest, recording the order of
+    every fsync (by path) and of the manifest's rename; then the same with fsync off."""
+    from ds_acco import checkpoint_manifest
+    from ds_acco.checkpoint_files import FileFinisher
+    from ds_acco.checkpoint_manifest import file_digest, write_manifest
+
+    events: list = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), folder)))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", os.path.relpath(dst, folder)))
+        return real_replace(src, dst)
+
+    out = {}
+    for durable in (True, False):
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(os.path.join(folder, "sub"))
+        events.clear()
+        os.fsync, os.replace = fsync, replace
+        try:
+            finisher = FileFinisher(folder, durable)
+            for name, size in (("a.pt", 3 << 20), ("sub/b.pt", 1000), ("c.pt", 0)):
+                with open(os.path.join(folder, name), "wb") as f:
+                    f.write(os.urandom(size))
+                finisher.add(os.path.join(folder, name))
+            hashed = finisher.finish()
+            write_manifest(folder, writer="test", tag="t", hashed=hashed, fsync=durable)
+        finally:
+            os.fsync, os.replace = real_fsync, real_replace
+        manifest, bad = checkpoint_manifest.read_manifest(folder)
+        out[durable] = {"events": list(events), "bad": bad,
+                        "digests_match": all(manifest["files"][n]["digest"] == file_digest(os.path.join(folder, n))
+                                             for n in ("a.pt", "sub/b.pt", "c.pt")),
+                        "hashed": sorted(hashed)}
+    return out

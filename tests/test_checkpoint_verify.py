@@ -149,6 +149,20 @@ def test_verified_round_trip_on_one_and_three_ranks(world):
                                      + [C.ROUND.format(r=r) for r in range(world)])
 
 
+def test_files_are_flushed_before_the_manifest_that_vouches_for_them(tmp_path):
+    """checkpoint.fsync (default): every file, then the folders' entries, then the manifest, then its entry."""
+    got = run_distributed(C.flush_order_job, 1, folder=str(tmp_path / "tag"), timeout=60)[0]
+    durable, fast = got[True], got[False]
+    for run in (durable, fast):
+        assert run["bad"] is None and run["digests_match"] and run["hashed"] == ["a.pt", "c.pt", "sub/b.pt"]
+    events = durable["events"]
+    at = events.index(("replace", MANIFEST))
+    flushed_before = {path for kind, path in events[:at] if kind == "fsync"}
+    assert {"a.pt", "sub/b.pt", "c.pt", ".", "sub"} <= flushed_before, events
+    assert events[at + 1:] == [("fsync", ".")], events  # the manifest's own entry
+    assert fast["events"] == [("replace", MANIFEST)]  # fsync off: page cache only
+
+
 def test_crashed_save_debris_is_reported_and_removed(tmp_path, caplog):
     (tmp_path / "global_step4").mkdir()
     (tmp_path / "global_step6.partial").mkdir()

@@ -26,6 +26,7 @@ import os
 import shutil
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Optional, Sequence
 
 import torch.distributed as dist
@@ -59,6 +60,21 @@ def file_digest(path: str, algorithm: str = HASH) -> str:
             return xxhash.xxh3_64_hexdigest(data) if algorithm == "xxh3_64" else f"{zlib.crc32(data):08x}"
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:  # no copy through Python buffers
             return xxhash.xxh3_64_hexdigest(data) if algorithm == "xxh3_64" else f"{zlib.crc32(data):08x}"
+
+
+def file_digests(paths: Sequence[str], algorithm: str = HASH) -> dict[str, str]:
+    """:func:`file_digest` of each path, largest first, on up to 4 threads (``xxhash`` and ``zlib``
+    release the GIL): a rank that reads a model file and its optimizer file waits for the larger, not
+    both, where the node has cores to spare, and the ranks share the cores where it has none.
+
+    Raises:
+        ValueError: as :func:`file_digest`.
+    """
+    order = sorted(paths, key=os.path.getsize, reverse=True)
+    if len(order) <= 1:
+        return {path: file_digest(path, algorithm) for path in order}
+    with ThreadPoolExecutor(min(4, len(order), os.cpu_count() or 1)) as pool:
+        return dict(zip(order, pool.map(lambda path: file_digest(path, algorithm), order)))
 
 
 def tag_files(folder: str) -> list[str]:
@@ -138,9 +154,10 @@ def write_manifest(folder: str, *, writer: str, tag: str, claim: Sequence[str] =
     dist.broadcast_object_list(listing, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     files = listing[0]
     claims = _gather([f for f in list(hashed) + list(claim) if f in files], group)
-    mine = {f: hashed.get(f) or {"size": os.path.getsize(os.path.join(folder, f)),
-                                 "digest": file_digest(os.path.join(folder, f))}
-            for f in share_out(files, claims, rank)}
+    mine = {f: hashed[f] for f in share_out(files, claims, rank) if f in hashed}
+    todo = {os.path.join(folder, f): f for f in share_out(files, claims, rank) if f not in hashed}
+    for path, digest in file_digests(list(todo)).items():
+        mine[todo[path]] = {"size": os.path.getsize(path), "digest": digest}
     entries: dict = {}
     for part in _gather(mine, group):
         entries.update(part)

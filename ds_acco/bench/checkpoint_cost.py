@@ -178,9 +178,9 @@ def main() -> None:
               f"checkpoint {mb:.0f} MiB, hash {HASH}, load average {os.getloadavg()[0]:.2f}")
         for key in [("first", True)] + [(s, v) for s in settings for v in (True, False)]:
             for r, got in enumerate(gathered):
-                print(f"[checkpoint_cost] {key[0]:10s} {'verified  ' if key[1] else 'unverified'} rank {r}: " + "; ".join(
-                    f"save {a:.3f} (verify {b:.3f}, flush {c:.3f}, cpu {f:.3f}) load {d:.3f} (verify {e:.3f}, cpu {g:.3f})"
-                    for a, b, c, d, e, f, g in got[key]))
+                calls = "; ".join(f"save {a:.3f} (verify {b:.3f}, flush {c:.3f}, cpu {f:.3f}) "
+                                  f"load {d:.3f} (verify {e:.3f}, cpu {g:.3f})" for a, b, c, d, e, f, g in got[key])
+                print(f"[checkpoint_cost] {key[0]:10s} {'verified  ' if key[1] else 'unverified'} rank {r}: {calls}")
         print("[checkpoint_cost] medians over repeats and ranks, seconds; A/B cost = verified - unverified:")
         for s in settings:
             med = {v: [statistics.median(x[j] for got in gathered for x in got[(s, v)]) for j in range(7)]

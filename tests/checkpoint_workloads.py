@@ -272,7 +272,11 @@ def stock_fsdp2_job(rank, world, *, out) -> dict:
         losses.append(loss.item())
         acco.after_micro_batch()
     acco.close()
-    return dict(loaded, warnings=captured, losses=losses, files=sorted(os.listdir(ckpt)))
+    # the same checkpoint into ds_acco's stock front end ("enabled": false)
+    model, stock = F.build(world, dict(R["config"], enabled=False), R["G"], R["clip"], R["schedule"])
+    stock.load_checkpoint(ckpt)
+    disabled = {"commits": stock.commits, "params_equal": _equal([F._full_sharded(model)], [trajectory[-1]])}
+    return dict(loaded, warnings=captured, losses=losses, files=sorted(os.listdir(ckpt)), disabled=disabled)
 
 
 def flush_order_job(rank, world, *, folder) -> dict:

@@ -139,6 +139,7 @@ def test_stock_fsdp2_checkpoint_loads_with_one_warning(tmp_path):
     for r in got:
         assert r["commits"] == 2 and r["params_equal"]
         assert len(r["losses"]) >= 8 and all(math.isfinite(v) for v in r["losses"]), r["losses"]
+        assert r["disabled"] == {"commits": 2, "params_equal": True}  # "enabled": false loads it too
 
 
 @pytest.mark.parametrize("world", [1, 3])

@@ -103,8 +103,9 @@ def _masters_and_moments(acco) -> dict:
     }
 
 
-def stock_fsdp(rank, world, G, steps):
-    """Plain FSDP2 gradient accumulation: no sync until the G-th backward, loss / G, AdamW step."""
+def stock_fsdp(rank, world, G, steps, keep=False):
+    """Plain FSDP2 gradient accumulation: no sync until the G-th backward, loss / G, AdamW step.
+    ``keep``: also return the model and the optimizer."""
     model = W.make_model()
     fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
     opt = torch.optim.AdamW(W.param_groups(model), **W.OPT_KWARGS)
@@ -118,7 +119,7 @@ def stock_fsdp(rank, world, G, steps):
         opt.step()
         opt.zero_grad()
         trajectory.append(_full_sharded(model))
-    return trajectory
+    return (trajectory, model, opt) if keep else trajectory
 
 
 def modes(rank, world, *, G, steps) -> dict:

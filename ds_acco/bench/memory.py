@@ -59,21 +59,22 @@ and casts on the way into the send buffer (no chunked cast scratch; the reduce-s
 output is in the comm dtype whenever r != 4).
 
 So at fp32 (``zero1``, ``sync``, ``dpu``, ``acco_*``): ZeRO-1 = 12 P + 16 P/N,
-sync/dpu = 12 P + 16 P/N (equal), acco = 12 P + 20 P/N (+ 2 MiB of lookahead
-chunks): acco - ZeRO-1 = 4 P/N, the kept estimate shard. With bf16 parameters and
+sync/dpu = 12 P + 16 P/N (equal; + 1 MiB of step chunks), acco = 12 P + 20 P/N (+ 2 MiB of
+lookahead chunks): acco - ZeRO-1 = 4 P/N, the kept estimate shard. With bf16 parameters and
 bf16 accumulation (``zero1_bf16``, ``acco_bf16``): ZeRO-1 = 6 P + 16 P/N, acco =
 6 P + 22 P/N (+ 3 MiB): + 6 P/N. With bf16 parameters, fp32 accumulation and a bf16
 payload (``acco_bf16_fp32acc``, ``ds_configs/acco_bf16.json``): acco = 10 P + 20 P/N
 (+ a 32 MiB cast chunk + 3 MiB): + 4 P + 4 P/N over ZeRO-1 bf16, because each of the two
 accumulators is fp32 where ZeRO-1's gradient and bucket are bf16.
 On gloo the round's collectives add their piece scratch (``collectives._A2A_PIECE_NUMEL``
-elements per rank, a few of each dtype: tens of MiB), which the model leaves out.
-Gradient clipping adds nothing: ``RoundEngine._clip_global_norm`` reduces each shard
-with ``torch.linalg.vector_norm``. Activations, the optimizer's per-step temporaries
-(O(P/N), in both), libraries and data are on top and do not depend on the mode;
-ds_acco's round runs concurrently with the next micro-batches' backward, so its
-transients and the activations can peak together, where ZeRO-1's optimizer step
-runs after backward has freed them.
+elements per rank: a send and a receive buffer, 16 MiB at fp32 and N = 2) and gloo's
+own temporary for each all-gather piece (8 MiB), which the model leaves out (NCCL needs
+neither). Gradient clipping adds nothing: ``RoundEngine._clip_global_norm`` reduces each
+shard with ``torch.linalg.vector_norm``. torch's Adam/AdamW step holds two shard-sized
+temporaries (8 P/N), so ds_acco's commit steps it in chunks (``Adam chunk scratch``).
+Activations, libraries and data are on top and do not depend on the mode.
+``python -m ds_acco.bench.memory_attribution`` measures what the model leaves out
+(BENCHMARKS.md, "Memory per worker").
 """
 
 from __future__ import annotations

@@ -35,7 +35,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from typing import Callable, Optional
 
 from .gloo_memory import _status_mb
@@ -175,7 +174,8 @@ def worker(out_dir: str, train_argv: list[str], interval_s: float) -> int:
     def forward(self, *args, **kwargs):
         if "after set-up" not in marks:
             marks["after set-up"] = _status_mb("VmRSS")
-            marks.update({f"after set-up: {k}": v for k, v in malloc_mb().items()}, **{"after set-up: rss": marks["after set-up"]})
+            marks.update({f"after set-up: {k}": v for k, v in malloc_mb().items()})
+            marks["after set-up: rss"] = marks["after set-up"]
         return first_forward(self, *args, **kwargs)
 
     DeepSpeedEngine.forward = forward

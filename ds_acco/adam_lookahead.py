@@ -18,11 +18,23 @@ snapshot path):
   (single-tensor) path on CPU; ``foreach`` runs the same ops per tensor, and
   ``fused`` kernels may round differently (fp32 rounding).
 * DeepSpeed's ``FusedAdam`` (``adam_w_mode``, ``bias_correction``) and
-  ``DeepSpeedCPUAdam`` (``adamw_mode``; not ``amsgrad``): the same update rule,
-  which their kernels evaluate in another order with fp32 scalars. Measured
-  against DeepSpeed 0.19's CPU ``FusedAdam`` (steps 1-4, both weight-decay modes):
-  equal to within 2.4e-5 of the largest update (about 10 fp32 ulps of parameters
-  near 1). Only the estimate is affected: a commit is always the optimizer's own step.
+  ``DeepSpeedCPUAdam`` (``adamw_mode``; not ``amsgrad``). On CPU both run the same
+  kernel (``ds_adam_step`` in DeepSpeed's ``csrc/adam/cpu_adam_impl.cpp``), and
+  :meth:`FunctionalAdam._chunk_deepspeed` evaluates its formula with its fp32
+  scalars and its fused multiply-adds (ATen's vectorised ``add(alpha=)`` is an FMA).
+  Measured against DeepSpeed 0.19.8's CPU ``FusedAdam`` (AVX2, GCC 12): bit-identical
+  except in the last ``numel % lanes`` elements of a tensor (8 lanes with AVX2, 16
+  with AVX-512), which the kernel steps in scalar C++ whose multiply-adds the
+  compiler contracts differently (about two fp32 ulps of the result). The one input
+  it reconstructs is the kernel's ``beta ** step``: multiplied up in fp32 from step 1
+  when every group has the same betas (what the kernel does), ``pow`` when they differ
+  (the kernel recomputes it at every call then); a resumed run, where the kernel starts
+  from ``pow``, can be ulps off. tests/test_shard_optimizer.py checks all of this.
+  Torch's formula with fp64 scalars was 1e-5 of the update away (``1 - beta2`` from
+  fp32 ``beta2`` differs from fp64's by 1.3e-5, and ATen's fp32 ``sqrt`` is not
+  correctly rounded). Only the estimate is affected: a commit is always the
+  optimizer's own step. (On CUDA, FusedAdam's kernel uses another formula; the rule
+  is then as close as torch's, not bit-identical: not measured here.)
 
 Masters and state must be fp32 (DeepSpeed's ZeRO-1 partitions and ds_acco's own
 masters are); anything else takes the snapshot path.
@@ -30,14 +42,19 @@ masters are); anything else takes the snapshot path.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 CHUNK_ELEMS = 1 << 18
 """Elements per chunk: the scratch is at most 4 such fp32 buffers (4 MiB), whatever the model size."""
+SQRT_PIECE = 1 << 14
+"""Elements per fp64 square root of DeepSpeed's rule (128 KiB of scratch): fp64's, rounded once, is fp32's
+correctly rounded root, which the kernel's ``sqrt`` is."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +70,11 @@ class AdamHyper:
     amsgrad: bool = False
     maximize: bool = False
     bias_correction: bool = True
+    deepspeed: bool = False
+    """DeepSpeed's CPU kernel's arithmetic (:meth:`FunctionalAdam._chunk_deepspeed`), not torch's."""
+    running_power: bool = True
+    """DeepSpeed: the kernel multiplies ``beta ** step`` up step by step (every group has the same
+    betas), rather than recomputing it with ``pow`` at every call (the betas differ between groups)."""
 
 
 def _scalar(x) -> float:
@@ -88,6 +110,7 @@ def _deepspeed_hyper(optimizer: torch.optim.Optimizer, group: dict) -> Optional[
         lr=_scalar(group["lr"]), beta1=_scalar(group["betas"][0]), beta2=_scalar(group["betas"][1]),
         eps=float(group["eps"]), weight_decay=float(group["weight_decay"]),
         decoupled=bool(optimizer.adam_w_mode), bias_correction=bool(group.get("bias_correction", True)),
+        deepspeed=True, running_power=len({tuple(map(_scalar, g["betas"])) for g in optimizer.param_groups}) == 1,
     )
 
 
@@ -146,10 +169,10 @@ class FunctionalAdam:
                 return group
         raise ValueError("a master shard is not in any parameter group of the optimizer")
 
-    def _buf(self, name: str, n: int, device: torch.device) -> torch.Tensor:
+    def _buf(self, name: str, n: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         buf = self._scratch.get(name)
         if buf is None or buf.numel() < n or buf.device != device:
-            buf = self._scratch[name] = torch.empty(n, dtype=torch.float32, device=device)
+            buf = self._scratch[name] = torch.empty(n, dtype=dtype, device=device)
         return buf[:n]
 
     def lookahead(self, masters: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
@@ -171,47 +194,172 @@ class FunctionalAdam:
                 n = flat.numel()
                 m, v, vmax = (local_flat(state[key]) if key in state else None  # absent before the first step
                               for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"))
+                chunk = self._chunk_deepspeed if hyper.deepspeed else self._chunk
                 for start in range(0, n, CHUNK_ELEMS):
                     piece = slice(start, min(n, start + CHUNK_ELEMS))
-                    self._chunk(hyper, step, flat[piece], g[piece], m if m is None else m[piece],
+                    chunk(hyper, step, flat[piece], g[piece], m if m is None else m[piece],
                                 v if v is None else v[piece],
                                 vmax[piece] if vmax is not None and hyper.amsgrad else None, out[piece])
 
     def _chunk(self, h: AdamHyper, step: float, p, g, m, v, vmax, out) -> None:
-        """torch's ``_single_tensor_adam`` (non-capturable branch) on one chunk, into scratch."""
+        """The next step of one chunk into ``out``, on scratch copies of ``p``, ``m`` and ``v``."""
         k, dev = p.numel(), p.device
         direct = out.dtype == torch.float32 and out.is_contiguous()
         res = out if direct else self._buf("result", k, dev)
+        res.copy_(p)
+        m2, v2 = self._buf("exp_avg", k, dev), self._buf("exp_avg_sq", k, dev)
+        m2.zero_() if m is None else m2.copy_(m)
+        v2.zero_() if v is None else v2.copy_(v)
+        # amsgrad: the maximum goes into v2 (the stored maximum is left as it is)
+        self._torch_update(h, step, res, g, m2, v2, vmax, vmax_out=v2, denom=v2)
+        if not direct:
+            out.copy_(res)
+
+    def _torch_update(self, h: AdamHyper, step: float, p, g, m, v, vmax, *, vmax_out, denom) -> None:
+        """torch's ``_single_tensor_adam`` (non-capturable branch), op for op, in place on ``p``, ``m``, ``v``."""
+        k, dev = p.numel(), p.device
         grad = g
         if h.maximize:
             grad = torch.neg(g, out=self._buf("grad", k, dev))
-        if h.weight_decay != 0 and h.decoupled:
-            torch.mul(p, 1 - h.lr * h.weight_decay, out=res)  # param.mul_(1 - lr * weight_decay)
-        else:
-            res.copy_(p)
-            if h.weight_decay != 0:
+        if h.weight_decay != 0:
+            if h.decoupled:
+                p.mul_(1 - h.lr * h.weight_decay)
+            else:
                 grad = torch.add(grad, p, alpha=h.weight_decay, out=self._buf("grad", k, dev))
-        m2 = self._buf("exp_avg", k, dev)
-        if m is None:
-            m2.zero_()
-        else:
-            m2.copy_(m)
-        m2.lerp_(grad, 1 - h.beta1)
-        v2 = self._buf("exp_avg_sq", k, dev)
-        if v is None:
-            v2.zero_()
-        else:
-            v2.copy_(v)
-        v2.mul_(h.beta2).addcmul_(grad, grad, value=1 - h.beta2)
+        m.lerp_(grad, 1 - h.beta1)
+        v.mul_(h.beta2).addcmul_(grad, grad, value=1 - h.beta2)
         if h.bias_correction:
             bias_correction1 = 1 - h.beta1 ** step
             bias_correction2 = 1 - h.beta2 ** step
         else:
             bias_correction1 = bias_correction2 = 1.0
         step_size = h.lr / bias_correction1
+        src = v
         if h.amsgrad and vmax is not None:
-            torch.maximum(vmax, v2, out=v2)
-        v2.sqrt_().div_(bias_correction2 ** 0.5).add_(h.eps)  # denom
-        res.addcdiv_(m2, v2, value=-step_size)
+            src = torch.maximum(vmax, v, out=vmax_out)
+        torch.sqrt(src, out=denom).div_(bias_correction2 ** 0.5).add_(h.eps)
+        p.addcdiv_(m, denom, value=-step_size)
+
+    def steps_in_place(self, masters: Sequence[torch.Tensor]) -> bool:
+        """Whether :meth:`step` may replace ``optimizer.step()`` bit for bit: torch's Adam/AdamW
+        stepping single-tensor or ``foreach`` (not ``fused``), with no step hooks."""
+        opt = self.optimizer
+        from torch.optim import optimizer as torch_optimizer
+
+        hooks = (opt._optimizer_step_pre_hooks, opt._optimizer_step_post_hooks,
+                 getattr(torch_optimizer, "_global_optimizer_pre_hooks", None),
+                 getattr(torch_optimizer, "_global_optimizer_post_hooks", None))
+        return (self._hyper_reader is _torch_hyper and self.supports(masters)
+                and not any(g.get("fused") for g in opt.param_groups) and not any(hooks))
+
+    def step(self, masters: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
+        """The optimizer's step on ``masters``, chunk by chunk: the same arithmetic as torch's
+        single-tensor step (and so its state), with chunk-sized temporaries instead of two
+        shard-sized ones (``sqrt`` and the division of the denominator)."""
+        from torch.optim.optimizer import _get_scalar_dtype
+
+        with torch.no_grad():
+            for p, g in zip(masters, grads):
+                group = self._group_of(p)
+                hyper = self._hyper_reader(self.optimizer, group)
+                state = self.optimizer.state[p]
+                if not state:  # Adam._init_group, non-capturable, not fused
+                    state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype(), device="cpu")
+                    for key in ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ()):
+                        state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                step = _scalar(state["step"])
+                flat, m, v = local_flat(p), local_flat(state["exp_avg"]), local_flat(state["exp_avg_sq"])
+                vmax = local_flat(state["max_exp_avg_sq"]) if hyper.amsgrad else None
+                for start in range(0, flat.numel(), CHUNK_ELEMS):
+                    piece = slice(start, min(flat.numel(), start + CHUNK_ELEMS))
+                    chunk_max = vmax[piece] if vmax is not None else None
+                    self._torch_update(hyper, step, flat[piece], g[piece], m[piece], v[piece], chunk_max,
+                                       vmax_out=chunk_max,  # the lookahead's scratch: never in use at once
+                                       denom=self._buf("exp_avg_sq", piece.stop - start, p.device))
+        self.optimizer._opt_called = True  # what the LR scheduler's wrapper of optimizer.step() records
+
+    def _chunk_deepspeed(self, h: AdamHyper, step: float, p, g, m, v, vmax, out) -> None:
+        """DeepSpeed's CPU Adam kernel (``Adam_Optimizer::Step_AVX``) on one chunk, op for op.
+
+        Scalars are the kernel's fp32 values; each ``add(x, alpha=a)`` is the kernel's
+        ``fma(x, a, ...)``. ``vmax`` is unused (DeepSpeed has no amsgrad).
+        """
+        k, dev = p.numel(), p.device
+        s = _deepspeed_scalars(h, int(step))
+        direct = out.dtype == torch.float32 and out.is_contiguous()
+        res = out if direct else self._buf("result", k, dev)
+        grad = g
+        if h.weight_decay > 0 and not h.decoupled:  # grad = fma(param, weight_decay, grad)
+            grad = torch.add(g, p, alpha=s.weight_decay, out=self._buf("grad", k, dev))
+        m2 = self._buf("exp_avg", k, dev)
+        if m is None:
+            m2.zero_()
+        else:
+            torch.mul(m, s.beta1, out=m2)
+        m2.add_(grad, alpha=s.one_minus_beta1)  # fma(grad, 1 - beta1, momentum * beta1)
+        v2 = self._buf("exp_avg_sq", k, dev)
+        if v is None:
+            v2.zero_()
+        else:
+            torch.mul(v, s.beta2, out=v2)
+        square = torch.mul(grad, grad, out=res)  # res is free until the parameter is written
+        v2.add_(square, alpha=s.one_minus_beta2)  # fma(grad * grad, 1 - beta2, variance * beta2)
+        for start in range(0, k, SQRT_PIECE):  # the kernel's sqrt: ATen's fp32 sqrt is not correctly rounded
+            piece = v2[start:start + SQRT_PIECE]
+            piece.copy_(self._buf("sqrt", piece.numel(), dev, torch.float64).copy_(piece).sqrt_())
+        eps = torch.tensor(s.eps, dtype=torch.float32, device=dev)
+        torch.add(eps, v2, alpha=s.bias_correction2, out=v2)  # fma(sqrt(variance), bias_correction2, eps)
+        m2.div_(v2)
+        if h.weight_decay > 0 and h.decoupled:  # param = fma(param, -lr * weight_decay, param)
+            torch.add(p, p, alpha=s.weight_decay, out=res)
+        else:
+            res.copy_(p)
+        res.add_(m2, alpha=s.step_size)  # fma(update, -lr / bias_correction1, param)
         if not direct:
             out.copy_(res)
+
+
+@dataclass(frozen=True)
+class _KernelScalars:
+    beta1: float
+    beta2: float
+    one_minus_beta1: float
+    one_minus_beta2: float
+    eps: float
+    bias_correction2: float
+    step_size: float
+    weight_decay: float
+    """``-lr * weight_decay`` in AdamW mode, ``weight_decay`` in L2 mode."""
+
+
+def _deepspeed_scalars(h: AdamHyper, step: int) -> _KernelScalars:
+    """The fp32 scalars DeepSpeed's CPU Adam kernel derives from its fp32 arguments for ``step``."""
+    f = np.float32
+    lr, b1, b2, eps, wd = (f(x) for x in (h.lr, h.beta1, h.beta2, h.eps, h.weight_decay))
+    if h.bias_correction:
+        power = _running_power if h.running_power else (lambda b, t: f(float(b) ** t))  # std::pow(float, size_t)
+        b1_t, b2_t = power(b1, step), power(b2, step)
+        bias_correction1 = f(1) - b1_t
+        bias_correction2 = f(1) / f(math.sqrt(f(1) - b2_t))
+    else:
+        bias_correction1 = bias_correction2 = f(1)
+    return _KernelScalars(
+        beta1=float(b1), beta2=float(b2), one_minus_beta1=float(f(1) - b1), one_minus_beta2=float(f(1) - b2),
+        eps=float(eps), bias_correction2=float(bias_correction2), step_size=float(f(-lr) / bias_correction1),
+        weight_decay=float(f(-lr) * wd if h.decoupled else wd),
+    )
+
+
+_POWERS: dict[float, tuple[int, np.float32]] = {}
+
+
+def _running_power(beta: np.float32, step: int) -> np.float32:
+    """``beta ** step`` as the kernel keeps it: multiplied up in fp32, one step at a time (cached)."""
+    done, value = _POWERS.get(float(beta), (0, np.float32(1)))
+    if step < done:
+        done, value = 0, np.float32(1)
+    for _ in range(step - done):
+        value = np.float32(value * beta)
+    _POWERS[float(beta)] = (step, value)
+    return value

@@ -26,6 +26,7 @@ import os
 import shutil
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Optional, Sequence
 
 import torch.distributed as dist
@@ -61,6 +62,21 @@ def file_digest(path: str, algorithm: str = HASH) -> str:
             return xxhash.xxh3_64_hexdigest(data) if algorithm == "xxh3_64" else f"{zlib.crc32(data):08x}"
 
 
+def file_digests(paths: Sequence[str], algorithm: str = HASH) -> dict[str, str]:
+    """:func:`file_digest` of each path, largest first, on up to 4 threads (``xxhash`` and ``zlib``
+    release the GIL): a rank that reads a model file and its optimizer file waits for the larger, not
+    both, where the node has cores to spare, and the ranks share the cores where it has none.
+
+    Raises:
+        ValueError: as :func:`file_digest`.
+    """
+    order = sorted(paths, key=os.path.getsize, reverse=True)
+    if len(order) <= 1:
+        return {path: file_digest(path, algorithm) for path in order}
+    with ThreadPoolExecutor(min(4, len(order), os.cpu_count() or 1)) as pool:
+        return dict(zip(order, pool.map(lambda path: file_digest(path, algorithm), order)))
+
+
 def tag_files(folder: str) -> list[str]:
     """Every file under ``folder`` (relative paths, sorted), except the manifest and temporary files."""
     out = []
@@ -90,6 +106,21 @@ def share_out(files: Sequence[str], claims: Sequence[Iterable[str]], rank: int) 
     return mine + unclaimed[rank::len(claims)]
 
 
+def fsync_path(path: str) -> None:
+    """Flush a file's data, or a folder's entries (names created or renamed in it), to stable storage."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_folders(folder: str) -> None:
+    """Flush the entries of ``folder`` and of every folder under it."""
+    for root, _, _ in os.walk(folder):
+        fsync_path(root)
+
+
 def _gather(obj, group) -> list:
     out: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, obj, group=group)
@@ -100,38 +131,50 @@ def _seal(body: dict) -> str:
     return f"{zlib.crc32(json.dumps(body, sort_keys=True).encode()):08x}"
 
 
-def write_manifest(folder: str, *, writer: str, tag: str, claim: Sequence[str] = (), group=None) -> None:
+def write_manifest(folder: str, *, writer: str, tag: str, claim: Sequence[str] = (),
+                   hashed: Optional[dict] = None, fsync: bool = True, group=None) -> None:
     """Hash every file of ``folder`` (shared out over the ranks) and write its manifest; collective.
 
-    Call it when every rank has finished writing. Rank 0 writes the manifest through a
-    temporary name, so it appears whole or not at all.
+    Call it when every rank has finished writing (and, with ``fsync``, flushing) its files.
+    Rank 0 writes the manifest through a temporary name, so it appears whole or not at all.
 
     Args:
         folder: the checkpoint folder (one shared filesystem for all ranks).
         writer: which front end wrote the checkpoint (stored for the reader's messages).
         tag: the checkpoint's name.
         claim: files this rank wrote; it hashes those (others are shared out round-robin).
+        hashed: ``{name: {"size", "digest"}}`` this rank already computed (see
+            :class:`ds_acco.checkpoint_files.FileFinisher`); claimed, not hashed again.
+        fsync: flush the folders' entries before the manifest, and the manifest's own entry after it.
         group: the process group of the ranks that wrote the checkpoint (None: the default group).
     """
     rank = dist.get_rank(group)
+    hashed = hashed or {}
     listing = [tag_files(folder) if rank == 0 else None]
     dist.broadcast_object_list(listing, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     files = listing[0]
-    claims = _gather([f for f in claim if f in files], group)
-    mine = {f: {"size": os.path.getsize(os.path.join(folder, f)), "digest": file_digest(os.path.join(folder, f))}
-            for f in share_out(files, claims, rank)}
+    claims = _gather([f for f in list(hashed) + list(claim) if f in files], group)
+    mine = {f: hashed[f] for f in share_out(files, claims, rank) if f in hashed}
+    todo = {os.path.join(folder, f): f for f in share_out(files, claims, rank) if f not in hashed}
+    for path, digest in file_digests(list(todo)).items():
+        mine[todo[path]] = {"size": os.path.getsize(path), "digest": digest}
     entries: dict = {}
     for part in _gather(mine, group):
         entries.update(part)
     if rank == 0:
         body = {"format": FORMAT, "writer": writer, "tag": tag, "saved_unix": time.time(),
                 "world_size": len(claims), "hash": HASH, "files": {f: entries[f] for f in files}}
+        if fsync:  # the files' names are durable before the manifest that vouches for them
+            fsync_folders(folder)
         tmp = os.path.join(folder, f"{MANIFEST}.tmp{os.getpid()}")
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(dict(body, seal=_seal(body)), f, indent=1, sort_keys=True)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(tmp, os.path.join(folder, MANIFEST))
+        if fsync:
+            fsync_path(folder)
     dist.barrier(group=group)
 
 

@@ -124,11 +124,13 @@ class RoundCollectives:
         return out
 
     def _scratch(self, role: str, numel: int, like: torch.Tensor) -> torch.Tensor:
-        key = (role, numel, like.dtype, like.device)
+        """The first ``numel`` elements of one buffer per role and dtype (a ragged last piece or a
+        smaller group reuses it: one piece's worth of scratch per role, not one per size)."""
+        key = (role, like.dtype, like.device)
         buf = self._a2a_scratch.get(key)
-        if buf is None:
+        if buf is None or buf.numel() < numel:
             buf = self._a2a_scratch[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
-        return buf
+        return buf[:numel]
 
     def all_gather(self, full: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
         """Concatenate every rank's ``shard`` into ``full`` (rank order); ``shard`` may be

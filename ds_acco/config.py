@@ -57,7 +57,14 @@ class TelemetryConfig(_Block):
 
 
 class CheckpointConfig(_Block):
-    """How checkpoints are loaded (saves are always verified, see ``ds_acco.checkpoint_manifest``)."""
+    """How checkpoints are saved and loaded (saves are always verified, see ``ds_acco.checkpoint_manifest``)."""
+
+    fsync: bool = True
+    """Flush every file of a save to stable storage before the manifest that vouches for it
+    (then the manifest, the tag's rename and ``latest``), so a tag that looks complete is
+    complete after a node crash or a power loss. Off: saves return once the files are in
+    the page cache (faster on local disks; a crash can then leave a tag whose files fail
+    verification, and the load names the previous complete tag)."""
 
     salvage: bool = False
     """Load a damaged or partial ds_acco checkpoint anyway, dropping the parts that fail

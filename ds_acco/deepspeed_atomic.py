@@ -4,8 +4,11 @@ Both DeepSpeed front ends (ACCO rounds and streaming) write their tag through
 :func:`atomic_save`: every rank writes into ``<tag>.partial``; only when all
 have finished does rank 0 rename it to ``<tag>`` and then replace ``latest``.
 Before the rename the ranks hash every file into the tag's manifest
-(:mod:`ds_acco.checkpoint_manifest`), so ``<tag>`` only ever appears complete and
-verifiable. Stock DeepSpeed writes into ``<tag>`` directly and updates ``latest`` as it
+(:mod:`ds_acco.checkpoint_manifest`; each file as soon as it is written, see
+:mod:`ds_acco.checkpoint_files`), so ``<tag>`` only ever appears complete and
+verifiable; with ``acco.checkpoint.fsync`` (the default) the files, the manifest, the
+rename and ``latest`` are flushed to stable storage in that order, so that stays true
+after a node crash or a power loss. Stock DeepSpeed writes into ``<tag>`` directly and updates ``latest`` as it
 goes, so a job killed mid-save can resume from a half-written tag. What a crashed save
 left behind (``*.partial``) is reported and removed by the next save.
 Assumes ``save_dir`` is one shared filesystem, as DeepSpeed's own ``latest`` does.
@@ -20,7 +23,8 @@ from typing import Any, Callable, Sequence
 import torch
 from deepspeed import comm as ds_dist
 
-from .checkpoint_manifest import clean_partials, write_manifest
+from .checkpoint_files import FileFinisher
+from .checkpoint_manifest import clean_partials, fsync_path, write_manifest
 
 
 def atomic_torch_save(obj: Any, path: str) -> None:
@@ -31,7 +35,8 @@ def atomic_torch_save(obj: Any, path: str) -> None:
 
 
 def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str], Any], save_latest: bool,
-                claim: Sequence[str] = (), writer: str = "ds_acco deepspeed") -> Any:
+                checkpoint_engine: Any, fsync: bool, claim: Sequence[str] = (),
+                writer: str = "ds_acco deepspeed") -> Any:
     """Run ``write(partial_tag)`` on every rank, then publish ``tag`` (and ``latest``) at once.
 
     Args:
@@ -40,6 +45,10 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str]
         global_rank: this process's rank; rank 0 renames and writes ``latest``.
         write: saves this rank's files under ``save_dir/<partial_tag>``; its return value is returned.
         save_latest: replace ``latest`` with ``tag`` once the tag is complete.
+        checkpoint_engine: DeepSpeed's ``engine.checkpoint_engine``; each file it writes is hashed
+            (and flushed) in the background while the next is written (:mod:`ds_acco.checkpoint_files`).
+        fsync: ``acco.checkpoint.fsync``: the files, the manifest, the rename and ``latest`` reach
+            stable storage before the save returns, in that order.
         claim: the files this rank writes (it hashes them for the manifest).
         writer: the front end, recorded in the manifest.
     """
@@ -47,21 +56,37 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str]
     if global_rank == 0:
         clean_partials(save_dir)  # debris of crashed saves: reported, never loaded
     ds_dist.barrier()
-    result = write(partial)
+    folder = os.path.join(save_dir, partial)
+    finisher = FileFinisher(folder, fsync)
+    try:
+        with finisher.watching(checkpoint_engine):
+            result = write(partial)
+        for name in claim:  # the rest of this rank's files (ds_acco's state file is written last)
+            if os.path.isfile(os.path.join(folder, name)):
+                finisher.add(os.path.join(folder, name))
+    finally:
+        hashed = finisher.finish()
     ds_dist.barrier()
-    write_manifest(os.path.join(save_dir, partial), writer=writer, tag=tag, claim=claim)
+    write_manifest(folder, writer=writer, tag=tag, claim=claim, hashed=hashed, fsync=fsync)
     if global_rank == 0:
         final = os.path.join(save_dir, tag)
         old = f"{final}.old{os.getpid()}"
         if os.path.exists(final):
             os.replace(final, old)
-        os.replace(os.path.join(save_dir, partial), final)
+        os.replace(folder, final)
+        if fsync:  # the complete tag is durable before the previous copy of it goes
+            fsync_path(save_dir)
         shutil.rmtree(old, ignore_errors=True)
         if save_latest:
             latest_tmp = os.path.join(save_dir, f"latest.tmp{os.getpid()}")
             with open(latest_tmp, "w", encoding="utf-8") as f:
                 f.write(tag)
+                if fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
             os.replace(latest_tmp, os.path.join(save_dir, "latest"))
+            if fsync:
+                fsync_path(save_dir)
     ds_dist.barrier()
     return result
 

@@ -212,7 +212,8 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
 
         dp = self._acco_dp_rank()
         claim = [ROUND_STATE_FILE.format(rank=dp), OPTIM_FILE.format(rank=dp)] + [MODEL_FILE] * (dp == 0)
-        return atomic_save(save_dir, tag, self.global_rank, write, save_latest, claim=claim)
+        return atomic_save(save_dir, tag, self.global_rank, write, save_latest, self.checkpoint_engine,
+                           self._acco_config.checkpoint.fsync, claim=claim)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
@@ -230,7 +231,9 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
         dp = ds_dist.get_world_size(group=self.optimizer.real_dp_process_group[0])
         verdict = verify_tag(load_dir, tag, state_file=ROUND_STATE_FILE, dp_rank=self._acco_dp_rank(), dp_world=dp,
                              salvage=self._acco_config.checkpoint.salvage)
-        if not load_module_only and elastic.saved_dp_world_size(load_dir, tag) != dp:
+        # the manifest says how many ranks saved; only a checkpoint without one needs its model file read for it
+        saved_dp = verdict.manifest["world_size"] if verdict.manifest else elastic.saved_dp_world_size(load_dir, tag)
+        if not load_module_only and saved_dp != dp:
             out = self._acco_load_resharded(load_dir, tag, load_module_strict, load_optimizer_states,
                                             load_lr_scheduler_states)
             refuse_non_finite(load_dir, tag, self._acco_loaded_tensors())

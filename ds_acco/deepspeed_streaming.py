@@ -132,7 +132,8 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
             return ok
 
         claim = [STREAMING_STATE_FILE.format(rank=self._dp_rank())] + [MODEL_FILE] * (self._dp_rank() == 0)
-        return atomic_save(save_dir, tag, self.global_rank, write, save_latest, claim=claim)
+        return atomic_save(save_dir, tag, self.global_rank, write, save_latest, self.checkpoint_engine,
+                           self._acco_config.checkpoint.fsync, claim=claim)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):

@@ -448,7 +448,9 @@ class AccoFSDP:
 
         Same world size and acco block: resumes exactly (fixed policy: bit-identically).
         Another world size, or a :class:`StockFSDP` checkpoint: model, optimizer and
-        scheduler load (resharded by DCP); rounds bootstrap afresh.
+        scheduler load (resharded by DCP); rounds bootstrap afresh. A checkpoint a stock
+        FSDP2 job saved with DCP: model and optimizer load unverified, with one WARNING
+        (returns None).
         """
         from .fsdp_checkpoint import load
 

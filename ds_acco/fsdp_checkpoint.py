@@ -27,7 +27,9 @@ stock FSDP2 (``"enabled": false``).
 Every save ends with ds_acco's manifest (sizes and hashes of the DCP files, written
 last; see :mod:`ds_acco.checkpoint_manifest`), and every load first verifies the files
 on every rank (:mod:`ds_acco.checkpoint_verify`): a damaged, partial or manifest-less
-folder fails every rank, naming the file, before DCP reads anything.
+ds_acco folder fails every rank, naming the file, before DCP reads anything. A folder
+that a stock FSDP2 job saved with DCP (no manifest, no ds_acco entry in its metadata)
+loads unverified with one WARNING (:mod:`ds_acco.fsdp_stock_checkpoint`).
 
 Blobs are ``torch.save`` payloads in an ``io.BytesIO``: DCP flattens nested
 dicts and lists into one entry per leaf, and a load would then need a template
@@ -60,8 +62,11 @@ EXTRA_KEY = "extra"
 Trainer = Union["AccoFSDP", "StockFSDP"]
 
 
+RANK_KEY_PREFIX = "acco_rank"
+
+
 def rank_key(rank: int) -> str:
-    return f"acco_rank{rank}"
+    return f"{RANK_KEY_PREFIX}{rank}"
 
 
 def _blob(obj: Any) -> io.BytesIO:
@@ -111,6 +116,7 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
         remove_manifest(folder)  # overwritten in place: incomplete until the new manifest is there
     dist.barrier(group=group)
     engine = getattr(trainer, "engine", None)
+    fsync = engine.config.checkpoint.fsync if engine else True
     rounds = engine.state_dict() if engine else None  # waits for the round in flight (no swap): all at rest
     pending_commit = bool(rounds and rounds["pending"] and rounds["pending"]["kind"] == "commit")
     has_optim = bool(trainer.optimizer.state)
@@ -144,19 +150,21 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
             state["optim"] = optim_sd
         if extra is not None:
             state[EXTRA_KEY] = _blob(extra)
-        dcp.save(state, checkpoint_id=checkpoint_id)
+        # DCP flushes its files itself (sync_files), before the manifest that vouches for them
+        dcp.save(state, checkpoint_id=checkpoint_id, storage_writer=dcp.FileSystemWriter(folder, sync_files=fsync))
     finally:
         if engine:
             trainer.fsdp.to_unsharded()
     write_manifest(folder, writer="ds_acco fsdp", tag=os.path.basename(os.path.normpath(folder)),
-                   claim=_dcp_files_of(dist.get_rank(group)), group=group)
+                   claim=_dcp_files_of(dist.get_rank(group)), fsync=fsync, group=group)
 
 
 def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
     """Restore what :func:`save` wrote; collective. Returns the saved ``extra`` (or None).
 
     Raises:
-        AccoConfigError: the checkpoint was not written by :func:`save`, or names other parameters.
+        CheckpointError: a ds_acco checkpoint failed verification (or misses its manifest).
+        AccoConfigError: the checkpoint names other parameters, or is neither ds_acco's nor stock FSDP2's.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
@@ -167,9 +175,14 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
     if engine:
         engine.reset_rounds()  # waits for and drops the round in flight; the comm thread is idle from here
     folder, group = _folder(checkpoint_id), trainer.fsdp.process_group
-    # Every loadable checkpoint is ds_acco's (it needs META_KEY), so a missing manifest is an error.
-    verify_for_load(folder, reads=_dcp_files_of(dist.get_rank(group)), ours=True, group=group,
-                    salvage=bool(engine) and engine.config.checkpoint.salvage)
+    # A folder with ds_acco's entries (or unreadable DCP metadata) must have its manifest; one without is stock.
+    verdict = verify_for_load(folder, reads=_dcp_files_of(dist.get_rank(group)), ours=written_by_ds_acco(folder),
+                              group=group, salvage=bool(engine) and engine.config.checkpoint.salvage)
+    if verdict.stock:
+        from .fsdp_stock_checkpoint import load_stock
+
+        load_stock(trainer, folder)
+        return None
     probe: dict = {META_KEY: None}
     try:
         dcp.load(probe, checkpoint_id=checkpoint_id)
@@ -210,33 +223,61 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
     finally:
         if engine:
             trainer.fsdp.to_unsharded()
-    for p in trainer.fsdp.params:
-        with torch.no_grad():
-            local = p.sharded.to_local()
-        if local.numel() and local.data_ptr() != p.master.data_ptr():
-            raise RuntimeError(f"ds_acco.fsdp: loading replaced the sharded parameter {p.fqn}; master shard lost")
-    masters = [(f"master {p.fqn}", p.master) for p in trainer.fsdp.params]
-    refuse_unless_finite(folder, masters + optimizer_tensors(trainer.optimizer), group=group)
+    check_loaded(trainer, folder)
     if trainer.lr_scheduler is not None and meta["lr_scheduler"] is not None:
         trainer.lr_scheduler.load_state_dict(meta["lr_scheduler"])
 
-    if not engine:
-        trainer._restart(meta["applied_commits"], meta["micro_batches"])
-    elif exact:
+    if exact:
         saved = _unblob(state[rank_key(engine.rank)], engine.device)
         with torch.no_grad():
             for i, (g, shard) in enumerate(zip(engine.groups, saved["compute"])):
                 engine.all_gather_compute(i, g.flat, shard.to(g.flat.dtype))
         engine.load_state_dict(saved["rounds"])
     else:
-        with torch.no_grad():
-            for i, g in enumerate(engine.groups):  # compute parameters = the loaded masters, as after a commit
-                engine.all_gather_masters(i, g.flat)
-        engine.reset_rounds(commits=meta["applied_commits"])
-        engine.micro_batches = meta["micro_batches"]
-        if engine.rank == 0:
+        restart(trainer, meta["applied_commits"], meta["micro_batches"])
+        if engine and engine.rank == 0:
             logger.warning(
                 "ds_acco.fsdp: %s was saved by %d ranks (mode %s, policy %s); model, optimizer and scheduler "
                 "loaded onto %d ranks (%s), rounds bootstrap afresh at step %d", checkpoint_id, meta["world_size"],
                 meta["mode"], meta["policy"], engine.world_size, engine.config.mode, engine.commits)
     return _unblob(state.get(EXTRA_KEY))
+
+
+def saved_keys(folder: str) -> Optional[set]:
+    """The entries of a DCP checkpoint (from its ``.metadata``), or None when that cannot be read."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        return set(FileSystemReader(folder).read_metadata().state_dict_metadata)
+    except Exception:  # noqa: BLE001 - missing or damaged: not provably stock
+        return None
+
+
+def written_by_ds_acco(folder: str) -> bool:
+    """False only for a readable DCP checkpoint without ds_acco's entries (a stock FSDP2 job wrote it)."""
+    keys = saved_keys(folder)
+    return keys is None or any(k == META_KEY or k.startswith(RANK_KEY_PREFIX) for k in keys)
+
+
+def check_loaded(trainer: Trainer, folder: str) -> None:
+    """The loaded values landed in the master shards, and they and the optimizer moments are finite."""
+    for p in trainer.fsdp.params:
+        with torch.no_grad():
+            local = p.sharded.to_local()
+        if local.numel() and local.data_ptr() != p.master.data_ptr():
+            raise RuntimeError(f"ds_acco.fsdp: loading replaced the sharded parameter {p.fqn}; master shard lost")
+    masters = [(f"master {p.fqn}", p.master) for p in trainer.fsdp.params]
+    refuse_unless_finite(folder, masters + optimizer_tensors(trainer.optimizer), group=trainer.fsdp.process_group)
+
+
+def restart(trainer: Trainer, commits: int, micro_batches: int) -> None:
+    """Continue from loaded masters without round state: compute parameters = masters, rounds afresh."""
+    engine = getattr(trainer, "engine", None)
+    if not engine:
+        trainer._restart(commits, micro_batches)
+        return
+    with torch.no_grad():
+        for i, g in enumerate(engine.groups):  # compute parameters = the loaded masters, as after a commit
+            engine.all_gather_masters(i, g.flat)
+    engine.reset_rounds(commits=commits)
+    engine.micro_batches = micro_batches

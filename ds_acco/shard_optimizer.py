@@ -1,7 +1,11 @@
 """The optimizer step on this rank's fp32 master shards: commit and lookahead.
 
 Any ``torch.optim.Optimizer`` built over the master shards works. The commit is
-its ordinary ``step()`` followed by one LR-scheduler step. The lookahead
+its ordinary ``step()`` followed by one LR-scheduler step; for torch's Adam and
+AdamW stepping single-tensor or ``foreach`` it is the same arithmetic done chunk
+by chunk (:meth:`ds_acco.adam_lookahead.FunctionalAdam.step`), because torch's
+step holds two shard-sized temporaries for its denominator (8 bytes per shard
+element) at the moment the round's buffers are all live. The lookahead
 (``Opt_lookahead`` in docs/algorithms.md) must give what the next commit would give
 with the same learning rate and step count, while leaving the shard and the
 optimizer state untouched. For Adam and AdamW (torch's and DeepSpeed's) it is
@@ -118,9 +122,12 @@ class ShardOptimizer:
 
     def commit(self, grads: Sequence[torch.Tensor], scheduler_steps: int = 1) -> None:
         """``θ, S ← Opt(θ, S, g)``, then ``scheduler_steps`` scheduler steps (see :mod:`ds_acco.lr_schedule`)."""
-        self._set_grads(grads)
-        self.optimizer.step()
-        self._clear_grads()
+        if self._functional is not None and self._functional.steps_in_place(self.masters):
+            self._functional.step(self.masters, self._master_grads(grads))  # chunk-sized temporaries
+        else:
+            self._set_grads(grads)
+            self.optimizer.step()
+            self._clear_grads()
         if self.lr_scheduler is not None:
             for _ in range(scheduler_steps):
                 self.lr_scheduler.step()
@@ -136,7 +143,7 @@ class ShardOptimizer:
         ``θ``, ``S``, the parameter groups and the scheduler are left as they were.
         """
         if self.lookahead_is_functional:
-            self._functional.lookahead(self.masters, grads, outs)
+            self._functional.lookahead(self.masters, *self._per_master(grads, outs))
             return
         self._snapshot.take(self.optimizer, self.masters)
         try:
@@ -147,6 +154,15 @@ class ShardOptimizer:
                 self._write_masters(outs)
         finally:
             self._snapshot.restore(self.optimizer, self.masters)
+
+    def _per_master(self, grads: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]):
+        """Each master's gradient and output, in :attr:`masters` order (adapters whose rounds hand
+        one buffer for several masters override this)."""
+        return grads, outs
+
+    def _master_grads(self, grads: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        """Each master's 1-D gradient, in :attr:`masters` order."""
+        return self._per_master(grads, grads)[0]
 
     def _write_masters(self, outs: Sequence[torch.Tensor]) -> None:
         """Copy each master into the first ``numel`` elements of its ``out`` (adapters with another

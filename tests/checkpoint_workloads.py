@@ -79,6 +79,15 @@ def overwrite(path):
         f.write(bytes(b ^ 0xFF for b in data))
 
 
+def scramble_head(path):
+    """XOR the first 4 KiB: a zip's first header and the pickle behind it, so the loader itself raises."""
+    n = min(4096, os.path.getsize(path))
+    with open(path, "r+b") as f:
+        data = bytearray(f.read(n))
+        f.seek(0)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
 def truncate(path):
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) // 2)
@@ -110,6 +119,8 @@ def damage_cases(names, latest=True):
     cases = {}
     for name in names:
         cases[f"overwrite {name}"] = (name, name, overwrite)
+    for name in names[:2]:  # the loader raises on these (same size, so the hashes are still running)
+        cases[f"scramble the head of {name}"] = (name, name, scramble_head)
     cases[f"truncate {names[-1]}"] = (names[-1], names[-1], truncate)
     cases[f"empty {names[1]}"] = (names[1], names[1], empty)
     cases[f"delete {names[-1]}"] = (names[-1], names[-1], os.remove)
@@ -223,4 +234,99 @@ def finite_check_job(rank, world) -> dict:
         except CheckpointError as exc:
             out[str(bad)] = str(exc)
     refuse_unless_finite("/ckpt/global_step7", [("master", torch.zeros(10))])  # finite: no error
+    return out
+
+
+def stock_fsdp2_job(rank, world, *, out) -> dict:
+    """Stock FSDP2 + AdamW trains 2 steps and saves with DCP as torch's recipe does (a Stateful ``app``
+    holding ``model`` and ``optim``; no ds_acco anywhere); a fresh ACCO trainer loads it and trains on."""
+    import logging
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    from tests import fsdp_workloads as F
+
+    class App(Stateful):
+        def __init__(self, model, opt):
+            self.model, self.opt = model, opt
+
+        def state_dict(self):
+            model_sd, optim_sd = get_state_dict(self.model, self.opt)
+            return {"model": model_sd, "optim": optim_sd}
+
+        def load_state_dict(self, state_dict):
+            raise NotImplementedError("saved only")
+
+    ckpt = os.path.join(out, "stock_fsdp2")
+    trajectory, model, opt = F.stock_fsdp(rank, world, G=2, steps=2, keep=True)
+    dcp.save({"app": App(model, opt)}, checkpoint_id=ckpt)
+
+    captured: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: captured.append(record.getMessage())
+    logging.getLogger("ds_acco").addHandler(handler)
+    try:
+        R = F.RESUME
+        model, acco = F.build(world, R["config"], R["G"], R["clip"], R["schedule"])
+        acco.load_checkpoint(ckpt)
+    finally:
+        logging.getLogger("ds_acco").removeHandler(handler)
+    loaded = {"commits": acco.commits, "params_equal": _equal([F._full(model)], [trajectory[-1]])}
+    losses, k = [], 0
+    while acco.commits < loaded["commits"] + 2:
+        x, y = W.batch(rank, k)
+        k += 1
+        loss = W.loss_fn(model(x), y)
+        loss.backward()
+        losses.append(loss.item())
+        acco.after_micro_batch()
+    acco.close()
+    # the same checkpoint into ds_acco's stock front end ("enabled": false)
+    model, stock = F.build(world, dict(R["config"], enabled=False), R["G"], R["clip"], R["schedule"])
+    stock.load_checkpoint(ckpt)
+    disabled = {"commits": stock.commits, "params_equal": _equal([F._full_sharded(model)], [trajectory[-1]])}
+    return dict(loaded, warnings=captured, losses=losses, files=sorted(os.listdir(ckpt)), disabled=disabled)
+
+
+def flush_order_job(rank, world, *, folder) -> dict:
+    """Write three files, hand them to a FileFinisher (fsync on) and write the manifest, recording the order of
+    every fsync (by path) and of the manifest's rename; then the same with fsync off."""
+    from ds_acco import checkpoint_manifest
+    from ds_acco.checkpoint_files import FileFinisher
+    from ds_acco.checkpoint_manifest import file_digest, write_manifest
+
+    events: list = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), folder)))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", os.path.relpath(dst, folder)))
+        return real_replace(src, dst)
+
+    out = {}
+    for durable in (True, False):
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(os.path.join(folder, "sub"))
+        events.clear()
+        os.fsync, os.replace = fsync, replace
+        try:
+            finisher = FileFinisher(folder, durable)
+            for name, size in (("a.pt", 3 << 20), ("sub/b.pt", 1000), ("c.pt", 0)):
+                with open(os.path.join(folder, name), "wb") as f:
+                    f.write(os.urandom(size))
+                finisher.add(os.path.join(folder, name))
+            hashed = finisher.finish()
+            write_manifest(folder, writer="test", tag="t", hashed=hashed, fsync=durable)
+        finally:
+            os.fsync, os.replace = real_fsync, real_replace
+        manifest, bad = checkpoint_manifest.read_manifest(folder)
+        out[durable] = {"events": list(events), "bad": bad,
+                        "digests_match": all(manifest["files"][n]["digest"] == file_digest(os.path.join(folder, n))
+                                             for n in ("a.pt", "sub/b.pt", "c.pt")),
+                        "hashed": sorted(hashed)}
     return out

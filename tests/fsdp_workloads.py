@@ -103,8 +103,9 @@ def _masters_and_moments(acco) -> dict:
     }
 
 
-def stock_fsdp(rank, world, G, steps):
-    """Plain FSDP2 gradient accumulation: no sync until the G-th backward, loss / G, AdamW step."""
+def stock_fsdp(rank, world, G, steps, keep=False):
+    """Plain FSDP2 gradient accumulation: no sync until the G-th backward, loss / G, AdamW step.
+    ``keep``: also return the model and the optimizer."""
     model = W.make_model()
     fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
     opt = torch.optim.AdamW(W.param_groups(model), **W.OPT_KWARGS)
@@ -118,7 +119,7 @@ def stock_fsdp(rank, world, G, steps):
         opt.step()
         opt.zero_grad()
         trajectory.append(_full_sharded(model))
-    return trajectory
+    return (trajectory, model, opt) if keep else trajectory
 
 
 def modes(rank, world, *, G, steps) -> dict:
@@ -223,16 +224,15 @@ def _optimizer_values(opt) -> list[torch.Tensor]:
 
 
 def local_adam_step(rank, world, *, G) -> dict:
-    """The commit on the DTensors' local tensors (ds_acco/fsdp_shard_optimizer.py) against
-    ``optimizer.step()`` on DTensor gradients, from the same state: single-tensor and foreach AdamW."""
-    from ds_acco.shard_optimizer import ShardOptimizer
-
+    """The commit on the DTensors' local tensors (``ShardOptimizer.commit``'s functional step, see
+    ds_acco/fsdp_shard_optimizer.py) against ``optimizer.step()`` on DTensor gradients, from the
+    same state: single-tensor and foreach AdamW."""
     out = {}
     for foreach in (False, True):
         model, acco = build(world, {"backend": "fsdp", "mode": "sync"}, G, clip=0.5)
         for group in acco.optimizer.param_groups:
             group["foreach"] = foreach
-        train(rank, model, acco, 2)  # the first commit creates the state through optimizer.step()
+        train(rank, model, acco, 2)
         opt = acco.engine.shard_optimizer
         gen = torch.Generator().manual_seed(rank)
         grads = [torch.randn(s.numel(), generator=gen) for s in acco.engine._shard32]
@@ -242,12 +242,57 @@ def local_adam_step(rank, world, *, G) -> dict:
         with torch.no_grad():
             for t, b in zip(_optimizer_values(opt), before):
                 t.copy_(b)
-        ShardOptimizer.commit(opt, grads)  # optimizer.step() on DTensor gradients
-        out[foreach] = {"local_commits": opt.local_commits,
+        opt._set_grads(grads)  # DTensor gradients
+        opt.optimizer.step()
+        opt._clear_grads()
+        out[foreach] = {"functional": opt._functional.steps_in_place(opt.masters),
                         "equal": all(torch.equal(a, b) for a, b in zip(local, _optimizer_values(opt))),
                         "changed": sum(not torch.equal(a, b) for a, b in zip(local, before))}
         acco.close()
     return out
+
+def lookahead_paths(rank, world, *, G) -> dict:
+    """The functional lookahead on FSDP2's packed units against the snapshot lookahead.
+
+    Before the first commit (no optimizer state; bias correction at step 1) and after two
+    commits: the same gradients, published as a round publishes (the masters first, so
+    padding after a local shard is the masters'), bit for bit; masters and moments untouched.
+    sync mode, so no round is in flight while the test steps the shard optimizer itself.
+    """
+    from ds_acco.adam_lookahead import local_flat
+
+    model, acco = build(world, {"backend": "fsdp", "mode": "sync"}, G, nested=True)
+    so, groups = acco.engine.shard_optimizer, acco.engine.groups
+    gen = torch.Generator().manual_seed(100 + rank)
+    out = {"functional": so.lookahead_is_functional, "equal": [], "untouched": [], "moved": []}
+    for commits in (0, 2):
+        train(rank, model, acco, commits)
+        grads = [torch.randn(g.layout.shard_numel, generator=gen) for g in groups]
+        masters = _packed_masters(groups)
+        moments = [local_flat(v).clone() for s in so.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+        published = {}
+        for path in ("functional", "snapshot"):
+            functional, so._functional = so._functional, (None if path == "snapshot" else so._functional)
+            try:
+                published[path] = _packed_masters(groups)
+                so.lookahead(grads, published[path])
+            finally:
+                so._functional = functional
+        out["equal"].append(all(torch.equal(a, b) for a, b in zip(published["functional"], published["snapshot"])))
+        out["moved"].append(any(not torch.equal(a, b) for a, b in zip(published["functional"], masters)))
+        after = [local_flat(v) for s in so.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+        out["untouched"].append(all(torch.equal(a, b) for a, b in zip(masters, _packed_masters(groups)))
+                                and all(torch.equal(a, b) for a, b in zip(moments, after)))
+    acco.close()
+    return out
+
+
+def _packed_masters(groups) -> list[torch.Tensor]:
+    """Each group's packed master shard, as a round publishes it before the lookahead."""
+    outs = [torch.empty(g.layout.shard_numel) for g in groups]
+    for g, o in zip(groups, outs):
+        g.read_master(o)
+    return outs
 
 
 def resume_job(rank, world, *, steps, save_at=None, ckpt=None, resume=False) -> dict:
@@ -276,6 +321,7 @@ def first_job(rank, world, *, G, steps, resume_steps, save_at, ckpt) -> dict:
             "variants": variants(rank, world, G=G, steps=steps),
             "collectives": collectives_per_round(rank, world, G=G),
             "local_adam": local_adam_step(rank, world, G=G),
+            "lookahead": lookahead_paths(rank, world, G=G),
             "full": resume_job(rank, world, steps=resume_steps)["trajectory"],
             "saved": resume_job(rank, world, steps=resume_steps, save_at=save_at, ckpt=ckpt)["saved"],
             "resumed": resume_job(rank, world, steps=resume_steps, ckpt=ckpt, resume=True)["trajectory"]}
@@ -354,5 +400,5 @@ def refused(rank, world) -> dict:
 
 def third_job(rank, world, *, G, steps, ckpt) -> dict:
     """Three ranks: every mode, then a resharded load of the two-rank checkpoint."""
-    return {"modes": modes(rank, world, G=G, steps=steps), "resharded": resharded_load(rank, world, ckpt=ckpt,
-                                                                                        more_steps=2)}
+    return {"modes": modes(rank, world, G=G, steps=steps), "lookahead": lookahead_paths(rank, world, G=G),
+            "resharded": resharded_load(rank, world, ckpt=ckpt, more_steps=2)}

@@ -120,7 +120,11 @@ def test_memory_model():
     P, N = 1_000_000, 2
     assert memory.total("zero1", N, P) == pytest.approx(12 * P + 16 * P / N)
     assert memory.total("zero1_bf16", N, P) == pytest.approx(6 * P + 16 * P / N)
-    assert memory.total("sync", N, P) == pytest.approx(memory.total("zero1", N, P))
+    assert memory.total("sync", N, P, constants=False) == pytest.approx(memory.total("zero1", N, P))
+    assert memory.constant_bytes("sync", N, P) == 4 * min(P / N, 1 << 18)  # the chunked commit's scratch: a chunk
+    # FSDP2 front end: a rank-major send buffer (comm dtype) and a publish shard on top
+    packed = memory.total("acco_fixed", N, P, constants=False, packed=True)
+    assert packed - memory.total("acco_fixed", N, P, constants=False) == pytest.approx(4 * P + 4 * P / N)
     assert memory.formula("acco_fixed") == "12·P + 20·P/N"
     for acco, full in (("acco_fixed", 0), ("acco_adaptive", 0), ("acco_bf16", 2 * P), ("acco_bf16_fp32acc", 4 * P)):
         base = memory.baseline(acco)

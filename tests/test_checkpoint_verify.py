@@ -11,6 +11,7 @@ and 3 ranks run on the pooled gloo workers of tests/dist_harness.py.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -125,12 +126,42 @@ def test_fsdp_damage_matrix_and_exact_resume(tmp_path):
         assert got[0]["cases"][case]["message"] == got[1]["cases"][case]["message"], case
 
 
+def test_stock_fsdp2_checkpoint_loads_with_one_warning(tmp_path):
+    """Saved by stock FSDP2 + DCP (torch's recipe, no ds_acco): loads unverified, warns once, trains on."""
+    got = run_distributed(C.stock_fsdp2_job, 2, out=str(tmp_path), timeout=120)
+    assert MANIFEST not in got[0]["files"]
+    assert len(got[0]["warnings"]) == 1, got[0]["warnings"]
+    assert got[1]["warnings"] == []  # one WARNING per job, from rank 0
+    warning = got[0]["warnings"][0]
+    for needle in ("stock FSDP2 checkpoint", "not verified", "'app.model.*' and 'app.optim.*'", "at step 2",
+                   "rounds bootstrap afresh", "not the trajectory"):
+        assert needle in warning, warning
+    for r in got:
+        assert r["commits"] == 2 and r["params_equal"]
+        assert len(r["losses"]) >= 8 and all(math.isfinite(v) for v in r["losses"]), r["losses"]
+        assert r["disabled"] == {"commits": 2, "params_equal": True}  # "enabled": false loads it too
+
+
 @pytest.mark.parametrize("world", [1, 3])
 def test_verified_round_trip_on_one_and_three_ranks(world):
     ds = run_distributed(C.deepspeed_round_trip, world, timeout=240)
     assert all(r["exact_resume"] for r in ds)
     assert ds[0]["listed"] == sorted([C.MODEL] + [C.OPTIM.format(r=r) for r in range(world)]
                                      + [C.ROUND.format(r=r) for r in range(world)])
+
+
+def test_files_are_flushed_before_the_manifest_that_vouches_for_them(tmp_path):
+    """checkpoint.fsync (default): every file, then the folders' entries, then the manifest, then its entry."""
+    got = run_distributed(C.flush_order_job, 1, folder=str(tmp_path / "tag"), timeout=60)[0]
+    durable, fast = got[True], got[False]
+    for run in (durable, fast):
+        assert run["bad"] is None and run["digests_match"] and run["hashed"] == ["a.pt", "c.pt", "sub/b.pt"]
+    events = durable["events"]
+    at = events.index(("replace", MANIFEST))
+    flushed_before = {path for kind, path in events[:at] if kind == "fsync"}
+    assert {"a.pt", "sub/b.pt", "c.pt", ".", "sub"} <= flushed_before, events
+    assert events[at + 1:] == [("fsync", ".")], events  # the manifest's own entry
+    assert fast["events"] == [("replace", MANIFEST)]  # fsync off: page cache only
 
 
 def test_crashed_save_debris_is_reported_and_removed(tmp_path, caplog):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -110,6 +112,7 @@ def test_functional_adam_lookahead_equals_snapshot_lookahead(case, monkeypatch):
     monkeypatch.setattr(adam_lookahead, "CHUNK_ELEMS", 64)  # several chunks and a ragged last one
     sizes = (203, 70)
     functional, snapshot, exact = _adam_pair(case, sizes)
+    kwargs = ADAM_CASES[case][2]
     assert functional.lookahead_is_functional and not snapshot.lookahead_is_functional
     gen = torch.Generator().manual_seed(2)
     for step in range(4):
@@ -131,10 +134,18 @@ def test_functional_adam_lookahead_equals_snapshot_lookahead(case, monkeypatch):
             assert torch.equal(m, b)
         _assert_same_state(functional.optimizer, state)
         commit_grads = [torch.randn(n, generator=gen) for n in sizes]
-        functional.commit(commit_grads)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # e.g. the scheduler's "lr_scheduler.step() before optimizer.step()"
+            functional.commit(commit_grads)  # chunked in place, except fused: torch's own step
         snapshot.commit(commit_grads)
         for a, b in zip(functional.masters, snapshot.masters):
             assert torch.equal(a, b)
+        for a, b in zip(functional.masters, snapshot.masters):  # the state the chunked commit wrote
+            sa, sb = functional.optimizer.state[a], snapshot.optimizer.state[b]
+            assert sorted(sa) == sorted(sb)
+            for key in sa:
+                assert torch.equal(sa[key], sb[key]) and sa[key].dtype == sb[key].dtype, key
+    assert functional._functional.steps_in_place(functional.masters) == (not kwargs.get("fused"))
 
 
 def test_functional_lookahead_is_not_used_where_it_has_no_rule():
@@ -143,3 +154,108 @@ def test_functional_lookahead_is_not_used_where_it_has_no_rule():
     capturable = [torch.zeros(4)]
     opt = torch.optim.AdamW(capturable, lr=0.1, capturable=True)
     assert not ShardOptimizer(opt, capturable).lookahead_is_functional
+
+
+def _fused_adam_pair(sizes, *, same_betas, **kwargs):
+    """DeepSpeed's FusedAdam (on CPU: its C++ Adam kernel) under the functional and the snapshot lookahead."""
+    from deepspeed.ops.adam import FusedAdam
+
+    class _SnapshotFusedAdam(FusedAdam):
+        pass
+
+    torch.manual_seed(1)
+    init = [torch.randn(n) for n in sizes]
+    built = []
+    for kind in (FusedAdam, _SnapshotFusedAdam):
+        masters = [t.clone() for t in init]
+        second = {"params": [masters[1]], "lr": 0.03, "eps": 1e-6, "weight_decay": 0.0}
+        if not same_betas:
+            second["betas"] = (0.8, 0.99)
+        opt = kind([{"params": [masters[0]]}, second], lr=0.1, betas=(0.9, 0.95), **kwargs)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+        built.append(ShardOptimizer(opt, masters, sched))
+    return built
+
+
+# (same betas in every group, FusedAdam keyword arguments)
+FUSED_ADAM_CASES = {
+    "adamw": (True, {"weight_decay": 0.1, "adam_w_mode": True}),
+    "adam_l2": (True, {"weight_decay": 0.05, "adam_w_mode": False}),
+    "adamw_group_betas": (False, {"weight_decay": 0.1, "adam_w_mode": True}),
+    "no_bias_correction": (True, {"weight_decay": 0.1, "bias_correction": False}),
+}
+
+
+SIMD_TAIL = 16
+"""DeepSpeed's kernel steps a tensor in SIMD blocks (8 fp32 lanes with AVX2, 16 with AVX-512) and the last
+``numel % lanes`` elements in scalar C++, whose multiply-adds the compiler contracts into FMAs as it
+chooses (GCC 12 -O3 -march=native: ``fma(m, beta1, g * (1 - beta1))``, the SIMD blocks
+``fma(g, 1 - beta1, m * beta1)``). Those elements may differ by an ulp of a moment, so about two of the
+result (:data:`TAIL_TOL`); every other element is compared bit for bit."""
+TAIL_TOL = {torch.float32: dict(rtol=2.5e-7, atol=1e-7), torch.bfloat16: dict(rtol=2 ** -7, atol=1e-7)}
+
+
+def _assert_kernel_equal(got: torch.Tensor, want: torch.Tensor, n: int, what: str) -> None:
+    body = n - n % SIMD_TAIL
+    assert torch.equal(got[:body], want[:body]), f"{what}: max diff {(got - want).float().abs().max()}"
+    torch.testing.assert_close(got[body:], want[body:], **TAIL_TOL[got.dtype], msg=what)
+
+
+@pytest.mark.parametrize("case", sorted(FUSED_ADAM_CASES))
+def test_functional_lookahead_equals_deepspeed_cpu_adam_kernel(case, monkeypatch):
+    """DeepSpeed's Adam on CPU (FusedAdam; DeepSpeedCPUAdam runs the same kernel): steps 1 to 6,
+    chunked, into fp32 and bf16; bit for bit but for the scalar tail (:data:`SIMD_TAIL`).
+
+    The functional rule evaluates the kernel's own formula with its fp32 scalars and
+    FMAs (ds_acco/adam_lookahead.py). The one input it reconstructs is the kernel's
+    ``beta ** step`` (multiplied up in fp32 when all groups share betas, ``pow`` when they
+    do not); a resumed run is where it can be ulps off (the next test).
+    """
+    import ds_acco.adam_lookahead as adam_lookahead
+
+    monkeypatch.setattr(adam_lookahead, "CHUNK_ELEMS", 64)
+    monkeypatch.setattr(adam_lookahead, "SQRT_PIECE", 24)  # several fp64 pieces per chunk, a ragged last one
+    same_betas, kwargs = FUSED_ADAM_CASES[case]
+    sizes = (203, 70)  # 11 and 6 tail elements
+    functional, snapshot = _fused_adam_pair(sizes, same_betas=same_betas, **kwargs)
+    assert functional.lookahead_is_functional and not snapshot.lookahead_is_functional
+    gen = torch.Generator().manual_seed(2)
+    for step in range(6):
+        grads = [torch.randn(n, generator=gen) * 10.0 ** -step for n in sizes]  # v spans several scales
+        before = [m.clone() for m in functional.masters]
+        state = _state_copy(functional.optimizer)
+        for dtype in (torch.float32, torch.bfloat16):
+            got = [torch.full((n + 5,), 7.0, dtype=dtype) for n in sizes]
+            want = [torch.full((n + 5,), 7.0, dtype=dtype) for n in sizes]
+            functional.lookahead(grads, got)
+            snapshot.lookahead(grads, want)
+            for g, w, n in zip(got, want, sizes):
+                _assert_kernel_equal(g[:n], w[:n], n, f"step {step} {dtype}")
+                assert torch.equal(g[n:], w[n:])
+        for m, b in zip(functional.masters, before):
+            assert torch.equal(m, b)
+        _assert_same_state(functional.optimizer, state)
+        commit_grads = [torch.randn(n, generator=gen) for n in sizes]
+        functional.commit(commit_grads)
+        snapshot.commit(commit_grads)
+        for a, b in zip(functional.masters, snapshot.masters):
+            assert torch.equal(a, b)
+
+
+def test_functional_lookahead_after_resume_is_within_ulps_of_deepspeed_cpu_adam():
+    """A resumed FusedAdam: the kernel recomputes ``beta ** step`` with ``pow`` at its first
+    step, the functional rule multiplies it up from step 1; within :data:`TAIL_TOL` at step 101
+    (measured: the SIMD body still bit-identical, one tail element an ulp apart)."""
+    sizes = (203, 70)
+    functional, snapshot = _fused_adam_pair(sizes, same_betas=True, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(3)
+    moments = [(torch.randn(n, generator=gen) * 0.1, torch.rand(n, generator=gen) * 0.01) for n in sizes]
+    for so in (functional, snapshot):
+        for p, (m, v) in zip(so.masters, moments):
+            so.optimizer.state[p] = {"step": 100, "exp_avg": m.clone(), "exp_avg_sq": v.clone()}
+    grads = [torch.randn(n, generator=gen) for n in sizes]
+    got, want = [torch.empty(n) for n in sizes], [torch.empty(n) for n in sizes]
+    functional.lookahead(grads, got)
+    snapshot.lookahead(grads, want)
+    for g, w, n in zip(got, want, sizes):
+        torch.testing.assert_close(g, w, **TAIL_TOL[torch.float32])

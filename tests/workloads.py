@@ -72,11 +72,11 @@ def reference_grad_fn(model: nn.Module):
 
 def train_with_engine(rank, world, *, config, G, steps, clip=0.0, schedule=False,
                       slow_rank=None, slow_s=0.0, dtype=torch.float32, save_at=None, ckpt_dir=None,
-                      resume=False, poison=None):
+                      resume=False, poison=None, device="cpu"):
     """Train the tiny job with ds_acco.plain; return θ after each commit and the round records."""
     from ds_acco import plain
 
-    model = make_model().to(dtype)
+    model = make_model().to(device=device, dtype=dtype)
     engine = plain.build(param_groups(model), torch.optim.AdamW, OPT_KWARGS, config=config,
                          gradient_accumulation_steps=G, clip_grad_norm=clip,
                          lr_scheduler=decay_schedule if schedule else None)
@@ -92,7 +92,7 @@ def train_with_engine(rank, world, *, config, G, steps, clip=0.0, schedule=False
                            f"{ckpt_dir}/rank{rank}.pt")
                 break
             x, y = batch(rank, k)
-            x, y = x.to(dtype), y.to(dtype)
+            x, y = x.to(device=device, dtype=dtype), y.to(device=device, dtype=dtype)
             k += 1
             if slow_rank == rank:
                 time.sleep(slow_s)
@@ -103,7 +103,7 @@ def train_with_engine(rank, world, *, config, G, steps, clip=0.0, schedule=False
             before = engine.commits
             engine.after_micro_batch()
             if engine.commits > before:
-                trajectory.append([p.detach().float().clone() for p in ordered_params(model)])
+                trajectory.append([p.detach().float().cpu().clone() for p in ordered_params(model)])
                 grads_bound = [p.grad is not None for p in ordered_params(model)]
     finally:
         engine.close()  # drains the round in flight, so its counts are recorded too

@@ -110,15 +110,16 @@ def _slow_table(sh: dict, key: str, p) -> None:
               f"| {v['micro_batches']} |")
 
 
-def _print_memory_model(params: float, world: int) -> None:
+def _print_memory_model(params: float, world: int, packed: bool = False) -> None:
     print(f"\nAnalytic memory model per worker, P = {params / 1e6:.2f}M parameters, N = {world} "
-          "(fp32; bf16 parameters with bf16 or fp32 accumulation):")
+          f"(fp32; bf16 parameters with bf16 or fp32 accumulation){'; FSDP2 front end' if packed else ''}:")
     for cfg in memory.DTYPE_BYTES:
-        total = memory.total(cfg, world, int(params))
+        kw = {"packed": packed} if cfg not in memory.STOCK else {}
+        total = memory.total(cfg, world, int(params), **kw)
         base = memory.baseline(cfg)
         delta = "" if cfg in memory.STOCK else f"  ({(total - memory.total(base, world, int(params))) / 2 ** 20:+.1f} MB vs {base})"
-        print(f"  {cfg:18s} {memory.formula(cfg):18s} = {total / 2 ** 20:8.1f} MB{delta}")
-        for k, v in memory.components(cfg, world, int(params)).items():
+        print(f"  {cfg:18s} {memory.formula(cfg, **kw):18s} = {total / 2 ** 20:8.1f} MB{delta}")
+        for k, v in memory.components(cfg, world, int(params), **kw).items():
             print(f"      {k:34s} {v / 2 ** 20:8.1f} MB")
 
 
@@ -157,10 +158,11 @@ def main(argv=None) -> int:
     mm = sub.add_parser("memory", help="print the analytic memory model")
     mm.add_argument("--params", type=float, required=True)
     mm.add_argument("--world-size", type=int, default=2)
+    mm.add_argument("--fsdp", action="store_true", help="the FSDP2 front end (rank-major packed units)")
     args = p.parse_args(argv)
 
     if args.cmd == "memory":
-        _print_memory_model(args.params, args.world_size)
+        _print_memory_model(args.params, args.world_size, args.fsdp)
         return 0
     if args.cmd == "reparse":
         from .plots import plot_all

@@ -5,28 +5,44 @@ Run on 2 ranks through the ``deepspeed`` launcher (figures in BENCHMARKS.md,
 
     flock /tmp/ds_acco_bench.lock deepspeed --num_gpus 2 --module ds_acco.bench.checkpoint_cost --dir /tmp/ckpt_cost
 
-A GPT-2 of 16 layers x 512 (50.4 M parameters, fp32, ZeRO-1 ACCO engine) trains one
-optimizer step so the optimizer holds its moments, then saves and loads ``--repeats``
-times. The time spent hashing for the manifest on save (``write_manifest``) and
-verifying on load (``verify_tag`` plus the finite check) is taken inside the same
-calls, so each ratio is measured within one run.
+A GPT-2 of 16 layers x 512 (50.6 M parameters, fp32, ZeRO-1 ACCO engine) trains one
+optimizer step so the optimizer holds its moments. Then each repeat saves and loads in
+every setting, A/B within the repeat, so each cost is a difference of neighbouring calls:
+
+* ``page cache``: ``acco.checkpoint.fsync: false``; the save returns once the files are
+  in the page cache, the load reads them from it;
+* ``durable``: ``fsync: true`` (the default); the load reads from the page cache;
+* ``cold``: after the durable save, the checkpoint's pages are dropped from the page
+  cache (``posix_fadvise(DONTNEED)``), so the load reads the disk;
+
+each with verification (the hashes for the manifest, on a background thread per file as
+it is written; on load, every file hashed by a rank that reads it, then the finite check)
+and without (the same code with the hash replaced by a constant and the finite check
+skipped). The first save and load of the run warm up and are reported apart.
+Also printed: the time each save's main thread spent in the manifest step and waiting for
+the background hashes still running after the flushes, each load's time inside
+verification, and each call's CPU seconds (all threads): on a node with no core to
+spare, the CPU that verification adds is what it costs in time, whatever the threads hide.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import shutil
+import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
 
-def _timed(module, name: str, spent: dict) -> None:
-    """Wrap ``module.name`` so the seconds it takes add up in ``spent[name]``."""
+def _timed(module, name: str, spent: dict, key: str = "") -> None:
+    """Wrap ``module.name`` so the seconds it takes add up in ``spent[key or name]``."""
     real = getattr(module, name)
+    key = key or name
 
     @functools.wraps(real)
     def wrapper(*args, **kwargs):
@@ -34,9 +50,40 @@ def _timed(module, name: str, spent: dict) -> None:
         try:
             return real(*args, **kwargs)
         finally:
-            spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+            spent[key] = spent.get(key, 0.0) + time.perf_counter() - t0
 
     setattr(module, name, wrapper)
+
+
+@contextlib.contextmanager
+def _unverified():
+    """Saves and loads as before, minus the work of verification: no hashing, no finite check."""
+    from ds_acco import checkpoint_manifest, deepspeed_engine
+
+    saved = (checkpoint_manifest.file_digest, deepspeed_engine.refuse_non_finite)
+    checkpoint_manifest.file_digest = lambda path, algorithm=None: "0"  # every hash goes through it
+    deepspeed_engine.refuse_non_finite = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        checkpoint_manifest.file_digest, deepspeed_engine.refuse_non_finite = saved
+
+
+def _cpu() -> float:
+    """CPU seconds of this process, all threads (the background hashes included), user and system."""
+    t = os.times()
+    return t.user + t.system
+
+
+def _evict(folder: str) -> None:
+    """Drop the checkpoint's (clean, flushed) pages from the page cache, so the next load reads the disk."""
+    for root, _, names in os.walk(folder):
+        for name in names:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 def main() -> None:
@@ -44,7 +91,7 @@ def main() -> None:
     p.add_argument("--dir", required=True)
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--width", type=int, default=512)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--local_rank", type=int, default=-1)
     args = p.parse_args()
 
@@ -52,7 +99,7 @@ def main() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     import ds_acco
-    from ds_acco import deepspeed_atomic, deepspeed_engine
+    from ds_acco import checkpoint_files, checkpoint_manifest, deepspeed_atomic, deepspeed_engine
     from ds_acco.checkpoint_manifest import HASH
 
     torch.set_num_threads(1)
@@ -72,25 +119,55 @@ def main() -> None:
 
     spent: dict = {}
     _timed(deepspeed_atomic, "write_manifest", spent)
+    # folder flushes: inside write_manifest (durability, not verification), and after the rename
+    _timed(checkpoint_manifest, "fsync_folders", spent, "manifest_flush")
+    _timed(checkpoint_manifest, "fsync_path", spent, "manifest_flush")
+    _timed(deepspeed_atomic, "fsync_path", spent, "publish_flush")
     _timed(deepspeed_engine, "verify_tag", spent)
     _timed(deepspeed_engine, "refuse_non_finite", spent)
+    real_finish = checkpoint_files.FileFinisher.finish
+
+    def finish(self):
+        try:
+            return real_finish(self)
+        finally:
+            spent["flush_wait"], spent["hash_wait"] = self.waited
+
+    checkpoint_files.FileFinisher.finish = finish
     rank = dist.get_rank()
-    rows = []
-    for i in range(args.repeats):
+    rows: dict = {}  # (setting, verified) -> list of (save_s, save_verify_s, save_flush_s, load_s, load_verify_s)
+
+    def one(setting: str, verified: bool, record: bool = True) -> None:
+        engine._acco_config.checkpoint.fsync = setting != "page cache"
         if rank == 0:
             shutil.rmtree(args.dir, ignore_errors=True)
         dist.barrier()
-        spent.clear()
-        t0 = time.perf_counter()
-        engine.save_checkpoint(args.dir)
-        save_s = time.perf_counter() - t0
-        hash_s = spent.get("write_manifest", 0.0)
-        spent.clear()
-        t0 = time.perf_counter()
-        engine.load_checkpoint(args.dir)
-        load_s = time.perf_counter() - t0
-        verify_s = spent.get("verify_tag", 0.0) + spent.get("refuse_non_finite", 0.0)
-        rows.append((save_s, hash_s, load_s, verify_s))
+        with contextlib.nullcontext() if verified else _unverified():
+            spent.clear()
+            t0, c0 = time.perf_counter(), _cpu()
+            engine.save_checkpoint(args.dir)
+            save_s, save_cpu = time.perf_counter() - t0, _cpu() - c0
+            # the main thread's time in the manifest step (less its folder flushes) and waiting for hashes
+            save_in = spent.get("write_manifest", 0.0) - spent.get("manifest_flush", 0.0) + spent.get("hash_wait", 0)
+            save_flush = sum(spent.get(k, 0.0) for k in ("flush_wait", "manifest_flush", "publish_flush"))
+            if setting == "cold":
+                if rank == 0:
+                    _evict(args.dir)
+                dist.barrier()
+            spent.clear()
+            t0, c0 = time.perf_counter(), _cpu()
+            engine.load_checkpoint(args.dir)
+            load_s, load_cpu = time.perf_counter() - t0, _cpu() - c0
+            load_in = spent.get("verify_tag", 0.0) + spent.get("refuse_non_finite", 0.0)
+        rows.setdefault((setting if record else "first", verified), []).append(
+            (save_s, save_in, save_flush, load_s, load_in, save_cpu, load_cpu))
+
+    one("page cache", True, record=False)
+    settings = ("page cache", "durable", "cold")
+    for i in range(args.repeats):
+        for setting in settings:
+            for verified in ((True, False) if i % 2 == 0 else (False, True)):
+                one(setting, verified)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, rows)
     if rank == 0:
@@ -99,11 +176,23 @@ def main() -> None:
         mb = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)) / 2**20
         print(f"[checkpoint_cost] {n_params / 1e6:.1f} M parameters, {dist.get_world_size()} ranks, "
               f"checkpoint {mb:.0f} MiB, hash {HASH}, load average {os.getloadavg()[0]:.2f}")
-        for r, rank_rows in enumerate(gathered):
-            for i, (save_s, hash_s, load_s, verify_s) in enumerate(rank_rows):
-                print(f"[checkpoint_cost] rank {r} repeat {i}: save {save_s:.2f} s, of which manifest "
-                      f"{hash_s:.3f} s ({100 * hash_s / save_s:.1f}%); load {load_s:.2f} s, of which verification "
-                      f"{verify_s:.3f} s ({100 * verify_s / load_s:.1f}%)")
+        for key in [("first", True)] + [(s, v) for s in settings for v in (True, False)]:
+            for r, got in enumerate(gathered):
+                calls = "; ".join(f"save {a:.3f} (verify {b:.3f}, flush {c:.3f}, cpu {f:.3f}) "
+                                  f"load {d:.3f} (verify {e:.3f}, cpu {g:.3f})" for a, b, c, d, e, f, g in got[key])
+                print(f"[checkpoint_cost] {key[0]:10s} {'verified  ' if key[1] else 'unverified'} rank {r}: {calls}")
+        print("[checkpoint_cost] medians over repeats and ranks, seconds; A/B cost = verified - unverified:")
+        for s in settings:
+            med = {v: [statistics.median(x[j] for got in gathered for x in got[(s, v)]) for j in range(7)]
+                   for v in (True, False)}
+            for what, j, inside, cpu in (("save", 0, 1, 5), ("load", 3, 4, 6)):
+                on, off, v = med[True][j], med[False][j], med[True][inside]
+                flush = f", of which flushing {med[True][2]:.3f}" if what == "save" else ""
+                print(f"[checkpoint_cost] {s:10s} {what}: {on:.3f}{flush}; verification inside it {v:.3f} "
+                      f"({100 * v / on:.1f}%); A/B: unverified {off:.3f}, cost {on - off:+.3f} "
+                      f"({100 * (on - off) / off:+.1f}%); CPU per rank (all threads) {med[True][cpu]:.3f} verified, "
+                      f"{med[False][cpu]:.3f} unverified, cost {med[True][cpu] - med[False][cpu]:+.3f} "
+                      f"({100 * (med[True][cpu] - med[False][cpu]) / off:+.1f}% of the unverified call's time)")
         shutil.rmtree(args.dir, ignore_errors=True)
     engine.destroy()
 

@@ -70,8 +70,7 @@ class RunRecorder:
                           ring_bytes_sent=tel.total_bytes_sent, summary=tel.summary(),
                           counts=[r.counts for r in tel.records], compute_s=[r.compute_s for r in tel.records],
                           kinds=[r.kind for r in tel.records], stage_s=[r.stage_s for r in tel.records],
-                          waited_s=[r.waited_s for r in tel.records],
-                          local_commits=getattr(engine.shard_optimizer, "local_commits", None))
+                          waited_s=[r.waited_s for r in tel.records])
         os.makedirs(self.out_dir, exist_ok=True)
         path = os.path.join(self.out_dir, f"fsdp_rank{self.rank}.json")
         with open(path + ".tmp", "w", encoding="utf-8") as f:

@@ -34,30 +34,47 @@ comm-dtype reduce-scatter output            r/N    only when r = a != 4 (e.g. bf
 fp32 master shard                           4/N
 optimizer state (AdamW m, v)                8/N
 kept estimate shard (acco only)             4/N    ``A_t``'s reduce-scattered sum, added at the commit
-lookahead scratch (acco only)      (8 or 12)·min(P/N, L)  chunks of ``L = adam_lookahead.CHUNK_ELEMS``;
-                                                   any other optimizer than Adam/AdamW snapshots
-                                                   master and state instead (12/N for two moments)
+Adam chunk scratch            (8 or 12)·min(P/N, L)  acco's lookahead, chunks of ``L = adam_lookahead.CHUNK_ELEMS``
+                                                   (any other optimizer than Adam/AdamW snapshots
+                                                   master and state instead: 12/N for two moments);
+                                    4·min(P/N, L)  sync/dpu: torch's Adam/AdamW commit, stepped in chunks
+                                                   (torch's own step holds 8/N of temporaries)
 =====================================  ======  ==========================================
 
 The publish shard costs nothing: the shard step writes this rank's new parameters
 straight into its slice of the all-gather destination.
 
+FSDP2 front end (``packed=True``; ``ds_acco.fsdp``, one rank-major packed group per
+``fully_shard`` unit, :mod:`ds_acco.rank_major`): the compute parameters and
+accumulators are param-major, the collectives rank-major, so a packed group adds
+
+=====================================  ======  ==========================================
+rank-major send buffer                      r      the reduce-scatter's input, packed (and cast)
+                                                   from the accumulator; the all-gather's output
+rank-major all-gather output                c      only when r != c (else the send buffer)
+publish shard                               c/N    this rank's new shard, before the all-gather
+=====================================  ======  ==========================================
+
+and casts on the way into the send buffer (no chunked cast scratch; the reduce-scatter
+output is in the comm dtype whenever r != 4).
+
 So at fp32 (``zero1``, ``sync``, ``dpu``, ``acco_*``): ZeRO-1 = 12 P + 16 P/N,
-sync/dpu = 12 P + 16 P/N (equal), acco = 12 P + 20 P/N (+ 2 MiB of lookahead
-chunks): acco - ZeRO-1 = 4 P/N, the kept estimate shard. With bf16 parameters and
+sync/dpu = 12 P + 16 P/N (equal; + 1 MiB of step chunks), acco = 12 P + 20 P/N (+ 2 MiB of
+lookahead chunks): acco - ZeRO-1 = 4 P/N, the kept estimate shard. With bf16 parameters and
 bf16 accumulation (``zero1_bf16``, ``acco_bf16``): ZeRO-1 = 6 P + 16 P/N, acco =
 6 P + 22 P/N (+ 3 MiB): + 6 P/N. With bf16 parameters, fp32 accumulation and a bf16
 payload (``acco_bf16_fp32acc``, ``ds_configs/acco_bf16.json``): acco = 10 P + 20 P/N
 (+ a 32 MiB cast chunk + 3 MiB): + 4 P + 4 P/N over ZeRO-1 bf16, because each of the two
 accumulators is fp32 where ZeRO-1's gradient and bucket are bf16.
 On gloo the round's collectives add their piece scratch (``collectives._A2A_PIECE_NUMEL``
-elements per rank, a few of each dtype: tens of MiB), which the model leaves out.
-Gradient clipping adds nothing: ``RoundEngine._clip_global_norm`` reduces each shard
-with ``torch.linalg.vector_norm``. Activations, the optimizer's per-step temporaries
-(O(P/N), in both), libraries and data are on top and do not depend on the mode;
-ds_acco's round runs concurrently with the next micro-batches' backward, so its
-transients and the activations can peak together, where ZeRO-1's optimizer step
-runs after backward has freed them.
+elements per rank: a send and a receive buffer, 16 MiB at fp32 and N = 2) and gloo's
+own temporary for each all-gather piece (8 MiB), which the model leaves out (NCCL needs
+neither). Gradient clipping adds nothing: ``RoundEngine._clip_global_norm`` reduces each
+shard with ``torch.linalg.vector_norm``. torch's Adam/AdamW step holds two shard-sized
+temporaries (8 P/N), so ds_acco's commit steps it in chunks (``Adam chunk scratch``).
+Activations, libraries and data are on top and do not depend on the mode.
+``python -m ds_acco.bench.memory_attribution`` measures what the model leaves out
+(BENCHMARKS.md, "Memory per worker").
 """
 
 from __future__ import annotations
@@ -91,7 +108,7 @@ def _check(config: str, world_size: int, params: int) -> None:
 
 
 def components(config: str, world_size: int, params: int, *, bucket_elems: Optional[int] = None,
-               constants: bool = True) -> dict[str, float]:
+               constants: bool = True, packed: bool = False) -> dict[str, float]:
     """Bytes of each buffer of one worker.
 
     Args:
@@ -100,6 +117,7 @@ def components(config: str, world_size: int, params: int, *, bucket_elems: Optio
         params: ``P`` (padded flat size; the padding is < 2N elements).
         bucket_elems: DeepSpeed's ``reduce_bucket_size`` (None: larger than P).
         constants: include the chunked scratch buffers, whose size does not grow with ``P``.
+        packed: the FSDP2 front end's rank-major packed groups (ds_acco configs only).
     """
     _check(config, world_size, params)
     c, a, r = DTYPE_BYTES[config]
@@ -118,15 +136,22 @@ def components(config: str, world_size: int, params: int, *, bucket_elems: Optio
         "compute parameters": c * P,
         "two gradient accumulators": 2 * a * P,
         "staging parameter buffer": c * P if a < c else 0.0,
-        "comm cast scratch": r * (N + 1) * min(P / N, CAST_CHUNK_ELEMS // N) if r != a and constants else 0.0,
+        "comm cast scratch": (r * (N + 1) * min(P / N, CAST_CHUNK_ELEMS // N)
+                              if r != a and constants and not packed else 0.0),
         "fp32 gradient shard": 4 * P / N,
-        "comm-dtype reduce-scatter output": r * P / N if r == a and r != 4 else 0.0,
+        "comm-dtype reduce-scatter output": r * P / N if r != 4 and (r == a or packed) else 0.0,
         "fp32 master shard": 4 * P / N,
         "optimizer state": 8 * P / N,
     }
+    if packed:
+        out["rank-major send buffer"] = r * P
+        out["rank-major all-gather output"] = c * P if r != c else 0.0
+        out["publish shard"] = c * P / N
     if config.startswith("acco"):
         out["kept estimate shard"] = 4 * P / N
-        out["lookahead scratch"] = (8 if c == 4 else 12) * min(P / N, LOOKAHEAD_CHUNK) if constants else 0.0
+        out["Adam chunk scratch"] = (8 if c == 4 else 12) * min(P / N, LOOKAHEAD_CHUNK) if constants else 0.0
+    elif constants:
+        out["Adam chunk scratch"] = 4 * min(P / N, LOOKAHEAD_CHUNK)
     return {k: v for k, v in out.items() if v}
 
 
@@ -134,11 +159,11 @@ def total(config: str, world_size: int, params: int, **kwargs) -> float:
     return sum(components(config, world_size, params, **kwargs).values())
 
 
-def bytes_per_param(config: str) -> tuple[float, float]:
+def bytes_per_param(config: str, **kwargs) -> tuple[float, float]:
     """``(f, s)`` such that bytes = f·P + s·P/N (bucket >= P, chunked constants left out)."""
     big = 10 ** 6
-    t1 = total(config, 1, big, constants=False) / big  # f + s
-    t2 = total(config, 2, big, constants=False) / big  # f + s/2
+    t1 = total(config, 1, big, constants=False, **kwargs) / big  # f + s
+    t2 = total(config, 2, big, constants=False, **kwargs) / big  # f + s/2
     s = 2 * (t1 - t2)
     return t1 - s, s
 
@@ -148,6 +173,6 @@ def constant_bytes(config: str, world_size: int, params: int) -> float:
     return total(config, world_size, params) - total(config, world_size, params, constants=False)
 
 
-def formula(config: str) -> str:
-    f, s = bytes_per_param(config)
+def formula(config: str, **kwargs) -> str:
+    f, s = bytes_per_param(config, **kwargs)
     return f"{f:g}·P + {s:g}·P/N"

@@ -12,8 +12,11 @@ changing the training script:
   resident set of the whole process), and ``ru_maxrss`` for comparison;
 * one record per optimizer step on *every* rank (wall time, step, local loss,
   micro-batch index, interface tx/rx bytes of ``$DS_ACCO_CLUSTER_IFACE``,
-  current RSS), taken by wrapping ``JsonlLog.write``, which train_lm calls once
-  per optimizer step on every rank (the log file itself is written by rank 0 only).
+  current RSS, and on a GPU ``torch.cuda.memory_allocated``), taken by wrapping
+  ``JsonlLog.write``, which train_lm calls once per optimizer step on every rank
+  (the log file itself is written by rank 0 only);
+* on a GPU, ``cuda_peak_allocated`` / ``cuda_peak_reserved``: the caching
+  allocator's high-water marks, which count tensors exactly where RSS counts pages.
 
 Everything goes to ``DIR/worker_rank<r>.json``, written in a ``finally`` so a
 failed run still leaves its peak memory and the steps it reached.
@@ -49,6 +52,15 @@ def _iface_bytes(iface: str) -> tuple[int, int]:
         return -1, -1
 
 
+def _cuda_stat(name: str) -> int:
+    """A ``torch.cuda`` memory counter of this process's device, or -1 where CUDA is not in use."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return -1
+    return int(getattr(torch.cuda, name)())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 3 or argv[0] != "--out" or argv[2] != "--":
@@ -78,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             steps.append({"t": time.time(), "step": record["step"], "loss": record.get("loss"),
                           "val_loss": record.get("val_loss"), "micro_batch_index": record.get("micro_batch_index"),
                           "train_s": record.get("train_s"), "tx_bytes": tx, "rx_bytes": rx,
-                          "rss_kb": _status_kb("VmRSS")})
+                          "rss_kb": _status_kb("VmRSS"), "cuda_allocated": _cuda_stat("memory_allocated")})
         elif record.get("event") == "summary":
             summary.update(record)
         return original_write(self, **record)
@@ -106,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             "baseline_rss_kb": baseline_kb,
             "peak_rss_kb": _status_kb("VmHWM"),
             "ru_maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            "cuda_peak_allocated": _cuda_stat("max_memory_allocated"),
+            "cuda_peak_reserved": _cuda_stat("max_memory_reserved"),
             "import_s": t_train0 - t_start,
             "run_s": time.time() - t_train0,
             "iface_start": [tx0, rx0],

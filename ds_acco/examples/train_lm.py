@@ -239,7 +239,7 @@ def main(argv=None) -> int:
     next_eval_tokens = args.eval_every_tokens
     while engine.global_steps < args.steps and not (args.max_tokens and committed_tokens() >= args.max_tokens):
         batch = micro_batch("train", rank, index, micro_bs, args.seq_len, args.seed)
-        loss = engine(**batch).loss
+        loss = engine(**{k: v.to(engine.device, non_blocking=True) for k, v in batch.items()}).loss
         engine.backward(loss)
         if delay_s:
             time.sleep(delay_s)  # stands in for a slower accelerator's forward/backward

@@ -30,10 +30,18 @@ def format_pct(value: Optional[float]) -> str:
     return "n/a" if value is None else f"{value:.1f}%"
 
 
+def _collective_device() -> torch.device:
+    """NCCL only moves GPU tensors; gloo and MPI move CPU ones."""
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce_sum(values: Sequence[float]) -> list[float]:
     """Sum a few floats over all ranks (float64, so token counts stay exact)."""
     t = torch.tensor(list(values), dtype=torch.float64)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        t = t.to(_collective_device())
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
 
@@ -41,6 +49,7 @@ def all_reduce_sum(values: Sequence[float]) -> list[float]:
 def all_reduce_max(value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        t = t.to(_collective_device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
 
@@ -49,8 +58,9 @@ def all_gather_ints(value: int) -> list[int]:
     """Every rank's ``value``, in rank order."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [int(value)]
-    out = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, torch.tensor([int(value)], dtype=torch.int64))
+    device = _collective_device()
+    out = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, torch.tensor([int(value)], dtype=torch.int64, device=device))
     return [int(t.item()) for t in out]
 
 

@@ -1,0 +1,145 @@
+"""The CUDA paths: the comm stream, its events and NCCL, against the reference rules.
+
+CI has no GPU, so this file skips there; run it on a GPU machine with
+``python -m pytest -q tests/test_cuda.py``. One GPU takes one NCCL rank, so the
+process group here has world size 1: the collectives are trivial, but every
+round still runs on the side stream (``CommThread.comm_stream``) and hands its
+buffers back through CUDA events. A missing wait shows up as a trajectory that
+differs from the reference, which is why the large-buffer case uses tensors big
+enough for the kernels on the two streams to overlap in time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.func import functional_call
+
+from ds_acco import plain
+from ds_acco.reference import ReferenceRun, reference_trajectory
+from tests import workloads as W
+from tests.dist_harness import free_port
+from tests.test_exactness import assert_trajectories_equal, reference
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; CI has none")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nccl_world_of_one():
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    assert dist.get_backend() == "nccl"
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode", ["sync", "dpu", "acco"])
+def test_fixed_policy_on_cuda_matches_reference(mode):
+    got = W.train_with_engine(0, 1, config={"mode": mode, "policy": "fixed"}, G=4, steps=10, device="cuda")
+    assert_trajectories_equal(got["trajectory"], reference(mode, 1, 4, steps=10), atol=1e-5, rtol=1e-5)
+
+
+def test_adaptive_policy_on_cuda_matches_reference_with_its_counts():
+    got = W.train_with_engine(0, 1, config={"mode": "acco", "policy": "adaptive", "warmup_steps": 1}, G=4,
+                              steps=8, slow_rank=0, slow_s=0.002, device="cuda")
+    assert all(sum(c) >= 1 for c in got["counts"])
+    want = reference("acco", 1, 4, steps=8, counts=got["counts"], warmup=1)
+    assert_trajectories_equal(got["trajectory"], want, atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_parameters_on_cuda_track_the_fp32_reference():
+    cfg = {"mode": "acco", "grad_accum_dtype": "bf16", "comm_dtype": "bf16"}
+    got = W.train_with_engine(0, 1, config=cfg, G=4, steps=8, dtype=torch.bfloat16, device="cuda")
+    assert_trajectories_equal(got["trajectory"], reference("acco", 1, 4, steps=8), atol=3e-2, rtol=3e-2)
+
+
+def test_low_bit_rounds_on_cuda_stay_close_to_exact():
+    exact = W.train_with_engine(0, 1, config={"mode": "acco"}, G=4, steps=10, device="cuda")
+    lowbit = W.train_with_engine(0, 1, config={"mode": "acco", "comm_quantization": "int8", "error_feedback": True,
+                                               "all_gather_quantization": "int8", "quantization_block_size": 8},
+                                 G=4, steps=10, device="cuda")
+    for a, b in zip(exact["trajectory"][-1], lowbit["trajectory"][-1]):
+        assert torch.isfinite(b).all()
+        # lr 0.02 per step; int8 blocks of 8 keep the drift a small fraction of one step
+        assert (a - b).abs().max().item() < 0.02, (a - b).abs().max()
+
+
+class _Wide(nn.Module):
+    def __init__(self, width: int = 1024):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+def _wide_batch(k: int, width: int = 1024):
+    g = torch.Generator().manual_seed(1000 + k)
+    return torch.randn(64, width, generator=g).cuda(), torch.randn(64, width, generator=g).cuda()
+
+
+def test_large_buffers_on_the_comm_stream_match_reference():
+    """2.1 M parameters: a round's kernels on the comm stream run long enough to overlap the next
+    micro-batch's forward; a missing event wait would read a half-written buffer."""
+    model = _Wide().cuda()
+    names = [n for n, _ in model.named_parameters()]
+    engine = plain.build(list(model.parameters()), torch.optim.AdamW, W.OPT_KWARGS, config={"mode": "acco"},
+                         gradient_accumulation_steps=4)
+    assert engine._comm.comm_stream is not None
+    got, k = [], 0
+    try:
+        while engine.commits < 6:
+            x, y = _wide_batch(k)
+            k += 1
+            nn.functional.mse_loss(model(x), y).backward()
+            before = engine.commits
+            engine.after_micro_batch()
+            if engine.commits > before:
+                got.append([p.detach().cpu().clone() for p in model.parameters()])
+    finally:
+        engine.close()
+
+    ref_model = _Wide().cuda()
+
+    def grad_fn(worker, i, params):
+        x, y = _wide_batch(i)
+        ps = [p.detach().requires_grad_(True) for p in params]
+        loss = nn.functional.mse_loss(functional_call(ref_model, dict(zip(names, ps)), (x,)), y)
+        return torch.autograd.grad(loss, ps)
+
+    run = ReferenceRun(list(ref_model.parameters()), grad_fn, lambda ps: torch.optim.AdamW(ps, **W.OPT_KWARGS), 1)
+    want = [[t.cpu() for t in step] for step in reference_trajectory("acco", run, 6, 4)]
+    assert_trajectories_equal(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_deepspeed_front_end_on_cuda_trains_and_sync_equals_zero1(tmp_path):
+    """The real DeepSpeed engine on the GPU (world size 1, NCCL): ds_acco sync's losses equal stock ZeRO-1's."""
+    from ds_acco.bench.configs import make_config
+    import json
+
+    losses = {}
+    for name in ("zero1", "sync", "acco_fixed"):
+        cfg_path = tmp_path / f"{name}.json"
+        cfg_path.write_text(json.dumps(make_config(name, micro_batch=2, grad_accum=4)))
+        log = tmp_path / f"{name}.jsonl"
+        env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(free_port()), PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        proc = subprocess.run([sys.executable, "-m", "ds_acco.examples.train_lm", "--model-size", "tiny",
+                               "--steps", "6", "--seq-len", "64", "--no-progress", "--log-jsonl", str(log),
+                               "--deepspeed_config", str(cfg_path)], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        recs = [json.loads(line) for line in log.read_text().splitlines()]
+        losses[name] = [r["loss"] for r in recs if "step" in r and "event" not in r]
+    assert len(losses["zero1"]) == 6
+    torch.testing.assert_close(torch.tensor(losses["sync"]), torch.tensor(losses["zero1"]), atol=2e-4, rtol=1e-4)
+    assert all(l == l and l < 10 for l in losses["acco_fixed"])

@@ -45,7 +45,7 @@ The publish shard costs nothing: the shard step writes this rank's new parameter
 straight into its slice of the all-gather destination.
 
 FSDP2 front end (``packed=True``; ``ds_acco.fsdp``, one rank-major packed group per
-``fully_shard`` unit, :mod:`ds_acco.rank_major`): the compute parameters and
+bucket of ``fully_shard`` units, :mod:`ds_acco.rank_major`): the compute parameters and
 accumulators are param-major, the collectives rank-major, so a packed group adds
 
 =====================================  ======  ==========================================

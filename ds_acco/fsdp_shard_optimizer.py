@@ -15,7 +15,7 @@ step every round. Every operation of the step is elementwise on FSDP2's
 ``Shard(0)`` local shards, so for Adam/AdamW both the commit and the acco
 estimate's lookahead run :class:`ds_acco.adam_lookahead.FunctionalAdam` on the
 local tensors (:meth:`ShardOptimizer.commit` / ``lookahead``), fed each
-parameter's chunk of the packed shards by :meth:`DTensorShardOptimizer._per_master`;
+parameter's chunk of the packed shards by :meth:`DTensorShardOptimizer._master_grads` / ``_master_outs``;
 the commit is bit-identical to ``optimizer.step()`` on the DTensors
 (tests/test_fsdp.py compares them bit for bit, single-tensor and ``foreach``).
 Other optimizers get DTensor gradients (:meth:`DTensorShardOptimizer._set_grads`)
@@ -64,20 +64,19 @@ class DTensorShardOptimizer(ShardOptimizer):
         for packing, out in zip(self._packings, outs):
             packing.read_masters(out)
 
-    def _per_master(self, grads, outs):
-        """Each parameter's padded chunk of the packed gradient and output shards, in :attr:`masters` order.
+    def _master_grads(self, grads):
+        """Each parameter's padded chunk of the packed gradient shards, in :attr:`masters` order."""
+        return [chunk for packing, shard in zip(self._packings, grads) for chunk in packing.split_shard(shard)]
 
-        The functional step and lookahead use a chunk's first ``local numel`` elements (its
-        DTensor's local shard); the padding after them keeps what the round published there
-        (the masters').
-        """
-        grads = [chunk for packing, shard in zip(self._packings, grads) for chunk in packing.split_shard(shard)]
-        outs = [chunk for packing, out in zip(self._packings, outs)
+    def _master_outs(self, outs):
+        """Each parameter's padded chunk of the packed output shards. The functional step and lookahead
+        write a chunk's first ``local numel`` elements (its DTensor's local shard); the padding after
+        them keeps what the round published there (the masters')."""
+        return [chunk for packing, out in zip(self._packings, outs)
                 for chunk in packing.split_shard(out[: packing.shard_numel])]
-        return grads, outs
 
     def _set_grads(self, grads) -> None:
-        grads = [chunk for packing, shard in zip(self._packings, grads) for chunk in packing.split_shard(shard)]
+        grads = self._master_grads(grads)
         for param, grad, (local_shape, mesh, placements, shape, stride) in zip(self.masters, grads, self._specs):
             local = grad.narrow(0, 0, local_shape.numel()).view(local_shape)
             if local.dtype != param.dtype:

@@ -156,13 +156,17 @@ class ShardOptimizer:
             self._snapshot.restore(self.optimizer, self.masters)
 
     def _per_master(self, grads: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]):
-        """Each master's gradient and output, in :attr:`masters` order (adapters whose rounds hand
-        one buffer for several masters override this)."""
-        return grads, outs
+        """Each master's gradient and output, in :attr:`masters` order."""
+        return self._master_grads(grads), self._master_outs(outs)
 
     def _master_grads(self, grads: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
-        """Each master's 1-D gradient, in :attr:`masters` order."""
-        return self._per_master(grads, grads)[0]
+        """Each master's 1-D gradient, in :attr:`masters` order (adapters whose rounds hand one buffer
+        for several masters override this and :meth:`_master_outs`)."""
+        return grads
+
+    def _master_outs(self, outs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        """Each master's 1-D output (publish) buffer, in :attr:`masters` order."""
+        return outs
 
     def _write_masters(self, outs: Sequence[torch.Tensor]) -> None:
         """Copy each master into the first ``numel`` elements of its ``out`` (adapters with another

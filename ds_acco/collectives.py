@@ -18,15 +18,29 @@ sum is therefore built from an all-to-all, as the int8 exchange already is: rank
 ``r`` receives every rank's ``r``-th slice and adds them up locally, so each rank
 sends and receives exactly ``(N - 1) / N`` of the payload. NCCL's reduce-scatter
 is already ring-optimal and is used as it is.
+
+[Note: pieces on gloo]
+On gloo the all-to-all, the reduce-scatter built on it and the all-gather run in
+pieces: never more than ``_A2A_PIECE_NUMEL`` elements per rank (a bound on the
+scratch they need), and on a slow link fewer, so that a piece takes a few tens of
+milliseconds of link time (:mod:`ds_acco.link_pacing`: the rate is measured on the
+pieces themselves). Every rank must cut a collective the same way, and each
+measured its own rate, so a piece size takes effect only once the ranks agreed on
+it (:meth:`RoundCollectives.adopt_pacing`: the round engine sends its vote with the
+micro-batch counts it gathers anyway). ``WireBytes.calls`` counts collectives as the caller issued
+them, ``WireBytes.pieces`` the gloo calls that carried them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from .link_pacing import LinkPacer
 
 # torch 2.13 renamed the *_tensor collectives; keep one spelling for the range we support.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -50,9 +64,12 @@ class WireBytes:
     sent: int = 0
     received: int = 0
     calls: int = 0
+    pieces: int = 0
+    """gloo calls that carried the ``calls`` (more than ``calls`` where a collective went in pieces)."""
 
-    def add(self, payload: int, world_size: int, factor: int = 1) -> None:
+    def add(self, payload: int, world_size: int, factor: int = 1, pieces: int = 1) -> None:
         self.calls += 1
+        self.pieces += pieces
         moved = factor * payload * (world_size - 1) // world_size
         self.sent += moved
         self.received += moved
@@ -71,6 +88,18 @@ class RoundCollectives:
         self.wire = WireBytes()
         self.reduce_scatter_via_all_to_all = dist.get_backend(self.group) == "gloo" and self.world_size > 1
         self._a2a_scratch: dict[tuple, torch.Tensor] = {}
+        self.pacer = LinkPacer()
+        self.piece_bytes: Optional[int] = None
+        """Bytes a piece may send from one rank, agreed by every rank (None: only ``_A2A_PIECE_NUMEL`` bounds it)."""
+
+    def pacing_vote(self) -> int:
+        """This rank's proposal for :attr:`piece_bytes` from its own measurements (0: no limit)."""
+        return 0 if self.pacer.rate is None else self.pacer.piece_bytes(1 << 62)
+
+    def adopt_pacing(self, votes: list[int]) -> None:
+        """Set :attr:`piece_bytes` from every rank's :meth:`pacing_vote` (the same list on every rank)."""
+        limits = [int(v) for v in votes if int(v) > 0]
+        self.piece_bytes = min(limits) if limits else None
 
     def check_peers_agree(self, mine: object, what: str) -> None:
         """Fail at start-up, not with a hang, when ranks hold different ``mine`` (configs, layouts).
@@ -111,17 +140,29 @@ class RoundCollectives:
         if full.numel() != N * chunk:
             raise ValueError(f"reduce_scatter_sum: full has {full.numel()} elements, out {chunk} x {N} ranks")
         rows = full.view(N, chunk)
-        for start in range(0, chunk, _A2A_PIECE_NUMEL):
-            n = min(_A2A_PIECE_NUMEL, chunk - start)
+
+        def one(start: int, n: int) -> None:
             send = full if n == chunk else self._scratch("send", N * n, full).view(N, n).copy_(rows[:, start:start + n])
             recv = self._scratch("recv", N * n, full)
-            self.all_to_all(recv, send.reshape(-1))
+            dist.all_to_all_single(recv, send.reshape(-1), group=self.group)
             piece = out.view(-1)[start:start + n]
             if piece.dtype == recv.dtype:
                 torch.sum(recv.view(N, n), dim=0, out=piece)
             else:
                 piece.copy_(recv.view(N, n).sum(dim=0, dtype=torch.float32))
+
+        pieces = self._paced(chunk, full.element_size(), one)
+        self.wire.add(_nbytes(full), N, pieces=pieces)
         return out
+
+    def _paced(self, per_rank: int, element_size: int, one, cap_numel: Optional[int] = None) -> int:
+        """Run ``one(start, n)`` over ``per_rank`` elements in pieces the pacer sizes (at most ``cap_numel``
+        each, by default ``_A2A_PIECE_NUMEL``); returns how many."""
+        sent_per_element = (self.world_size - 1) * element_size
+        cap = max(1, cap_numel or _A2A_PIECE_NUMEL) * sent_per_element
+        limit = cap if self.piece_bytes is None else min(cap, self.piece_bytes)
+        piece = max(1, min(per_rank, limit // sent_per_element))
+        return self.pacer.run(per_rank, piece, sent_per_element, one)
 
     def _scratch(self, role: str, numel: int, like: torch.Tensor) -> torch.Tensor:
         """The first ``numel`` elements of one buffer per role and dtype (a ragged last piece or a
@@ -141,24 +182,49 @@ class RoundCollectives:
         which a round would otherwise hold next to the model's buffers.
         """
         N, S = self.world_size, shard.numel()
-        if not self.reduce_scatter_via_all_to_all or S <= _A2A_PIECE_NUMEL:
+        if not self.reduce_scatter_via_all_to_all:
             _all_gather(full, shard, group=self.group)
-        else:
-            rows, flat = full.view(N, S), shard.reshape(-1)
-            for start in range(0, S, _A2A_PIECE_NUMEL):
-                n = min(_A2A_PIECE_NUMEL, S - start)
-                recv = self._scratch("recv", N * n, full)  # piece j of every row is read before it is written
-                _all_gather(recv, flat[start:start + n], group=self.group)
-                rows[:, start:start + n].copy_(recv.view(N, n))
-        self.wire.add(_nbytes(full), self.world_size)
+            self.wire.add(_nbytes(full), self.world_size)
+            return full
+        rows, flat = full.view(N, S), shard.reshape(-1)
+
+        def one(start: int, n: int) -> None:
+            if n == S:
+                _all_gather(full, shard, group=self.group)
+                return
+            recv = self._scratch("recv", N * n, full)  # piece j of every row is read before it is written
+            _all_gather(recv, flat[start:start + n], group=self.group)
+            rows[:, start:start + n].copy_(recv.view(N, n))
+
+        pieces = self._paced(S, full.element_size(), one)
+        self.wire.add(_nbytes(full), self.world_size, pieces=pieces)
         return full
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
         """Send the ``r``-th of ``N`` equal slices of ``inp`` to rank ``r``; slice ``s`` of
         ``out`` receives rank ``s``'s. Each rank keeps one slice, so it sends and receives
-        exactly ``M * (N - 1) / N`` bytes of an ``M``-byte ``inp`` (no ring model needed)."""
-        dist.all_to_all_single(out, inp, group=self.group)
-        self.wire.add(_nbytes(inp), self.world_size)
+        exactly ``M * (N - 1) / N`` bytes of an ``M``-byte ``inp`` (no ring model needed).
+
+        In one gloo call unless the link is paced (the note above): the caller's buffers are whole
+        already, so only pacing needs piece scratch."""
+        N, chunk = self.world_size, inp.numel() // self.world_size
+        if not self.reduce_scatter_via_all_to_all:
+            dist.all_to_all_single(out, inp, group=self.group)
+            self.wire.add(_nbytes(inp), N)
+            return out
+        rows_in, rows_out = inp.view(N, chunk), out.view(N, chunk)
+
+        def one(start: int, n: int) -> None:
+            if n == chunk:
+                dist.all_to_all_single(out, inp, group=self.group)
+                return
+            send = self._scratch("send", N * n, inp).view(N, n).copy_(rows_in[:, start:start + n])
+            recv = self._scratch("recv", N * n, inp)
+            dist.all_to_all_single(recv, send.reshape(-1), group=self.group)
+            rows_out[:, start:start + n].copy_(recv.view(N, n))
+
+        pieces = self._paced(chunk, inp.element_size(), one, cap_numel=chunk)  # no scratch unless paced
+        self.wire.add(_nbytes(inp), N, pieces=pieces)
         return out
 
     def barrier(self) -> None:

@@ -329,8 +329,9 @@ class RoundEngine(RoundStateMixin):
         if self.config.check_finite:
             nonfinite = any(not _all_finite(b) for b in grads)
         self._enter_stage(handle, "count all-gather")
-        local = torch.tensor([count, int(nonfinite)], dtype=torch.int64, device=self.device)
+        local = torch.tensor([count, int(nonfinite), self.coll.pacing_vote()], dtype=torch.int64, device=self.device)
         per_rank = self.coll.all_gather_small(local).cpu()
+        self.coll.adopt_pacing(per_rank[:, 2].tolist())  # piece sizes on gloo (ds_acco.link_pacing)
         counts = per_rank[:, 0].tolist()
         total = sum(counts)
         nonfinite = bool(per_rank[:, 1].any())

@@ -208,6 +208,7 @@ def collectives_per_round(rank, world, *, G) -> dict:
         out["per_unit" if cap == 0 else "default"] = {
             "calls": calls, "rounds": acco.telemetry.rounds, "units": len(acco.fsdp.groups),
             "buckets": len(acco.engine.groups), "params": len(acco.params), "wire_calls": acco.engine.coll.wire.calls,
+            "wire_pieces": acco.engine.coll.wire.pieces,
             "rs_via_all_to_all": acco.engine.coll.reduce_scatter_via_all_to_all}
     return out
 

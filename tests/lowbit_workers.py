@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.distributed as dist
 
 from tests import workloads as W
 
@@ -81,6 +82,26 @@ def all_to_all_reduce_scatter_checks(coll) -> dict:
     return results
 
 
+def paced_collective_checks(coll) -> dict:
+    """Collectives cut into the pieces the ranks agreed on (ds_acco.link_pacing) against the expected sums."""
+    N, rank = coll.world_size, coll.rank
+    votes: list = [None] * N
+    dist.all_gather_object(votes, [0, 100, 200, 300][rank % 4])  # rank 0 unmeasured; the smallest limit wins
+    coll.adopt_pacing(votes)
+    out = {"piece_bytes": coll.piece_bytes}
+    full = torch.arange(N * 40, dtype=torch.float32) * (rank + 1) + rank
+    calls0, pieces0 = coll.wire.calls, coll.wire.pieces
+    rs = coll.reduce_scatter_sum(torch.empty(40), full)
+    gathered = torch.full((N * 40,), -1.0)
+    gathered[rank * 40:(rank + 1) * 40] = torch.arange(40) + 1000.0 * rank
+    coll.all_gather(gathered, gathered[rank * 40:(rank + 1) * 40])
+    a2a = coll.all_to_all(torch.empty(N * 40), full)
+    out.update(rs=rs, all_gather=gathered, a2a=a2a, calls=coll.wire.calls - calls0,
+               pieces=coll.wire.pieces - pieces0, measured=coll.pacer.rate is not None, vote=coll.pacing_vote())
+    coll.adopt_pacing([0] * N)
+    return out
+
+
 def train_recording_swaps(rank: int, world: int, *, config: dict, G: int, steps: int) -> dict:
     """The tiny job under ds_acco.plain; after every swap: the compute buffers, this rank's
     master shards, the round kind, and the compute buffers the round started from."""
@@ -136,7 +157,8 @@ def everything(rank: int, world: int) -> dict:
     torch.set_num_threads(1)
     coll = RoundCollectives(None, 60.0)
     try:
-        out = {"delta": delta_all_gather_checks(coll), "rs": all_to_all_reduce_scatter_checks(coll)}
+        out = {"delta": delta_all_gather_checks(coll), "rs": all_to_all_reduce_scatter_checks(coll),
+               "paced": paced_collective_checks(coll)}
     finally:
         coll.destroy()
     out["train"] = {name: train_recording_swaps(rank, world, config=cfg, G=G, steps=STEPS)

@@ -98,9 +98,10 @@ def test_a_round_issues_two_collectives_per_bucket_of_fully_shard_units(bucketin
     assert buckets == (2 if bucketing == "per_unit" else 1), got
     assert calls["reduce_scatter_sum"] == calls["all_gather"] == rounds * buckets, got
     assert calls["all_gather_small"] == calls["all_reduce_sum"] == rounds, got  # counts; clipping's norm
-    # on gloo a reduce-scatter runs as one all-to-all (ds_acco/collectives.py), otherwise as itself
-    assert calls["all_to_all"] == (rounds * buckets if got["rs_via_all_to_all"] else 0), got
+    # on gloo a reduce-scatter runs as all-to-all inside reduce_scatter_sum (ds_acco/collectives.py)
+    assert calls["all_to_all"] == 0, got
     assert got["wire_calls"] == rounds * (2 * buckets + 2)  # the collectives that went on the wire
+    assert got["wire_pieces"] == got["wire_calls"], got  # small buffers, unpaced loopback: one gloo call each
 
 
 def test_adamw_commit_on_local_tensors_is_the_dtensor_step(two):

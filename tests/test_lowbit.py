@@ -93,6 +93,39 @@ def test_gloo_reduce_scatter_sums_through_all_to_all_and_moves_n_minus_1_over_n(
             assert rs[name]["bytes"] == N * 40 * 4 * (N - 1) // N  # not the whole payload
 
 
+def test_paced_collectives_cut_in_the_agreed_pieces_give_the_same_results(results):
+    N = L.WORLD
+    fulls = [torch.arange(N * 40, dtype=torch.float32) * (r + 1) + r for r in range(N)]
+    total = sum(fulls).view(N, 40)
+    for rank, r in enumerate(results):
+        p = r["paced"]
+        assert p["piece_bytes"] == 100  # the smallest positive vote, on every rank
+        assert torch.equal(p["rs"], total[rank])
+        assert torch.equal(p["all_gather"], torch.cat([torch.arange(40) + 1000.0 * s for s in range(N)]))
+        assert torch.equal(p["a2a"], torch.cat([fulls[s].view(N, 40)[rank] for s in range(N)]))
+        # 100 bytes / ((N - 1) x 4 bytes) = 12 elements per piece: 4 pieces of 40 each, 3 collectives
+        assert p["calls"] == 3 and p["pieces"] == 3 * 4
+        assert p["measured"] and p["vote"] >= 64 << 10  # timed on the pieces; never below the floor
+
+
+def test_link_pacer_sizes_pieces_from_the_best_recent_rate():
+    from ds_acco.link_pacing import MIN_PIECE_BYTES, PIECE_SECONDS, LinkPacer
+
+    pacer = LinkPacer()
+    assert pacer.piece_bytes(4 << 20) == 4 << 20  # unmeasured: the caller's bound, as before pacing
+    pacer.observe(1_250_000, 1.0)  # 10 Mbit/s
+    assert pacer.piece_bytes(4 << 20) == max(MIN_PIECE_BYTES, int(1_250_000 * PIECE_SECONDS))
+    pacer.observe(12_500_000, 1.0)  # a faster piece raises the estimate at once
+    assert pacer.rate == 12_500_000
+    pacer.observe(1_000, 1.0)  # a slow one (a late rank) only halves it
+    assert pacer.rate == 6_250_000
+    pacer.observe(1e12, 1.0)
+    assert pacer.piece_bytes(4 << 20) == 4 << 20
+    seen = []
+    assert pacer.run(10, 4, 8, lambda start, n: seen.append((start, n))) == 3
+    assert seen == [(0, 4), (4, 4), (8, 2)]
+
+
 # ------------------------------------------------------------------ training with low-bit all-gathers
 INT8_AG_RUNS = ("acco_int8_ag", "acco_lowbit", "dpu_int8_ag", "sync_int8_ag")
 
@@ -159,14 +192,14 @@ def test_low_bit_round_bytes_counted_exactly(results):
     N, shards, block = L.WORLD, (12, 3), 8
     s = {name: results[0]["train"][name]["summary"] for name in L.LOWBIT_RUNS}
     per_round = {name: v["bytes_sent"] / v["rounds"] for name, v in s.items()}
-    counts = N * 2 * 8 * (N - 1) // N
+    counts = N * 3 * 8 * (N - 1) // N  # (count, nonfinite, pacing vote) int64
     fp32 = sum(n * 4 * N for n in shards) * (N - 1) // N  # one fp32 reduce-scatter or all-gather
     int8 = (N - 1) * sum(4 * math.ceil(n / block) + _ceil4(n) for n in shards)
-    assert per_round["acco_fp32"] == counts + fp32 + fp32 == 272
-    assert per_round["acco_int8_ag"] == per_round["sync_int8_ag"] == counts + fp32 + int8 == 208
-    assert per_round["acco_lowbit"] == counts + int8 + int8 == 144
+    assert per_round["acco_fp32"] == counts + fp32 + fp32 == 288
+    assert per_round["acco_int8_ag"] == per_round["sync_int8_ag"] == counts + fp32 + int8 == 224
+    assert per_round["acco_lowbit"] == counts + int8 + int8 == 160
     est = s["acco_int8_estimate"]  # estimates send int8, commits fp32: between the two
-    assert 208 < per_round["acco_int8_estimate"] < 272 and est["bytes_sent"] == est["bytes_received"]
+    assert 224 < per_round["acco_int8_estimate"] < 288 and est["bytes_sent"] == est["bytes_received"]
 
 
 # ------------------------------------------------------------------ config

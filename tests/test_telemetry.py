@@ -12,8 +12,9 @@ def test_bytes_counts_and_log_line():
     r0, _ = run_distributed(F.telemetry_run, world, config=cfg, G=4, steps=3)
     rec = r0["records"][0]
     assert rec.counts == [4, 4] and rec.kind == "commit"
-    # ring model: counts all-gather (world x 2 int64) + reduce-scatter + all-gather of fp32 buffers
-    payload = world * 2 * 8 + sum(2 * n * 4 for n in r0["layout"])
+    # ring model: counts all-gather (world x 3 int64: count, nonfinite, pacing vote) + reduce-scatter + all-gather
+    # of fp32 buffers
+    payload = world * 3 * 8 + sum(2 * n * 4 for n in r0["layout"])
     assert rec.bytes_sent == rec.bytes_received == payload * (world - 1) // world
     assert r0["summary"]["bytes_sent"] == 3 * rec.bytes_sent
     assert r0["summary"]["peak_round_bytes"] == rec.bytes_sent  # every sync round sends the same

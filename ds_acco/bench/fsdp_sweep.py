@@ -115,6 +115,8 @@ def figures(ranks: list[dict], tokens_per_micro_batch: int) -> dict:
         out["collectives_per_step"] = (calls["all_gather_single"] + calls["reduce_scatter_single"]) / steps_done
     else:
         out["collectives_per_round"] = r0["round_calls"] / r0["rounds"]
+        out["gloo_calls_per_round"] = r0.get("round_pieces", r0["round_calls"]) / r0["rounds"]  # paced pieces
+        out["piece_bytes"] = r0.get("piece_bytes")
         out["rounds_per_step"] = r0["rounds"] / steps_done
         out["ring_bytes_per_step"] = r0["ring_bytes_sent"] / steps_done
         out["hidden_pct"] = r0["summary"].get("comm_hidden_pct")
@@ -172,7 +174,8 @@ def report(result: dict, out=sys.stdout) -> None:
         if "tokens_per_s" not in r:
             p(f"| {LABELS[r['config']]} | {r['rate']} {r.get('quota') or ''} | failed (rc {r['rc']}) |||||||")
             continue
-        coll = (f"{r['collectives_per_round']:.0f} per round, {r['rounds_per_step']:.1f} rounds/step"
+        coll = (f"{r['collectives_per_round']:.0f} per round ({r.get('gloo_calls_per_round', 0):.1f} gloo calls), "
+                f"{r['rounds_per_step']:.1f} rounds/step"
                 if "collectives_per_round" in r else f"{r['collectives_per_step']:.1f} per step")
         tgt = analysis.get(r["rate"], {}).get("seconds_to_target", {}).get(r["config"]) if not r.get("quota") else None
         p(f"| {LABELS[r['config']]} | {r['rate']}{' ' + r['quota'] if r.get('quota') else ''} | {r['steps_per_s']:.2f} "

@@ -10,7 +10,8 @@ all-gather, all-to-all and reduce-scatter, ds_acco's all-to-all reduce-scatter),
 then one low-bit round's collectives (int8 reduce-scatter plus int8 delta
 all-gather of a ``--params`` buffer) on a background thread, first with the
 training thread idle and then while it runs matrix products (compute on the same
-core, as in training). It prints seconds and the payload rate each direction
+core, as in training); then the reduce-scatter and the idle round again with the
+pieces paced to the link as training paces them (``paced_*``, ds_acco.link_pacing). It prints seconds and the payload rate each direction
 carried, next to the link's rate, as one JSON line per rank (``--json``).
 """
 
@@ -93,8 +94,15 @@ def main(argv=None) -> int:
         stop.set()
         if worker:
             worker.join()
+    # the same with the pieces paced to the link (ds_acco.link_pacing), as the round engine agrees them
+    votes = [None] * n
+    dist.all_gather_object(votes, coll.pacing_vote())
+    coll.adopt_pacing(votes)
+    res["paced_piece_bytes"] = coll.piece_bytes
+    res["paced_ds_acco_reduce_scatter_s"] = _timed(lambda: coll.reduce_scatter_sum(shard, big), args.reps)
+    res["paced_round_idle_s"] = _timed(lambda: _round(coll, rs, ag, grads, out, base, staging, new), args.reps)
     for key in [k for k in res if k.endswith("_s")]:
-        nbytes = res["round_bytes_per_direction"] if key.startswith("round") else moved
+        nbytes = res["round_bytes_per_direction"] if "round_" in key and "reduce" not in key else moved
         res[key[:-2] + "_mbit_s"] = round(nbytes * 8 / res[key] / 1e6, 2)
         res[key] = round(res[key], 3)
     line = json.dumps(res)

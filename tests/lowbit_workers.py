@@ -102,7 +102,7 @@ def paced_collective_checks(coll) -> dict:
     return out
 
 
-def train_recording_swaps(rank: int, world: int, *, config: dict, G: int, steps: int) -> dict:
+def train_recording_swaps(rank: int, world: int, *, config: dict, G: int, steps: int, setup=None) -> dict:
     """The tiny job under ds_acco.plain; after every swap: the compute buffers, this rank's
     master shards, the round kind, and the compute buffers the round started from."""
     from ds_acco import plain
@@ -110,6 +110,8 @@ def train_recording_swaps(rank: int, world: int, *, config: dict, G: int, steps:
     model = W.make_model()
     engine = plain.build(W.param_groups(model), torch.optim.AdamW, W.OPT_KWARGS, config=config,
                          gradient_accumulation_steps=G, lr_scheduler=W.decay_schedule)
+    if setup is not None:
+        setup(rank, engine)
     swaps, k = [], 0
     pending_base, launched = None, engine._round_index
     try:
@@ -136,7 +138,18 @@ def train_recording_swaps(rank: int, world: int, *, config: dict, G: int, steps:
         engine.close()
     summary = engine.telemetry.summary()
     return {"swaps": swaps, "final": final, "summary": summary,
-            "shard_numels": [g.layout.shard_numel for g in engine.groups]}
+            "shard_numels": [g.layout.shard_numel for g in engine.groups],
+            "wire": {"calls": engine.coll.wire.calls, "pieces": engine.coll.wire.pieces,
+                     "piece_bytes": engine.coll.piece_bytes}}
+
+
+def pace_rank_one_to_tiny_pieces(rank: int, engine) -> None:
+    """Rank 1 reports a link so slow that its pieces are 8 bytes (the floor lowered for the tiny model) and
+    keeps reporting it; the others measure loopback as usual. The smallest vote must win on every rank."""
+    if rank == 1:
+        engine.coll.pacer.min_piece_bytes = 8
+        engine.coll.pacer.rate = 8 / engine.coll.pacer.piece_seconds
+        engine.coll.pacer.observe = lambda sent, seconds: None
 
 
 LOWBIT_RUNS = {
@@ -163,6 +176,9 @@ def everything(rank: int, world: int) -> dict:
         coll.destroy()
     out["train"] = {name: train_recording_swaps(rank, world, config=cfg, G=G, steps=STEPS)
                     for name, cfg in LOWBIT_RUNS.items()}
+    out["train_paced"] = {name: train_recording_swaps(rank, world, config=LOWBIT_RUNS[name], G=G, steps=STEPS,
+                                                      setup=pace_rank_one_to_tiny_pieces)
+                          for name in ("acco_fp32", "acco_lowbit")}
     return out
 
 

@@ -108,6 +108,20 @@ def test_paced_collectives_cut_in_the_agreed_pieces_give_the_same_results(result
         assert p["measured"] and p["vote"] >= 64 << 10  # timed on the pieces; never below the floor
 
 
+@pytest.mark.parametrize("name", ["acco_fp32", "acco_lowbit"])
+def test_training_paced_into_tiny_pieces_is_bit_identical_to_whole_collectives(results, name):
+    """The round engine agrees the piece size through its count all-gather; pieces change how bytes
+    travel, not one value or byte count."""
+    for r in results:
+        paced, whole = r["train_paced"][name], r["train"][name]
+        assert paced["wire"]["piece_bytes"] == 8  # rank 1's vote, adopted by every rank
+        assert paced["wire"]["pieces"] > 2 * paced["wire"]["calls"]
+        assert whole["wire"]["pieces"] == whole["wire"]["calls"]
+        assert paced["summary"]["bytes_sent"] == whole["summary"]["bytes_sent"]
+        for key in ("flat", "master"):
+            assert all(torch.equal(a, b) for a, b in zip(paced["final"][key], whole["final"][key])), key
+
+
 def test_link_pacer_sizes_pieces_from_the_best_recent_rate():
     from ds_acco.link_pacing import MIN_PIECE_BYTES, PIECE_SECONDS, LinkPacer
 

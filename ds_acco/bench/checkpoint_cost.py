@@ -36,6 +36,7 @@ import functools
 import os
 import shutil
 import statistics
+import threading
 import time
 
 import torch
@@ -70,6 +71,23 @@ def _unverified():
         yield
     finally:
         checkpoint_manifest.file_digest, checkpoint_verify._non_finite = saved
+
+
+def _thread_cpu(module, name: str, spent: dict, key: str) -> None:
+    """Wrap ``module.name`` so the CPU seconds of the thread running it add up in ``spent[key]`` (any thread)."""
+    real = getattr(module, name)
+    lock = threading.Lock()
+
+    @functools.wraps(real)
+    def wrapper(*args, **kwargs):
+        c0 = time.thread_time()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                spent[key] = spent.get(key, 0.0) + time.thread_time() - c0
+
+    setattr(module, name, wrapper)
 
 
 def _cpu() -> float:
@@ -132,6 +150,9 @@ def main() -> None:
     _timed(checkpoint_gate.PendingVerdict, "verdict", spent)
     _timed(checkpoint_verify.FiniteCheck, "settle", spent)
     _timed(deepspeed_engine, "verification_group", spent)  # created at the first (warm-up) load, then cached
+    # the CPU that verification's own work takes, on whichever thread: what it costs where no core is spare
+    _thread_cpu(checkpoint_manifest, "file_digest", spent, "verify_cpu")
+    _thread_cpu(checkpoint_verify, "_non_finite", spent, "verify_cpu")
     real_finish = checkpoint_files.FileFinisher.finish
 
     def finish(self):
@@ -143,7 +164,9 @@ def main() -> None:
     checkpoint_files.FileFinisher.finish = finish
     rank = dist.get_rank()
     group_s = [0.0]  # the first load's verification_group call: creating the gloo group, once per engine
-    rows: dict = {}  # (setting, verified) -> list of (save_s, save_verify_s, save_flush_s, load_s, load_verify_s)
+    # (setting, verified) -> list of (save_s, save_verify_s, save_flush_s, load_s, load_verify_s, save_cpu,
+    # load_cpu, load's wait for the verdict, load's wait for the finite check, load's verification CPU)
+    rows: dict = {}
 
     def one(setting: str, verified: bool, record: bool = True) -> None:
         engine._acco_config.checkpoint.fsync = setting != "page cache"
@@ -167,10 +190,11 @@ def main() -> None:
             engine.load_checkpoint(args.dir)
             load_s, load_cpu = time.perf_counter() - t0, _cpu() - c0
             load_in = spent.get("verdict", 0.0) + spent.get("settle", 0.0)
+            load_parts = (spent.get("verdict", 0.0), spent.get("settle", 0.0), spent.get("verify_cpu", 0.0))
             if not record:
                 group_s[0] = spent.get("verification_group", 0.0)
         rows.setdefault((setting if record else "first", verified), []).append(
-            (save_s, save_in, save_flush, load_s, load_in, save_cpu, load_cpu))
+            (save_s, save_in, save_flush, load_s, load_in, save_cpu, load_cpu, *load_parts))
 
     one("page cache", True, record=False)
     settings = ("page cache", "durable", "cold")
@@ -191,11 +215,12 @@ def main() -> None:
         for key in [("first", True)] + [(s, v) for s in settings for v in (True, False)]:
             for r, got in enumerate(gathered):
                 calls = "; ".join(f"save {a:.3f} (verify {b:.3f}, flush {c:.3f}, cpu {f:.3f}) "
-                                  f"load {d:.3f} (verify {e:.3f}, cpu {g:.3f})" for a, b, c, d, e, f, g in got[key])
+                                  f"load {d:.3f} (verify {e:.3f} = verdict {h:.3f} + finite {i:.3f}, cpu {g:.3f}, "
+                                  f"of which verification {k:.3f})" for a, b, c, d, e, f, g, h, i, k in got[key])
                 print(f"[checkpoint_cost] {key[0]:10s} {'verified  ' if key[1] else 'unverified'} rank {r}: {calls}")
         print("[checkpoint_cost] medians over repeats and ranks, seconds; A/B cost = verified - unverified:")
         for s in settings:
-            med = {v: [statistics.median(x[j] for got in gathered for x in got[(s, v)]) for j in range(7)]
+            med = {v: [statistics.median(x[j] for got in gathered for x in got[(s, v)]) for j in range(10)]
                    for v in (True, False)}
             for what, j, inside, cpu in (("save", 0, 1, 5), ("load", 3, 4, 6)):
                 on, off, v = med[True][j], med[False][j], med[True][inside]
@@ -205,6 +230,10 @@ def main() -> None:
                       f"({100 * (on - off) / off:+.1f}%); CPU per rank (all threads) {med[True][cpu]:.3f} verified, "
                       f"{med[False][cpu]:.3f} unverified, cost {med[True][cpu] - med[False][cpu]:+.3f} "
                       f"({100 * (med[True][cpu] - med[False][cpu]) / off:+.1f}% of the unverified call's time)")
+            wait_v, wait_f, own = med[True][7], med[True][8], med[True][9]
+            print(f"[checkpoint_cost] {s:10s} load: the main thread waited {wait_v:.3f} for the verdict and "
+                  f"{wait_f:.3f} for the finite check; verification's own CPU (hashes and sums, any thread) "
+                  f"{own:.3f} ({100 * own / on:.1f}% of the load)")
         shutil.rmtree(args.dir, ignore_errors=True)
     engine.destroy()
 

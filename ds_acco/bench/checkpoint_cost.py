@@ -43,18 +43,21 @@ import torch
 import torch.distributed as dist
 
 
-def _timed(module, name: str, spent: dict, key: str = "") -> None:
-    """Wrap ``module.name`` so the seconds it takes add up in ``spent[key or name]``."""
+def _timed(module, name: str, spent: dict, key: str = "", clock=time.perf_counter) -> None:
+    """Wrap ``module.name`` so the seconds it takes add up in ``spent[key or name]``; ``clock=time.thread_time``
+    counts the CPU seconds of whichever thread runs it (the background hashes and sums)."""
     real = getattr(module, name)
     key = key or name
+    lock = threading.Lock()
 
     @functools.wraps(real)
     def wrapper(*args, **kwargs):
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             return real(*args, **kwargs)
         finally:
-            spent[key] = spent.get(key, 0.0) + time.perf_counter() - t0
+            with lock:
+                spent[key] = spent.get(key, 0.0) + clock() - t0
 
     setattr(module, name, wrapper)
 
@@ -71,23 +74,6 @@ def _unverified():
         yield
     finally:
         checkpoint_manifest.file_digest, checkpoint_verify._non_finite = saved
-
-
-def _thread_cpu(module, name: str, spent: dict, key: str) -> None:
-    """Wrap ``module.name`` so the CPU seconds of the thread running it add up in ``spent[key]`` (any thread)."""
-    real = getattr(module, name)
-    lock = threading.Lock()
-
-    @functools.wraps(real)
-    def wrapper(*args, **kwargs):
-        c0 = time.thread_time()
-        try:
-            return real(*args, **kwargs)
-        finally:
-            with lock:
-                spent[key] = spent.get(key, 0.0) + time.thread_time() - c0
-
-    setattr(module, name, wrapper)
 
 
 def _cpu() -> float:
@@ -151,8 +137,8 @@ def main() -> None:
     _timed(checkpoint_verify.FiniteCheck, "settle", spent)
     _timed(deepspeed_engine, "verification_group", spent)  # created at the first (warm-up) load, then cached
     # the CPU that verification's own work takes, on whichever thread: what it costs where no core is spare
-    _thread_cpu(checkpoint_manifest, "file_digest", spent, "verify_cpu")
-    _thread_cpu(checkpoint_verify, "_non_finite", spent, "verify_cpu")
+    _timed(checkpoint_manifest, "file_digest", spent, "verify_cpu", clock=time.thread_time)
+    _timed(checkpoint_verify, "_non_finite", spent, "verify_cpu", clock=time.thread_time)
     real_finish = checkpoint_files.FileFinisher.finish
 
     def finish(self):

@@ -86,9 +86,9 @@ class PendingVerdict:
     def _run(self, agree: Callable[[], Verdict]) -> Verdict:
         try:
             return agree()
-        except CheckpointError:
+        except (CheckpointError, OSError):  # a refusal, or a file this rank could not read: as it is
             raise
-        except Exception as exc:  # noqa: BLE001 - a peer died, stopped, or never joined: say so
+        except Exception as exc:  # noqa: BLE001 - the exchange failed: a peer died, stopped, or never joined
             raise CheckpointError(
                 f"ds_acco: the ranks could not agree on the verification of checkpoint {self.folder} within "
                 f"acco.timeout_s={self.timeout_s:g}s ({type(exc).__name__}: {exc}); a peer died, is stopped, or "

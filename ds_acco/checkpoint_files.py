@@ -20,7 +20,7 @@ import contextlib
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from . import checkpoint_manifest
 from .checkpoint_manifest import fsync_path
@@ -28,6 +28,20 @@ from .checkpoint_manifest import fsync_path
 
 def _entry(path: str) -> dict:
     return {"size": os.path.getsize(path), "digest": checkpoint_manifest.file_digest(path)}
+
+
+@contextlib.contextmanager
+def replaced(obj: Any, name: str, replacement: Callable) -> Iterator[None]:
+    """Within the block, ``obj.name`` is ``replacement`` (one instance: DeepSpeed's checkpoint engine)."""
+    own = vars(obj).get(name)  # already replaced on this instance by someone else
+    setattr(obj, name, replacement)
+    try:
+        yield
+    finally:
+        if own is None:
+            delattr(obj, name)  # back to the class's method
+        else:
+            setattr(obj, name, own)
 
 
 class FileFinisher:
@@ -58,8 +72,7 @@ class FileFinisher:
         if self.fsync:
             self._flushes.append(self._pool.submit(fsync_path, path))
 
-    @contextlib.contextmanager
-    def watching(self, checkpoint_engine: Any) -> Iterator[None]:
+    def watching(self, checkpoint_engine: Any) -> contextlib.AbstractContextManager:
         """Within the block, every file DeepSpeed's ``checkpoint_engine.save`` writes is :meth:`add`-ed."""
         real = checkpoint_engine.save
 
@@ -69,15 +82,7 @@ class FileFinisher:
                 self.add(path)
             return out
 
-        own = vars(checkpoint_engine).get("save")  # already wrapped per instance by someone else
-        checkpoint_engine.save = save
-        try:
-            yield
-        finally:
-            if own is None:
-                del checkpoint_engine.save  # back to the class's method
-            else:
-                checkpoint_engine.save = own
+        return replaced(checkpoint_engine, "save", save)
 
     def finish(self) -> dict[str, dict]:
         """Wait for every hash and flush; ``{relative name: {"size", "digest"}}`` of the files added."""

@@ -33,8 +33,10 @@ from . import deepspeed_elastic as elastic
 from .committed import CommittedStateDict, committed_parameters
 from .deepspeed_atomic import atomic_save, atomic_torch_save, latest_tag
 from .config import AccoConfig, AccoConfigError
-from .checkpoint_verify import optimizer_tensors
-from .deepspeed_verify import MODEL_FILE, OPTIM_FILE, refuse_if_written_by_ds_acco, refuse_non_finite, verify_tag
+from .checkpoint_gate import destroy_verification_group, verification_group
+from .checkpoint_verify import FiniteCheck, optimizer_tensors
+from .deepspeed_verify import (MODEL_FILE, OPTIM_FILE, refuse_if_written_by_ds_acco, refuse_non_finite,
+                               start_verify_tag)
 from .flat_buffer import FlatLayout, ShardedGroup, rebind_params
 from .round_engine import COMMIT, RoundEngine
 from .shard_optimizer import ShardOptimizer
@@ -186,6 +188,7 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
         if self.__dict__.get("acco") is not None:
             self.acco.close(drain=False)
             self.__dict__["acco"] = None
+        destroy_verification_group(self.__dict__)
         super().destroy()
 
     # ------------------------------------------------------------ checkpoints
@@ -217,7 +220,12 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
-        """DeepSpeed's load plus the round state, after every rank verified the files (ds_acco.checkpoint_verify)."""
+        """DeepSpeed's load plus the round state; nothing loaded is used before every rank verified every file.
+
+        The files are hashed while DeepSpeed parses them, and no state dict reaches the engine
+        before the ranks agreed (:mod:`ds_acco.checkpoint_gate`); the finite check of the
+        loaded masters and moments runs while the round state loads.
+        """
         if self.acco is None:
             return super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
                                            load_lr_scheduler_states, load_module_only, custom_load_fn)
@@ -228,30 +236,36 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
                 return super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
                                                load_lr_scheduler_states, load_module_only, custom_load_fn)
         tag = str(tag)
+        timeout_s = self._acco_config.timeout_s
         dp = ds_dist.get_world_size(group=self.optimizer.real_dp_process_group[0])
-        verdict = verify_tag(load_dir, tag, state_file=ROUND_STATE_FILE, dp_rank=self._acco_dp_rank(), dp_world=dp,
-                             salvage=self._acco_config.checkpoint.salvage)
+        pending = start_verify_tag(load_dir, tag, state_file=ROUND_STATE_FILE, dp_rank=self._acco_dp_rank(),
+                                   dp_world=dp, salvage=self._acco_config.checkpoint.salvage, timeout_s=timeout_s,
+                                   group=verification_group(self.__dict__, None, timeout_s))
+        manifest = pending.verdict().manifest if pending.up_front else pending.manifest
         # the manifest says how many ranks saved; only a checkpoint without one needs its model file read for it
-        saved_dp = verdict.manifest["world_size"] if verdict.manifest else elastic.saved_dp_world_size(load_dir, tag)
+        saved_dp = manifest["world_size"] if manifest else elastic.saved_dp_world_size(load_dir, tag)
         if not load_module_only and saved_dp != dp:
             out = self._acco_load_resharded(load_dir, tag, load_module_strict, load_optimizer_states,
                                             load_lr_scheduler_states)
             refuse_non_finite(load_dir, tag, self._acco_loaded_tensors())
             return out
-        path, client_state = super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
-                                                     load_lr_scheduler_states, load_module_only, custom_load_fn)
+        with pending.gating(self.checkpoint_engine):
+            path, client_state = super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
+                                                         load_lr_scheduler_states, load_module_only, custom_load_fn)
+        verdict = pending.verdict()  # in already, unless DeepSpeed loaded no file
         if path is None:
             return path, client_state
         if verdict.stock:
             refuse_if_written_by_ds_acco(load_dir, tag, client_state)
-        refuse_non_finite(load_dir, tag, self._acco_loaded_tensors())
+        finite = FiniteCheck(self._acco_loaded_tensors())  # sums in the background while the round state loads
         state_file = os.path.join(load_dir, tag, ROUND_STATE_FILE.format(rank=self._acco_dp_rank()))
         resumable = (load_optimizer_states and not load_module_only and os.path.exists(state_file)
                      and not verdict.dropped)
         found = torch.tensor([int(resumable)])
         ds_dist.all_reduce(found, op=ds_dist.ReduceOp.MIN)
-        if bool(found.item()):
-            saved = torch.load(state_file, map_location="cpu", weights_only=False)
+        saved = torch.load(state_file, map_location="cpu", weights_only=False) if bool(found.item()) else None
+        finite.settle(os.path.join(load_dir, tag))
+        if saved is not None:
             self.acco.load_state_dict(saved["rounds"])
             self._acco_samples = saved["samples"]
         else:

@@ -35,7 +35,8 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 from .config import AccoConfig, AccoConfigError
 from .deepspeed_atomic import atomic_save, atomic_torch_save, latest_tag
 from .checkpoint_verify import optimizer_tensors
-from .deepspeed_verify import MODEL_FILE, refuse_if_written_by_ds_acco, refuse_non_finite, verify_tag
+from .checkpoint_gate import destroy_verification_group, verification_group
+from .deepspeed_verify import MODEL_FILE, refuse_if_written_by_ds_acco, refuse_non_finite, start_verify_tag
 from .startup_line import announce, streaming_fields
 from .streaming import StreamingEngine, fragments_of
 
@@ -103,6 +104,7 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
         if self.__dict__.get("acco") is not None:
             self.acco.close(drain=False)
             self.__dict__["acco"] = None
+        destroy_verification_group(self.__dict__)
         super().destroy()
 
     # ------------------------------------------------------------ checkpoints
@@ -156,12 +158,18 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
             return super().load_checkpoint(*stock)
         tag = str(tag)
         self.acco.finish()  # nothing may be in flight while the buffers are overwritten
-        verdict = verify_tag(load_dir, tag, state_file=STREAMING_STATE_FILE, dp_rank=self._dp_rank(),
-                             dp_world=self.acco.world_size, salvage=self._acco_config.checkpoint.salvage,
-                             group=self.data_parallel_group)
-        wanted = load_optimizer_states and not load_module_only and not verdict.dropped
+        timeout_s = self._acco_config.timeout_s
+        pending = start_verify_tag(load_dir, tag, state_file=STREAMING_STATE_FILE, dp_rank=self._dp_rank(),
+                                   dp_world=self.acco.world_size, salvage=self._acco_config.checkpoint.salvage,
+                                   timeout_s=timeout_s,
+                                   group=verification_group(self.__dict__, self.data_parallel_group, timeout_s))
+        if pending.up_front:  # another world size, salvage, no usable manifest, a file missing or resized
+            pending.verdict()
         saved_world = len(glob.glob(os.path.join(load_dir, tag, STREAMING_STATE_FILE.format(rank="*"))))
-        path, client_state = super().load_checkpoint(load_dir, tag, *stock[2:])
+        with pending.gating(self.checkpoint_engine):  # files hashed while DeepSpeed parses; used after the verdict
+            path, client_state = super().load_checkpoint(load_dir, tag, *stock[2:])
+        verdict = pending.verdict()
+        wanted = load_optimizer_states and not load_module_only and not verdict.dropped
         if path is None:
             return path, client_state
         if verdict.stock:

@@ -4,8 +4,9 @@ A ds_acco DeepSpeed tag holds DeepSpeed's files (``mp_rank_00_model_states.pt``,
 ``zero_pp_rank_<r>_mp_rank_00_optim_states.pt`` per rank under ZeRO-1) plus one
 ds_acco state file per rank (round state or streaming state) and the manifest. With
 the saved world size each rank reads the model file, its own optimizer file and its
-own state file, and hashes exactly those; after a world-size change every rank may
-read every file, so every file is hashed.
+own state file, and hashes exactly those, while DeepSpeed parses them (see
+:mod:`ds_acco.checkpoint_gate`); after a world-size change every rank may read every
+file, so every file is hashed, before anything is read.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import os
 from typing import Any, Iterable, Optional
 
 from .checkpoint_manifest import read_manifest, tag_files
-from .checkpoint_verify import CheckpointError, Verdict, describe, refuse_unless_finite, verify_for_load
+from .checkpoint_gate import PendingVerdict
+from .checkpoint_verify import CheckpointError, describe, refuse_unless_finite, size_problems, verify_for_load
 
 logger = logging.getLogger("ds_acco")
 
@@ -25,13 +27,23 @@ MODEL_FILE = "mp_rank_00_model_states.pt"
 OPTIM_FILE = "zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
 
 
-def verify_tag(load_dir: str, tag: str, *, state_file: str, dp_rank: int, dp_world: int, salvage: bool,
-               group=None) -> Verdict:
-    """Verify ``load_dir/tag`` before DeepSpeed reads anything from it; collective.
+def start_verify_tag(load_dir: str, tag: str, *, state_file: str, dp_rank: int, dp_world: int, salvage: bool,
+                     group, timeout_s: float) -> PendingVerdict:
+    """Start verifying ``load_dir/tag`` in the background (see :mod:`ds_acco.checkpoint_gate`); collective
+    over ``group`` (from :func:`~ds_acco.checkpoint_gate.verification_group`), on a background thread.
+
+    The manifest is read and every file's size checked here, on the calling thread: that is
+    cheap, and tells whether the load may run while the hashes do (``pending.up_front``
+    False) or must wait for the verdict first: no usable manifest, another world size than
+    at the save, salvage on, or a file missing or of the wrong size.
 
     Args:
         state_file: the front end's per-rank file name with a ``{rank}`` field.
         dp_rank, dp_world: this rank and the data-parallel world size now.
+        timeout_s: ``acco.timeout_s`` (the agreement fails after it).
+
+    Raises:
+        CheckpointError: the tag is a partial save or does not exist (same on every rank).
     """
     folder = os.path.join(load_dir, tag)
     if tag.endswith(".partial") or not os.path.isdir(folder):
@@ -40,14 +52,19 @@ def verify_tag(load_dir: str, tag: str, *, state_file: str, dp_rank: int, dp_wor
                                        f"named by {os.path.join(load_dir, 'latest')} or the caller"))
     pattern = state_file.format(rank="*")
     saved = sorted(glob.glob(os.path.join(folder, pattern)))
-    manifest, _ = read_manifest(folder)
+    manifest_read = read_manifest(folder)
+    manifest = manifest_read[0]
     saved_world = manifest["world_size"] if manifest else len(saved)
     if saved_world == dp_world:
         reads = [MODEL_FILE, OPTIM_FILE.format(rank=dp_rank), state_file.format(rank=dp_rank)]
     else:
         reads = manifest["files"] if manifest else tag_files(folder)
-    return verify_for_load(folder, reads=reads, ours=bool(saved), salvage=salvage, group=group,
-                           droppable=lambda name: fnmatch.fnmatch(name, pattern))
+    pending = PendingVerdict(
+        lambda: verify_for_load(folder, reads=reads, ours=bool(saved), salvage=salvage, group=group,
+                                droppable=lambda name: fnmatch.fnmatch(name, pattern), manifest_read=manifest_read),
+        folder, timeout_s, manifest=manifest,
+        up_front=manifest is None or saved_world != dp_world or salvage or bool(size_problems(folder, manifest)))
+    return pending
 
 
 def refuse_if_written_by_ds_acco(load_dir: str, tag: str, client_state: Optional[dict]) -> None:

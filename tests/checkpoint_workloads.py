@@ -146,22 +146,36 @@ def make_copies(ckpt, root, cases, tag=None):
 
 
 def refusals(engine, dirs, cases):
-    """Load every damaged copy; return case -> (raised CheckpointError naming the file, message head)."""
+    """Load every damaged copy; return case -> (raised CheckpointError naming the file, message head, the
+    loader's own error it was chained to, whether the engine's steps, module and optimizer state are unchanged)."""
     seen = {}
     for case, path in dirs.items():
-        steps_before = _steps(engine)
+        steps_before, state_before = _steps(engine), _state(engine)
         try:
             engine.load_checkpoint(path)
             seen[case] = {"refused": False, "message": "loaded"}
         except CheckpointError as exc:
             msg = str(exc)
             seen[case] = {"refused": True, "names_file": cases[case][1] in msg, "message": msg[:600],
-                          "names_earlier": "resume from" in msg, "steps_unchanged": _steps(engine) == steps_before}
+                          "names_earlier": "resume from" in msg, "steps_unchanged": _steps(engine) == steps_before,
+                          "state_unchanged": _equal([_state(engine)], [state_before]),
+                          "cause": type(exc.__cause__).__name__ if exc.__cause__ is not None else None}
     return seen
 
 
 def _steps(engine) -> int:
     return engine.global_steps if hasattr(engine, "global_steps") else engine.commits
+
+
+def _state(engine) -> list:
+    """Copies of the module's parameters, the fp32 masters (DeepSpeed ZeRO) and every optimizer state tensor."""
+    from ds_acco.checkpoint_verify import optimizer_tensors
+
+    opt = engine.optimizer
+    tensors = list(engine.module.parameters()) + list(getattr(opt, "single_partition_of_fp32_groups", []))
+    tensors += [t for _, t in optimizer_tensors(getattr(opt, "optimizer", opt))]  # ZeRO wraps the torch one
+    tensors.append(torch.tensor(float(len(tensors))))  # moments that appear change the count
+    return [(t.to_local() if hasattr(t, "to_local") else t).detach().clone() for t in tensors]
 
 
 def _equal(a, b) -> bool:
@@ -235,6 +249,30 @@ def finite_check_job(rank, world) -> dict:
             out[str(bad)] = str(exc)
     refuse_unless_finite("/ckpt/global_step7", [("master", torch.zeros(10))])  # finite: no error
     return out
+
+
+def agreement_timeout_job(rank, world, *, folder) -> dict:
+    """Rank 0 verifies, rank 1 never joins: rank 0's background agreement must fail within the verification
+    group's time-out (1 s), as a CheckpointError in the main thread that names acco.timeout_s."""
+    import time
+
+    from ds_acco.checkpoint_gate import PendingVerdict, destroy_verification_group, verification_group
+    from ds_acco.checkpoint_verify import verify_for_load
+
+    owner: dict = {}
+    group = verification_group(owner, None, 1.0)
+    t0, message = time.perf_counter(), None
+    if rank == 0:
+        pending = PendingVerdict(lambda: verify_for_load(folder, reads=[], ours=True, salvage=False, group=group),
+                                 folder, 1.0)
+        try:
+            pending.verdict()
+        except CheckpointError as exc:
+            message = str(exc)
+    seconds = time.perf_counter() - t0
+    dist.barrier()
+    destroy_verification_group(owner)
+    return {"message": message, "seconds": seconds}
 
 
 def stock_fsdp2_job(rank, world, *, out) -> dict:

@@ -60,6 +60,7 @@ def _assert_all_refused(cases: dict, rank: int) -> None:
         assert seen["refused"], (rank, case, seen["message"])
         assert seen["names_file"], (rank, case, seen["message"])
         assert seen["steps_unchanged"], (rank, case)
+        assert seen["state_unchanged"], (rank, case)  # module, masters and moments as before the refused load
         assert seen["names_earlier"], (rank, case, seen["message"])  # an earlier complete tag exists
 
 
@@ -79,6 +80,10 @@ def test_every_damaged_deepspeed_checkpoint_is_refused_on_every_rank(matrix, fro
         for r in (0, 1):
             assert f"overwrite zero_pp_rank_{r}_mp_rank_00_optim_states.pt" in names
             assert f"overwrite acco_round_state_dp_rank_{r}.pt" in names
+    # the loader itself raised on the scrambled model file (each rank parses it first, while it is hashed): the
+    # refusal still names the file on every rank, chained to the loader's error
+    for r, got in enumerate(ranks):
+        assert got[front]["cases"]["scramble the head of mp_rank_00_model_states.pt"]["cause"], r
     msg = ranks[0][front]["cases"]["overwrite mp_rank_00_model_states.pt"]["message"]
     assert f"expected {HASH}" in msg and f"found {HASH}" in msg and "resume from" in msg and "global_step" in msg
 
@@ -230,3 +235,10 @@ def test_non_finite_loaded_moments_fail_every_rank():
         assert got[0][bad] == got[1][bad], bad
         assert "rank 1's exp_avg_sq: expected finite values, found inf/NaN" in got[0][bad]
         assert "global_step7" in got[0][bad]
+
+
+def test_agreement_with_a_peer_that_never_joins_fails_within_the_timeout(tmp_path):
+    got = run_distributed(C.agreement_timeout_job, 2, folder=str(tmp_path), timeout=60)
+    assert got[1]["message"] is None
+    assert "could not agree" in got[0]["message"] and "acco.timeout_s=1s" in got[0]["message"], got[0]["message"]
+    assert 0.9 < got[0]["seconds"] < 10, got[0]["seconds"]

@@ -16,13 +16,16 @@ every setting, A/B within the repeat, so each cost is a difference of neighbouri
   cache (``posix_fadvise(DONTNEED)``), so the load reads the disk;
 
 each with verification (the hashes for the manifest, on a background thread per file as
-it is written; on load, every file hashed by a rank that reads it, then the finite check)
+it is written; on load, every file hashed by a rank that reads it on background threads
+while DeepSpeed parses the files, then the finite check while the round state loads)
 and without (the same code with the hash replaced by a constant and the finite check
 skipped). The first save and load of the run warm up and are reported apart.
 Also printed: the time each save's main thread spent in the manifest step and waiting for
-the background hashes still running after the flushes, each load's time inside
-verification, and each call's CPU seconds (all threads): on a node with no core to
-spare, the CPU that verification adds is what it costs in time, whatever the threads hide.
+the background hashes still running after the flushes, each load's main-thread wait for
+verification (for the agreed verdict once DeepSpeed has parsed a file, then for the finite
+check's join and agreement), and each call's CPU seconds (all threads): on a node with no
+core to spare, the CPU that verification adds is what it costs in time, whatever the
+threads hide. Runs on any number of ranks (``--num_gpus 1``: a core to spare per rank here).
 """
 
 from __future__ import annotations
@@ -33,24 +36,28 @@ import functools
 import os
 import shutil
 import statistics
+import threading
 import time
 
 import torch
 import torch.distributed as dist
 
 
-def _timed(module, name: str, spent: dict, key: str = "") -> None:
-    """Wrap ``module.name`` so the seconds it takes add up in ``spent[key or name]``."""
+def _timed(module, name: str, spent: dict, key: str = "", clock=time.perf_counter) -> None:
+    """Wrap ``module.name`` so the seconds it takes add up in ``spent[key or name]``; ``clock=time.thread_time``
+    counts the CPU seconds of whichever thread runs it (the background hashes and sums)."""
     real = getattr(module, name)
     key = key or name
+    lock = threading.Lock()
 
     @functools.wraps(real)
     def wrapper(*args, **kwargs):
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             return real(*args, **kwargs)
         finally:
-            spent[key] = spent.get(key, 0.0) + time.perf_counter() - t0
+            with lock:
+                spent[key] = spent.get(key, 0.0) + clock() - t0
 
     setattr(module, name, wrapper)
 
@@ -58,15 +65,15 @@ def _timed(module, name: str, spent: dict, key: str = "") -> None:
 @contextlib.contextmanager
 def _unverified():
     """Saves and loads as before, minus the work of verification: no hashing, no finite check."""
-    from ds_acco import checkpoint_manifest, deepspeed_engine
+    from ds_acco import checkpoint_manifest, checkpoint_verify
 
-    saved = (checkpoint_manifest.file_digest, deepspeed_engine.refuse_non_finite)
+    saved = (checkpoint_manifest.file_digest, checkpoint_verify._non_finite)
     checkpoint_manifest.file_digest = lambda path, algorithm=None: "0"  # every hash goes through it
-    deepspeed_engine.refuse_non_finite = lambda *a, **k: None
+    checkpoint_verify._non_finite = lambda named: []  # every finite check goes through it
     try:
         yield
     finally:
-        checkpoint_manifest.file_digest, deepspeed_engine.refuse_non_finite = saved
+        checkpoint_manifest.file_digest, checkpoint_verify._non_finite = saved
 
 
 def _cpu() -> float:
@@ -99,7 +106,8 @@ def main() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     import ds_acco
-    from ds_acco import checkpoint_files, checkpoint_manifest, deepspeed_atomic, deepspeed_engine
+    from ds_acco import (checkpoint_files, checkpoint_gate, checkpoint_manifest, checkpoint_verify, deepspeed_atomic,
+                         deepspeed_engine)
     from ds_acco.checkpoint_manifest import HASH
 
     torch.set_num_threads(1)
@@ -123,8 +131,14 @@ def main() -> None:
     _timed(checkpoint_manifest, "fsync_folders", spent, "manifest_flush")
     _timed(checkpoint_manifest, "fsync_path", spent, "manifest_flush")
     _timed(deepspeed_atomic, "fsync_path", spent, "publish_flush")
-    _timed(deepspeed_engine, "verify_tag", spent)
-    _timed(deepspeed_engine, "refuse_non_finite", spent)
+    # on load, the main thread waits for the agreed verdict (the hashes and the agreement run on background
+    # threads while DeepSpeed parses), then joins the finite check and agrees on it
+    _timed(checkpoint_gate.PendingVerdict, "verdict", spent)
+    _timed(checkpoint_verify.FiniteCheck, "settle", spent)
+    _timed(deepspeed_engine, "verification_group", spent)  # created at the first (warm-up) load, then cached
+    # the CPU that verification's own work takes, on whichever thread: what it costs where no core is spare
+    _timed(checkpoint_manifest, "file_digest", spent, "verify_cpu", clock=time.thread_time)
+    _timed(checkpoint_verify, "_non_finite", spent, "verify_cpu", clock=time.thread_time)
     real_finish = checkpoint_files.FileFinisher.finish
 
     def finish(self):
@@ -135,7 +149,10 @@ def main() -> None:
 
     checkpoint_files.FileFinisher.finish = finish
     rank = dist.get_rank()
-    rows: dict = {}  # (setting, verified) -> list of (save_s, save_verify_s, save_flush_s, load_s, load_verify_s)
+    group_s = [0.0]  # the first load's verification_group call: creating the gloo group, once per engine
+    # (setting, verified) -> list of (save_s, save_verify_s, save_flush_s, load_s, load_verify_s, save_cpu,
+    # load_cpu, load's wait for the verdict, load's wait for the finite check, load's verification CPU)
+    rows: dict = {}
 
     def one(setting: str, verified: bool, record: bool = True) -> None:
         engine._acco_config.checkpoint.fsync = setting != "page cache"
@@ -158,9 +175,12 @@ def main() -> None:
             t0, c0 = time.perf_counter(), _cpu()
             engine.load_checkpoint(args.dir)
             load_s, load_cpu = time.perf_counter() - t0, _cpu() - c0
-            load_in = spent.get("verify_tag", 0.0) + spent.get("refuse_non_finite", 0.0)
+            load_in = spent.get("verdict", 0.0) + spent.get("settle", 0.0)
+            load_parts = (spent.get("verdict", 0.0), spent.get("settle", 0.0), spent.get("verify_cpu", 0.0))
+            if not record:
+                group_s[0] = spent.get("verification_group", 0.0)
         rows.setdefault((setting if record else "first", verified), []).append(
-            (save_s, save_in, save_flush, load_s, load_in, save_cpu, load_cpu))
+            (save_s, save_in, save_flush, load_s, load_in, save_cpu, load_cpu, *load_parts))
 
     one("page cache", True, record=False)
     settings = ("page cache", "durable", "cold")
@@ -176,14 +196,17 @@ def main() -> None:
         mb = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)) / 2**20
         print(f"[checkpoint_cost] {n_params / 1e6:.1f} M parameters, {dist.get_world_size()} ranks, "
               f"checkpoint {mb:.0f} MiB, hash {HASH}, load average {os.getloadavg()[0]:.2f}")
+        print(f"[checkpoint_cost] verification group created at the first load in {group_s[0]:.3f} s (rank 0; "
+              "once per engine, not in the figures below)")
         for key in [("first", True)] + [(s, v) for s in settings for v in (True, False)]:
             for r, got in enumerate(gathered):
                 calls = "; ".join(f"save {a:.3f} (verify {b:.3f}, flush {c:.3f}, cpu {f:.3f}) "
-                                  f"load {d:.3f} (verify {e:.3f}, cpu {g:.3f})" for a, b, c, d, e, f, g in got[key])
+                                  f"load {d:.3f} (verify {e:.3f} = verdict {h:.3f} + finite {i:.3f}, cpu {g:.3f}, "
+                                  f"of which verification {k:.3f})" for a, b, c, d, e, f, g, h, i, k in got[key])
                 print(f"[checkpoint_cost] {key[0]:10s} {'verified  ' if key[1] else 'unverified'} rank {r}: {calls}")
         print("[checkpoint_cost] medians over repeats and ranks, seconds; A/B cost = verified - unverified:")
         for s in settings:
-            med = {v: [statistics.median(x[j] for got in gathered for x in got[(s, v)]) for j in range(7)]
+            med = {v: [statistics.median(x[j] for got in gathered for x in got[(s, v)]) for j in range(10)]
                    for v in (True, False)}
             for what, j, inside, cpu in (("save", 0, 1, 5), ("load", 3, 4, 6)):
                 on, off, v = med[True][j], med[False][j], med[True][inside]
@@ -193,6 +216,10 @@ def main() -> None:
                       f"({100 * (on - off) / off:+.1f}%); CPU per rank (all threads) {med[True][cpu]:.3f} verified, "
                       f"{med[False][cpu]:.3f} unverified, cost {med[True][cpu] - med[False][cpu]:+.3f} "
                       f"({100 * (med[True][cpu] - med[False][cpu]) / off:+.1f}% of the unverified call's time)")
+            wait_v, wait_f, own = med[True][7], med[True][8], med[True][9]
+            print(f"[checkpoint_cost] {s:10s} load: the main thread waited {wait_v:.3f} for the verdict and "
+                  f"{wait_f:.3f} for the finite check; verification's own CPU (hashes and sums, any thread) "
+                  f"{own:.3f} ({100 * own / on:.1f}% of the load)")
         shutil.rmtree(args.dir, ignore_errors=True)
     engine.destroy()
 

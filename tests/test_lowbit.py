@@ -81,10 +81,14 @@ def test_delta_all_gather_edge_values(results):
 
 
 # ------------------------------------------------------------------ the gloo reduce-scatter
+def _contributions(N: int) -> list[torch.Tensor]:
+    """Each rank's ``full`` in the reduce-scatter checks of tests/lowbit_workers.py."""
+    return [torch.arange(N * 40, dtype=torch.float32) * (r + 1) + r for r in range(N)]
+
+
 def test_gloo_reduce_scatter_sums_through_all_to_all_and_moves_n_minus_1_over_n(results):
     N = L.WORLD
-    fulls = [torch.arange(N * 40, dtype=torch.float32) * (r + 1) + r for r in range(N)]
-    total = sum(fulls).view(N, 40)
+    total = sum(_contributions(N)).view(N, 40)
     for rank, r in enumerate(results):
         rs = r["rs"]
         assert rs["via_all_to_all"] is True
@@ -95,7 +99,7 @@ def test_gloo_reduce_scatter_sums_through_all_to_all_and_moves_n_minus_1_over_n(
 
 def test_paced_collectives_cut_in_the_agreed_pieces_give_the_same_results(results):
     N = L.WORLD
-    fulls = [torch.arange(N * 40, dtype=torch.float32) * (r + 1) + r for r in range(N)]
+    fulls = _contributions(N)
     total = sum(fulls).view(N, 40)
     for rank, r in enumerate(results):
         p = r["paced"]

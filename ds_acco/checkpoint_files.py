@@ -26,10 +26,6 @@ from . import checkpoint_manifest
 from .checkpoint_manifest import fsync_path
 
 
-def _entry(path: str) -> dict:
-    return {"size": os.path.getsize(path), "digest": checkpoint_manifest.file_digest(path)}
-
-
 @contextlib.contextmanager
 def replaced(obj: Any, name: str, replacement: Callable) -> Iterator[None]:
     """Within the block, ``obj.name`` is ``replacement`` (one instance: DeepSpeed's checkpoint engine)."""
@@ -68,7 +64,7 @@ class FileFinisher:
         rel = os.path.relpath(path, self.folder)
         if rel in self._hashes:
             return
-        self._hashes[rel] = self._pool.submit(_entry, path)
+        self._hashes[rel] = self._pool.submit(checkpoint_manifest.file_entry, path)
         if self.fsync:
             self._flushes.append(self._pool.submit(fsync_path, path))
 
@@ -85,7 +81,7 @@ class FileFinisher:
         return replaced(checkpoint_engine, "save", save)
 
     def finish(self) -> dict[str, dict]:
-        """Wait for every hash and flush; ``{relative name: {"size", "digest"}}`` of the files added."""
+        """Wait for every hash and flush; ``{relative name: manifest entry}`` of the files added."""
         t0 = time.perf_counter()
         try:
             for f in self._flushes:

@@ -1,7 +1,8 @@
 """Loads that refuse a damaged ds_acco checkpoint, on every rank, before any tensor is used.
 
 Each rank checks that every file of the manifest (:mod:`ds_acco.checkpoint_manifest`)
-is there with its size, and hashes the files it is about to read; the ranks then
+is there with its size, and hashes its share of the ranges of the files it is about to
+read (a file several ranks read is split over them); the ranks then
 exchange what they found, so a bad file seen by one rank fails every rank with the
 same message, which names the tag, the file, what was expected and what was found,
 and the newest earlier complete tag to resume from instead.
@@ -28,7 +29,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .checkpoint_manifest import MANIFEST, file_digests, newest_complete_tag, read_manifest, share_out
+from .checkpoint_manifest import (MANIFEST, entry_ranges, newest_complete_tag, read_manifest, share_out, unit_digests,
+                                  units_of)
 
 logger = logging.getLogger("ds_acco")
 
@@ -68,18 +70,23 @@ def size_problems(folder: str, manifest: dict) -> dict[str, str]:
     return problems
 
 
-def _check_files(folder: str, manifest: dict, hash_these: Sequence[str]) -> dict[str, str]:
+def _check_files(folder: str, manifest: dict, claims: Sequence[Iterable[str]], rank: int) -> dict[str, str]:
     problems = size_problems(folder, manifest)
     algorithm = manifest.get("hash")
-    to_hash = [name for name in manifest["files"] if name in hash_these and name not in problems]
+    ranges = {name: entry_ranges(entry) for name, entry in manifest["files"].items() if name not in problems}
+    units = [u for name, entry in manifest["files"].items() if name in ranges
+             for u in units_of(name, entry["size"], ranges[name][0])]
+    mine = share_out(units, claims, rank)
     try:
-        found = file_digests([os.path.join(folder, name) for name in to_hash], algorithm)
+        found = unit_digests(folder, mine, {name: rb for name, (rb, _) in ranges.items()}, algorithm)
     except ValueError as exc:
-        return dict(problems, **{name: f"cannot verify: {exc}" for name in to_hash})
-    for name in to_hash:
-        want, digest = manifest["files"][name], found[os.path.join(folder, name)]
-        if digest != want["digest"]:
-            problems[name] = f"expected {algorithm} {want['digest']} ({want['size']} bytes), found {algorithm} {digest}"
+        return dict(problems, **{name: f"cannot verify: {exc}" for name in dict.fromkeys(u[0] for u in mine)})
+    for name, index, nbytes in mine:
+        range_bytes, want = ranges[name]
+        digest, size = found[(name, index)], manifest["files"][name]["size"]
+        if digest != want[index] and name not in problems:
+            where = "" if len(want) == 1 else f" over bytes {index * range_bytes}-{index * range_bytes + nbytes}"
+            problems[name] = f"expected {algorithm} {want[index]}{where} ({size} bytes), found {algorithm} {digest}"
     return problems
 
 
@@ -125,9 +132,8 @@ def verify_for_load(folder: str, *, reads: Sequence[str], ours: bool, salvage: b
     if manifest is None:
         problems = {MANIFEST: f"expected present, found it {bad}"} if ours or bad != "missing" else {}
     else:
-        files = list(manifest["files"])
         claims = _gather([f for f in reads if f in manifest["files"]], group)
-        problems = _check_files(folder, manifest, share_out(files, claims, rank))
+        problems = _check_files(folder, manifest, claims, rank)
     merged: dict[str, str] = {}
     for part in _gather(problems, group):
         merged.update(part)
@@ -194,6 +200,10 @@ class FiniteCheck:
         self.waited = 0.0
         """Seconds :meth:`settle` spent on the main thread: the join and the ranks' agreement."""
 
+    def local_result(self) -> list[str]:
+        """Join the sums: the names of this rank's tensors that hold inf/NaN (no agreement)."""
+        return self._bad.result() if isinstance(self._bad, Future) else self._bad
+
     def settle(self, folder: str, group=None) -> None:
         """Join the sums and agree; collective over ``group``.
 
@@ -202,7 +212,7 @@ class FiniteCheck:
         """
         t0 = time.perf_counter()
         try:
-            bad = self._bad.result() if isinstance(self._bad, Future) else self._bad
+            bad = self.local_result()
             merged = {}
             for r, names in enumerate(_gather(bad[:5], group)):
                 merged.update({f"rank {r}'s {n}": "expected finite values, found inf/NaN" for n in names})
@@ -210,6 +220,17 @@ class FiniteCheck:
             self.waited += time.perf_counter() - t0
         if merged:
             raise CheckpointError(describe(folder, merged, "holds non-finite master parameters or optimizer moments"))
+
+
+def finite_at_save(manifest: Optional[dict]) -> bool:
+    """The verified manifest says every rank's masters and moments were finite when they were saved.
+
+    Why it spares the load's sums: the files matched their hashes, so the values loaded from
+    them are the values saved. A front end relies on it only where the loaded masters and
+    moments come from those saved tensors alone (not re-partitioned, not rebuilt from the
+    module's weights).
+    """
+    return manifest is not None and manifest.get("finite_at_save") is True
 
 
 def refuse_unless_finite(folder: str, named: Iterable[tuple[str, torch.Tensor]], group=None) -> None:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from deepspeed import comm as ds_dist
 
 from .checkpoint_files import FileFinisher
 from .checkpoint_manifest import clean_partials, fsync_path, write_manifest
+from .checkpoint_verify import FiniteCheck
 
 
 def atomic_torch_save(obj: Any, path: str) -> None:
@@ -36,7 +37,7 @@ def atomic_torch_save(obj: Any, path: str) -> None:
 
 def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str], Any], save_latest: bool,
                 checkpoint_engine: Any, fsync: bool, claim: Sequence[str] = (),
-                writer: str = "ds_acco deepspeed") -> Any:
+                writer: str = "ds_acco deepspeed", finite: Optional[FiniteCheck] = None) -> Any:
     """Run ``write(partial_tag)`` on every rank, then publish ``tag`` (and ``latest``) at once.
 
     Args:
@@ -51,6 +52,8 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str]
             stable storage before the save returns, in that order.
         claim: the files this rank writes (it hashes them for the manifest).
         writer: the front end, recorded in the manifest.
+        finite: the finite check of this rank's masters and moments, started before the save
+            (it sums while the files are written); its outcome goes into the manifest.
     """
     partial = f"{tag}.partial"
     if global_rank == 0:
@@ -67,7 +70,8 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str]
     finally:
         hashed = finisher.finish()
     ds_dist.barrier()
-    write_manifest(folder, writer=writer, tag=tag, claim=claim, hashed=hashed, fsync=fsync)
+    write_manifest(folder, writer=writer, tag=tag, claim=claim, hashed=hashed, fsync=fsync,
+                   non_finite=finite.local_result() if finite is not None else None)
     if global_rank == 0:
         final = os.path.join(save_dir, tag)
         old = f"{final}.old{os.getpid()}"

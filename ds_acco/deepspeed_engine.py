@@ -34,7 +34,7 @@ from .committed import CommittedStateDict, committed_parameters
 from .deepspeed_atomic import atomic_save, atomic_torch_save, latest_tag
 from .config import AccoConfig, AccoConfigError
 from .checkpoint_gate import destroy_verification_group, verification_group
-from .checkpoint_verify import FiniteCheck, optimizer_tensors
+from .checkpoint_verify import FiniteCheck, finite_at_save, optimizer_tensors
 from .deepspeed_verify import (MODEL_FILE, OPTIM_FILE, refuse_if_written_by_ds_acco, refuse_non_finite,
                                start_verify_tag)
 from .flat_buffer import FlatLayout, ShardedGroup, rebind_params
@@ -215,16 +215,19 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
 
         dp = self._acco_dp_rank()
         claim = [ROUND_STATE_FILE.format(rank=dp), OPTIM_FILE.format(rank=dp)] + [MODEL_FILE] * (dp == 0)
+        # summed while the files are written; the manifest records the outcome, which spares the load its sums
+        finite = FiniteCheck(self._acco_loaded_tensors())
         return atomic_save(save_dir, tag, self.global_rank, write, save_latest, self.checkpoint_engine,
-                           self._acco_config.checkpoint.fsync, claim=claim)
+                           self._acco_config.checkpoint.fsync, claim=claim, finite=finite)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
         """DeepSpeed's load plus the round state; nothing loaded is used before every rank verified every file.
 
         The files are hashed while DeepSpeed parses them, and no state dict reaches the engine
-        before the ranks agreed (:mod:`ds_acco.checkpoint_gate`); the finite check of the
-        loaded masters and moments runs while the round state loads.
+        before the ranks agreed (:mod:`ds_acco.checkpoint_gate`). The loaded masters and
+        moments are checked finite: by the save's record in the verified manifest when they
+        are the saved tensors, else by sums that run while the round state loads.
         """
         if self.acco is None:
             return super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
@@ -257,14 +260,18 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
             return path, client_state
         if verdict.stock:
             refuse_if_written_by_ds_acco(load_dir, tag, client_state)
-        finite = FiniteCheck(self._acco_loaded_tensors())  # sums in the background while the round state loads
+        # the masters and moments just loaded are the saved ones, which the save found finite: nothing to sum
+        proven = (finite_at_save(verdict.manifest) and load_optimizer_states and not load_module_only
+                  and self.zero_load_from_fp32_weights())
+        finite = None if proven else FiniteCheck(self._acco_loaded_tensors())  # sums while the round state loads
         state_file = os.path.join(load_dir, tag, ROUND_STATE_FILE.format(rank=self._acco_dp_rank()))
         resumable = (load_optimizer_states and not load_module_only and os.path.exists(state_file)
                      and not verdict.dropped)
         found = torch.tensor([int(resumable)])
         ds_dist.all_reduce(found, op=ds_dist.ReduceOp.MIN)
         saved = torch.load(state_file, map_location="cpu", weights_only=False) if bool(found.item()) else None
-        finite.settle(os.path.join(load_dir, tag))
+        if finite is not None:
+            finite.settle(os.path.join(load_dir, tag))
         if saved is not None:
             self.acco.load_state_dict(saved["rounds"])
             self._acco_samples = saved["samples"]

@@ -34,7 +34,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 
 from .config import AccoConfig, AccoConfigError
 from .deepspeed_atomic import atomic_save, atomic_torch_save, latest_tag
-from .checkpoint_verify import optimizer_tensors
+from .checkpoint_verify import FiniteCheck, finite_at_save, optimizer_tensors
 from .checkpoint_gate import destroy_verification_group, verification_group
 from .deepspeed_verify import MODEL_FILE, refuse_if_written_by_ds_acco, refuse_non_finite, start_verify_tag
 from .startup_line import announce, streaming_fields
@@ -134,8 +134,13 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
             return ok
 
         claim = [STREAMING_STATE_FILE.format(rank=self._dp_rank())] + [MODEL_FILE] * (self._dp_rank() == 0)
+        finite = FiniteCheck(self._replica_tensors())  # recorded in the manifest; spares the load its sums
         return atomic_save(save_dir, tag, self.global_rank, write, save_latest, self.checkpoint_engine,
-                           self._acco_config.checkpoint.fsync, claim=claim)
+                           self._acco_config.checkpoint.fsync, claim=claim, finite=finite)
+
+    def _replica_tensors(self) -> list:
+        """This rank's replica and inner optimizer state: what its streaming state file holds."""
+        return list(self.module.named_parameters()) + optimizer_tensors(self.optimizer)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
@@ -174,15 +179,16 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
             return path, client_state
         if verdict.stock:
             refuse_if_written_by_ds_acco(load_dir, tag, client_state)
-        self._load_streaming_state(load_dir, tag, wanted, saved_world, load_module_strict, verdict)
-        named = list(self.module.named_parameters()) + optimizer_tensors(self.optimizer)
-        refuse_non_finite(load_dir, tag, named, group=self.data_parallel_group)
+        from_state = self._load_streaming_state(load_dir, tag, wanted, saved_world, load_module_strict, verdict)
+        if not (from_state and finite_at_save(verdict.manifest)):  # else: the saved values, found finite at the save
+            refuse_non_finite(load_dir, tag, self._replica_tensors(), group=self.data_parallel_group)
         return path, client_state
 
-    def _load_streaming_state(self, load_dir, tag, wanted, saved_world, load_module_strict, verdict) -> None:
+    def _load_streaming_state(self, load_dir, tag, wanted, saved_world, load_module_strict, verdict) -> bool:
+        """True when every replica and inner optimizer now holds values from the streaming state files."""
         if wanted and saved_world and saved_world != self.acco.world_size:
             self._load_resharded(load_dir, tag, saved_world, load_module_strict)
-            return
+            return True
         state_file = os.path.join(load_dir, tag, STREAMING_STATE_FILE.format(rank=self._dp_rank()))
         found = torch.tensor([int(wanted and os.path.exists(state_file))])
         ds_dist.all_reduce(found, op=ds_dist.ReduceOp.MIN, group=self.data_parallel_group)
@@ -194,6 +200,7 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
             if self.acco.inner_steps != self.global_steps:
                 raise RuntimeError(f"{state_file}: streaming state at inner step {self.acco.inner_steps}, "
                                    f"DeepSpeed's at global step {self.global_steps}; the checkpoint is inconsistent")
+            return True
         else:
             if self.global_rank == 0 and not verdict.dropped:
                 logger.warning("ds_acco: %s/%s has no streaming state for every rank (a checkpoint no ds_acco run "
@@ -201,6 +208,7 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
                                "weights and global fragments restart at step %d, so the run from here is not the "
                                "trajectory an uninterrupted ds_acco run would take", load_dir, tag, self.global_steps)
             self.acco.reset(inner_steps=self.global_steps)
+        return False
 
     def _load_resharded(self, load_dir: str, tag: str, saved_world: int, strict: bool) -> None:
         """Resume a checkpoint of ``saved_world`` ranks: rank r takes saved rank ``r mod saved_world``'s

@@ -4,7 +4,8 @@ A ds_acco DeepSpeed tag holds DeepSpeed's files (``mp_rank_00_model_states.pt``,
 ``zero_pp_rank_<r>_mp_rank_00_optim_states.pt`` per rank under ZeRO-1) plus one
 ds_acco state file per rank (round state or streaming state) and the manifest. With
 the saved world size each rank reads the model file, its own optimizer file and its
-own state file, and hashes exactly those, while DeepSpeed parses them (see
+own state file, and hashes its own files and its share of the model file's ranges (see
+:func:`ds_acco.checkpoint_manifest.share_out`), while DeepSpeed parses them (see
 :mod:`ds_acco.checkpoint_gate`); after a world-size change every rank may read every
 file, so every file is hashed, before anything is read.
 """

@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint_manifest import remove_manifest, write_manifest
-from .checkpoint_verify import optimizer_tensors, refuse_unless_finite, verify_for_load
+from .checkpoint_verify import FiniteCheck, finite_at_save, optimizer_tensors, refuse_unless_finite, verify_for_load
 from .config import AccoConfigError
 
 if TYPE_CHECKING:
@@ -150,13 +150,15 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
             state["optim"] = optim_sd
         if extra is not None:
             state[EXTRA_KEY] = _blob(extra)
+        finite = FiniteCheck(_loaded_tensors(trainer))  # recorded in the manifest; spares the load its sums
         # DCP flushes its files itself (sync_files), before the manifest that vouches for them
         dcp.save(state, checkpoint_id=checkpoint_id, storage_writer=dcp.FileSystemWriter(folder, sync_files=fsync))
     finally:
         if engine:
             trainer.fsdp.to_unsharded()
     write_manifest(folder, writer="ds_acco fsdp", tag=os.path.basename(os.path.normpath(folder)),
-                   claim=_dcp_files_of(dist.get_rank(group)), fsync=fsync, group=group)
+                   claim=_dcp_files_of(dist.get_rank(group)), fsync=fsync, group=group,
+                   non_finite=finite.local_result())
 
 
 def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
@@ -223,7 +225,7 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
     finally:
         if engine:
             trainer.fsdp.to_unsharded()
-    check_loaded(trainer, folder)
+    check_loaded(trainer, folder, finite_at_save(verdict.manifest))
     if trainer.lr_scheduler is not None and meta["lr_scheduler"] is not None:
         trainer.lr_scheduler.load_state_dict(meta["lr_scheduler"])
 
@@ -259,15 +261,26 @@ def written_by_ds_acco(folder: str) -> bool:
     return keys is None or any(k == META_KEY or k.startswith(RANK_KEY_PREFIX) for k in keys)
 
 
-def check_loaded(trainer: Trainer, folder: str) -> None:
-    """The loaded values landed in the master shards, and they and the optimizer moments are finite."""
+def _loaded_tensors(trainer: Trainer) -> list:
+    """The master shards and optimizer moments: what a save writes and a load must find finite."""
+    return [(f"master {p.fqn}", p.master) for p in trainer.fsdp.params] + optimizer_tensors(trainer.optimizer)
+
+
+def check_loaded(trainer: Trainer, folder: str, finite_when_saved: bool = False) -> None:
+    """The loaded values landed in the master shards, and they and the optimizer moments are finite.
+
+    Args:
+        finite_when_saved: the verified manifest says the save found them finite (see
+            :func:`ds_acco.checkpoint_verify.finite_at_save`; DCP re-shards the saved values
+            exactly, at any world size): no sums needed.
+    """
     for p in trainer.fsdp.params:
         with torch.no_grad():
             local = p.sharded.to_local()
         if local.numel() and local.data_ptr() != p.master.data_ptr():
             raise RuntimeError(f"ds_acco.fsdp: loading replaced the sharded parameter {p.fqn}; master shard lost")
-    masters = [(f"master {p.fqn}", p.master) for p in trainer.fsdp.params]
-    refuse_unless_finite(folder, masters + optimizer_tensors(trainer.optimizer), group=trainer.fsdp.process_group)
+    if not finite_when_saved:
+        refuse_unless_finite(folder, _loaded_tensors(trainer), group=trainer.fsdp.process_group)
 
 
 def restart(trainer: Trainer, commits: int, micro_batches: int) -> None:

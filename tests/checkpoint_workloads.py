@@ -100,7 +100,7 @@ def empty(path):
 def edit_manifest(path):
     data = json.load(open(path))
     first = sorted(data["files"])[0]
-    data["files"][first]["digest"] = "00000000"
+    data["files"][first]["digests"][0] = "00000000"
     json.dump(data, open(path, "w"))
 
 
@@ -227,10 +227,43 @@ def deepspeed_round_trip(rank, world) -> dict:
         a.destroy()
         tag = open(os.path.join(ckpt[0], "latest")).read().strip()
         with open(os.path.join(ckpt[0], tag, MANIFEST)) as f:
-            listed = sorted(json.load(f)["files"])
+            manifest = json.load(f)
+        listed, finite_at_save = sorted(manifest["files"]), manifest["finite_at_save"]
+        sums = _count_finite_sums()
         exact = resume_is_exact(engine_of(ACCO), ckpt[0], full, steps=6)
+        summed_at_load, sums[0] = sums[0], 0
+        # a moment that is inf at the save: recorded, and the load (which must then sum) refuses it
+        b = engine_of(ACCO)
+        train(b, 0, 2, [])
+        if rank == world - 1:
+            next(iter(b.optimizer.optimizer.state.values()))["exp_avg_sq"][3] = float("inf")
+        b.save_checkpoint(os.path.join(ckpt[0], "bad"))
+        tag = open(os.path.join(ckpt[0], "bad", "latest")).read().strip()
+        with open(os.path.join(ckpt[0], "bad", tag, MANIFEST)) as f:
+            bad_finite_at_save = json.load(f)["finite_at_save"]
+        try:
+            b.load_checkpoint(os.path.join(ckpt[0], "bad"))
+            refusal = None
+        except CheckpointError as exc:
+            refusal = str(exc)
+        b.destroy()
         dist.barrier()
-    return {"exact_resume": exact, "listed": listed}
+    return {"exact_resume": exact, "listed": listed, "finite_at_save": finite_at_save, "summed_at_load": summed_at_load,
+            "bad_finite_at_save": bad_finite_at_save, "bad_refusal": refusal, "bad_sums": sums[0]}
+
+
+def _count_finite_sums() -> list:
+    """Count the calls of the finite check's sums in this process (``[n]``, reset by the caller)."""
+    from ds_acco import checkpoint_verify
+
+    count, real = [0], checkpoint_verify._non_finite
+
+    def counted(named):
+        count[0] += 1
+        return real(named)
+
+    checkpoint_verify._non_finite = counted
+    return count
 
 
 def finite_check_job(rank, world) -> dict:
@@ -333,7 +366,7 @@ def flush_order_job(rank, world, *, folder) -> dict:
     every fsync (by path) and of the manifest's rename; then the same with fsync off."""
     from ds_acco import checkpoint_manifest
     from ds_acco.checkpoint_files import FileFinisher
-    from ds_acco.checkpoint_manifest import file_digest, write_manifest
+    from ds_acco.checkpoint_manifest import range_digests, write_manifest
 
     events: list = []
     real_fsync, real_replace = os.fsync, os.replace
@@ -364,7 +397,88 @@ def flush_order_job(rank, world, *, folder) -> dict:
             os.fsync, os.replace = real_fsync, real_replace
         manifest, bad = checkpoint_manifest.read_manifest(folder)
         out[durable] = {"events": list(events), "bad": bad,
-                        "digests_match": all(manifest["files"][n]["digest"] == file_digest(os.path.join(folder, n))
+                        "digests_match": all(manifest["files"][n]["digests"] == range_digests(os.path.join(folder, n))
                                              for n in ("a.pt", "sub/b.pt", "c.pt")),
                         "hashed": sorted(hashed)}
     return out
+
+
+# ------------------------------------------------------------------ hashing in ranges, shared out
+def range_share_job(rank, world, *, folder) -> dict:
+    """Files hashed in 1 MiB ranges: a file every rank reads is split over the ranks; a damaged range that
+    another rank hashed still refuses on every rank, by file and byte range; a format-1 manifest (one
+    whole-file digest per file, as ds_acco wrote before ranges) verifies and refuses the same way."""
+    from ds_acco import checkpoint_manifest as M
+    from ds_acco.checkpoint_verify import verify_for_load
+
+    hashed: list = []
+    real_ranges, real_size = M.range_digests, M.RANGE_BYTES
+
+    def logged(path, indices=None, algorithm=M.HASH, range_bytes=M.RANGE_BYTES):
+        out = real_ranges(path, indices, algorithm, range_bytes)
+        size = os.path.getsize(path)
+        for i in (range(M.range_count(size, range_bytes)) if indices is None else indices):
+            hashed.append((os.path.basename(path), i, min(range_bytes, size - i * range_bytes)))
+        return out
+
+    def load() -> str | None:
+        hashed.clear()
+        try:
+            verify_for_load(folder, reads=["shared.bin", f"own{rank}.bin"], ours=True, salvage=False)
+            return None
+        except CheckpointError as exc:
+            return str(exc)
+
+    M.range_digests, M.RANGE_BYTES = logged, 1 << 20
+    out: dict = {}
+    try:
+        if rank == 0:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, "shared.bin"), "wb") as f:
+                f.write(os.urandom((5 << 20) + 10))
+        dist.barrier()
+        with open(os.path.join(folder, f"own{rank}.bin"), "wb") as f:
+            f.write(os.urandom(2 << 20))
+        dist.barrier()
+        M.write_manifest(folder, writer="test", tag="t", claim=[f"own{rank}.bin"])
+        out["saved_units"] = sorted(hashed)
+        out["intact"] = load()
+        out["load_units"] = sorted(hashed)
+        units = [None] * world
+        dist.all_gather_object(units, out["load_units"])
+        victim = next(u for u in units[-1] if u[0] == "shared.bin")  # a range the last rank hashed
+        path = os.path.join(folder, "shared.bin")
+        dist.barrier()
+        if rank == 0:
+            overwrite_at(path, victim[1] * (1 << 20) + 7)
+        dist.barrier()
+        out["victim"], out["damaged"] = victim, load()
+        dist.barrier()
+        if rank == 0:
+            overwrite_at(path, victim[1] * (1 << 20) + 7)  # XOR again: intact
+            manifest, _ = M.read_manifest(folder)
+            manifest["format"] = 1
+            for name, entry in manifest["files"].items():
+                manifest["files"][name] = {"size": entry["size"], "digest": M.file_digest(os.path.join(folder, name))}
+            del manifest["finite_at_save"]
+            with open(os.path.join(folder, MANIFEST), "w") as f:
+                json.dump(dict(manifest, seal=M._seal(manifest)), f)
+        dist.barrier()
+        out["format1_intact"] = load()
+        dist.barrier()
+        if rank == 0:
+            overwrite_at(os.path.join(folder, "own1.bin"), 1000)
+        dist.barrier()
+        out["format1_damaged"] = load()
+    finally:
+        M.range_digests, M.RANGE_BYTES = real_ranges, real_size
+    return out
+
+
+def overwrite_at(path, at, n=16):
+    """XOR ``n`` bytes at offset ``at`` (size unchanged)."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        data = bytearray(f.read(n))
+        f.seek(at)
+        f.write(bytes(b ^ 0xFF for b in data))

@@ -151,8 +151,39 @@ def test_stock_fsdp2_checkpoint_loads_with_one_warning(tmp_path):
 def test_verified_round_trip_on_one_and_three_ranks(world):
     ds = run_distributed(C.deepspeed_round_trip, world, timeout=240)
     assert all(r["exact_resume"] for r in ds)
+    # the save found the masters and moments finite, so the verified load does not sum them again
+    assert ds[0]["finite_at_save"] is True and all(r["summed_at_load"] == 0 for r in ds), ds
+    # a moment saved inf: the manifest says so, the load sums (1 at the save, 1 at the load) and every rank refuses
+    assert ds[0]["bad_finite_at_save"] is False
+    for r in ds:
+        assert r["bad_sums"] == 2, r
+        assert r["bad_refusal"] and "non-finite" in r["bad_refusal"], r
+        assert f"rank {world - 1}'s optimizer state 0 exp_avg_sq: expected finite values" in r["bad_refusal"], r
     assert ds[0]["listed"] == sorted([C.MODEL] + [C.OPTIM.format(r=r) for r in range(world)]
                                      + [C.ROUND.format(r=r) for r in range(world)])
+
+
+def test_ranges_are_shared_out_evenly_and_a_damaged_range_refuses_on_every_rank(tmp_path):
+    got = run_distributed(C.range_share_job, 2, folder=str(tmp_path / "tag"), timeout=60)
+    full = 5 << 20
+    for when in ("saved_units", "load_units"):
+        units = [set(r[when]) for r in got]
+        assert not units[0] & units[1], when  # each range hashed once ...
+        shared = {u for u in units[0] | units[1] if u[0] == "shared.bin"}
+        assert len(shared) == 6 and sum(u[2] for u in shared) == full + 10, when  # ... and every range hashed
+        bytes_by_rank = [sum(u[2] for u in r) for r in units]
+        assert abs(bytes_by_rank[0] - bytes_by_rank[1]) <= 1 << 20, (when, bytes_by_rank)  # within one range
+    # on load, each rank hashes its own file and half of the file both read
+    assert {u[0] for u in got[0]["load_units"]} == {"shared.bin", "own0.bin"}
+    assert {u[0] for u in got[1]["load_units"]} == {"shared.bin", "own1.bin"}
+    assert got[0]["intact"] is None and got[1]["intact"] is None
+    _, index, nbytes = got[0]["victim"]
+    for r in got:  # the last rank hashed the damaged range; both refuse with the same message
+        assert r["damaged"] == got[0]["damaged"]
+        assert f"shared.bin: expected {HASH}" in r["damaged"]
+        assert f"over bytes {index << 20}-{(index << 20) + nbytes}" in r["damaged"], r["damaged"]
+        assert r["format1_intact"] is None, r["format1_intact"]
+        assert f"own1.bin: expected {HASH}" in r["format1_damaged"] and "over bytes" not in r["format1_damaged"]
 
 
 def test_files_are_flushed_before_the_manifest_that_vouches_for_them(tmp_path):

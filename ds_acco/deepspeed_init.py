@@ -24,6 +24,7 @@ import deepspeed
 
 from .config import AccoConfig, parse_acco_config
 from .deepspeed_checks import check_deepspeed_version, check_ds_config, check_model
+from .deepspeed_shm import release_shm_names
 from .hf_trainer import install_trainer_hook
 
 _STOCK_INITIALIZE = deepspeed.initialize
@@ -93,7 +94,9 @@ def initialize(
 
     install_trainer_hook()
     with _engine_class(functools.partial(engine_class, acco_config=acco)):
-        return _STOCK_INITIALIZE(**kwargs)
+        out = _STOCK_INITIALIZE(**kwargs)
+    release_shm_names()  # DeepSpeed's CPU shared-memory segments would outlive the job
+    return out
 
 
 def patch_deepspeed() -> None:

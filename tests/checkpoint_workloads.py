@@ -8,6 +8,7 @@ front end's real ``load_checkpoint`` on each copy in turn and records what it ra
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -208,10 +209,14 @@ def fsdp_job(rank, world, *, out, steps=6, saves=(6, 14)) -> dict:
         cases = damage_cases(FSDP_FILES, latest=False)
         dirs = make_copies(root, os.path.join(out, "fsdp_damaged"), cases, tag=f"tag{len(saves) - 1}")
         seen = refusals(acco, {c: os.path.join(d, f"tag{len(saves) - 1}") for c, d in dirs.items()}, cases)
-    extra = acco.load_checkpoint(os.path.join(root, f"tag{len(saves) - 1}"))
+    with counting_finite_sums() as summed_at_load:  # the save found them finite: no sums at the load
+        extra = acco.load_checkpoint(os.path.join(root, f"tag{len(saves) - 1}"))
     resumed, _ = F.train(rank, model, acco, steps, extra["k"], extra["trajectory"])
     acco.close()
-    return {"cases": seen, "files": manifest, "exact_resume": _equal(resumed, full)}
+    with open(os.path.join(root, f"tag{len(saves) - 1}", MANIFEST)) as f:
+        finite_at_save = json.load(f)["finite_at_save"]
+    return {"cases": seen, "files": manifest, "exact_resume": _equal(resumed, full), "finite_at_save": finite_at_save,
+            "summed_at_load": summed_at_load[0]}
 
 
 # ------------------------------------------------------------------ DeepSpeed front end, any world size
@@ -229,31 +234,33 @@ def deepspeed_round_trip(rank, world) -> dict:
         with open(os.path.join(ckpt[0], tag, MANIFEST)) as f:
             manifest = json.load(f)
         listed, finite_at_save = sorted(manifest["files"]), manifest["finite_at_save"]
-        sums = _count_finite_sums()
-        exact = resume_is_exact(engine_of(ACCO), ckpt[0], full, steps=6)
-        summed_at_load, sums[0] = sums[0], 0
+        with counting_finite_sums() as summed_at_load:
+            exact = resume_is_exact(engine_of(ACCO), ckpt[0], full, steps=6)
         # a moment that is inf at the save: recorded, and the load (which must then sum) refuses it
         b = engine_of(ACCO)
         train(b, 0, 2, [])
         if rank == world - 1:
             next(iter(b.optimizer.optimizer.state.values()))["exp_avg_sq"][3] = float("inf")
-        b.save_checkpoint(os.path.join(ckpt[0], "bad"))
-        tag = open(os.path.join(ckpt[0], "bad", "latest")).read().strip()
-        with open(os.path.join(ckpt[0], "bad", tag, MANIFEST)) as f:
-            bad_finite_at_save = json.load(f)["finite_at_save"]
-        try:
-            b.load_checkpoint(os.path.join(ckpt[0], "bad"))
-            refusal = None
-        except CheckpointError as exc:
-            refusal = str(exc)
+        with counting_finite_sums() as bad_sums:
+            b.save_checkpoint(os.path.join(ckpt[0], "bad"))
+            tag = open(os.path.join(ckpt[0], "bad", "latest")).read().strip()
+            with open(os.path.join(ckpt[0], "bad", tag, MANIFEST)) as f:
+                bad_finite_at_save = json.load(f)["finite_at_save"]
+            try:
+                b.load_checkpoint(os.path.join(ckpt[0], "bad"))
+                refusal = None
+            except CheckpointError as exc:
+                refusal = str(exc)
         b.destroy()
         dist.barrier()
-    return {"exact_resume": exact, "listed": listed, "finite_at_save": finite_at_save, "summed_at_load": summed_at_load,
-            "bad_finite_at_save": bad_finite_at_save, "bad_refusal": refusal, "bad_sums": sums[0]}
+    return {"exact_resume": exact, "listed": listed, "finite_at_save": finite_at_save,
+            "summed_at_load": summed_at_load[0], "bad_finite_at_save": bad_finite_at_save, "bad_refusal": refusal,
+            "bad_sums": bad_sums[0]}
 
 
-def _count_finite_sums() -> list:
-    """Count the calls of the finite check's sums in this process (``[n]``, reset by the caller)."""
+@contextlib.contextmanager
+def counting_finite_sums():
+    """Within the block, count the calls of the finite check's sums in this process (``[n]``)."""
     from ds_acco import checkpoint_verify
 
     count, real = [0], checkpoint_verify._non_finite
@@ -263,7 +270,10 @@ def _count_finite_sums() -> list:
         return real(named)
 
     checkpoint_verify._non_finite = counted
-    return count
+    try:
+        yield count
+    finally:
+        checkpoint_verify._non_finite = real
 
 
 def finite_check_job(rank, world) -> dict:

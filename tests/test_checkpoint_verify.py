@@ -92,6 +92,8 @@ def test_every_damaged_deepspeed_checkpoint_is_refused_on_every_rank(matrix, fro
 def test_intact_checkpoint_resumes_bit_identically_after_the_refusals(matrix, front):
     _, ranks, _ = matrix
     assert all(got[front]["exact_resume"] for got in ranks)
+    # its manifest says the save found the masters and moments finite: the load does not sum them again
+    assert all(got[front]["summed_at_load"] == 0 for got in ranks)
 
 
 def test_salvage_drops_the_damaged_round_state_and_says_so(matrix):
@@ -127,6 +129,7 @@ def test_fsdp_damage_matrix_and_exact_resume(tmp_path):
         _assert_all_refused(res["cases"], r)
         assert res["exact_resume"], r
         assert MANIFEST in res["files"] and ".metadata" in res["files"]
+        assert res["finite_at_save"] is True and res["summed_at_load"] == 0, res
     for case in got[0]["cases"]:
         assert got[0]["cases"][case]["message"] == got[1]["cases"][case]["message"], case
 

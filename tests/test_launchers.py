@@ -72,6 +72,10 @@ def _summary(result: subprocess.CompletedProcess) -> dict:
             "tokens_per_s": float(tps), "hidden": None if hidden == "n/a" else float(hidden.rstrip("%"))}
 
 
+def _deepspeed_segments() -> set:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"deepspeed_allreduce_buffer_{os.getuid()}_")}
+
+
 # --------------------------------------------------------------------------- launches
 
 
@@ -85,8 +89,11 @@ def _summary(result: subprocess.CompletedProcess) -> dict:
 )
 def test_launcher_trains_two_ranks(launcher, config, tmp_path):
     log = tmp_path / "steps.jsonl"
+    segments = _deepspeed_segments()
     result = _launch(launcher, os.path.join("ds_configs", config), *TRAIN_ARGS, "--log-jsonl", str(log))
     s = _summary(result)
+    # DeepSpeed's CPU shared-memory segments (66 MB per rank) do not outlive the job (ds_acco.deepspeed_shm)
+    assert _deepspeed_segments() <= segments, sorted(_deepspeed_segments() - segments)
     assert s["steps"] == STEPS and s["ranks"] == 2, s
     assert math.isfinite(s["loss"]) and s["loss"] < LN_VOCAB, s
     assert math.isfinite(s["val"]) and s["val"] < LN_VOCAB, s

@@ -23,8 +23,9 @@ import torch
 import torch.distributed as dist
 
 from ds_acco.checkpoint_verify import CheckpointError
-from tests.checkpoint_workloads import (ACCO, MODEL, OPTIM, ROUND, SAVES, STEPS, STREAM, STREAMING, damage_cases,
-                                        empty, engine_of, make_copies, refusals, resume_is_exact, train)
+from tests.checkpoint_workloads import (ACCO, MODEL, OPTIM, ROUND, SAVES, STEPS, STREAM, STREAMING,
+                                        counting_finite_sums, damage_cases, empty, engine_of, make_copies, refusals,
+                                        resume_is_exact, train)
 
 
 class Captured(logging.Handler):
@@ -49,7 +50,8 @@ def acco_scenarios(out, log):
 
     b = engine_of(ACCO)
     seen = refusals(b, dirs, cases)
-    exact = resume_is_exact(b, ckpt, full)  # the intact one, on the engine that refused all of the above
+    with counting_finite_sums() as summed_at_load:  # the save found them finite: no sums at the load
+        exact = resume_is_exact(b, ckpt, full)  # the intact one, on the engine that refused all of the above
 
     # salvage: rank 0's round state overwritten -> dropped, named in the WARNING, training goes on
     salvage_cfg = dict(ACCO, acco=dict(ACCO["acco"], checkpoint={"salvage": True}))
@@ -72,7 +74,7 @@ def acco_scenarios(out, log):
     d.load_checkpoint(stock_dir)
     stock = {"warnings": list(log.lines), "steps": d.global_steps}
     d.destroy()
-    return {"cases": seen, "exact_resume": exact, "salvage": salvage, "stock": stock,
+    return {"cases": seen, "exact_resume": exact, "summed_at_load": summed_at_load[0], "salvage": salvage, "stock": stock,
             "refuse_dir": dirs[f"overwrite {ROUND.format(r=1)}"]}
 
 
@@ -85,8 +87,9 @@ def streaming_scenarios(out):
     dirs = make_copies(ckpt, os.path.join(out, "streaming_damaged"), cases)
     b = engine_of(STREAMING)
     seen = refusals(b, dirs, cases)
-    exact = resume_is_exact(b, ckpt, full)
-    return {"cases": seen, "exact_resume": exact}
+    with counting_finite_sums() as summed_at_load:  # the save found them finite: no sums at the load
+        exact = resume_is_exact(b, ckpt, full)
+    return {"cases": seen, "exact_resume": exact, "summed_at_load": summed_at_load[0]}
 
 
 def refuse(path, out, rank):

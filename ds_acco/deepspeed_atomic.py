@@ -16,6 +16,7 @@ Assumes ``save_dir`` is one shared filesystem, as DeepSpeed's own ``latest`` doe
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from typing import Any, Callable, Optional, Sequence
@@ -26,6 +27,8 @@ from deepspeed import comm as ds_dist
 from .checkpoint_files import FileFinisher
 from .checkpoint_manifest import clean_partials, fsync_path, write_manifest
 from .checkpoint_verify import FiniteCheck
+
+logger = logging.getLogger("ds_acco")
 
 
 def atomic_torch_save(obj: Any, path: str) -> None:
@@ -45,7 +48,8 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str]
         tag: the final tag name.
         global_rank: this process's rank; rank 0 renames and writes ``latest``.
         write: saves this rank's files under ``save_dir/<partial_tag>``; its return value is returned.
-        save_latest: replace ``latest`` with ``tag`` once the tag is complete.
+        save_latest: replace ``latest`` with ``tag`` once the tag is complete, unless the save found
+            non-finite masters or moments (a load would refuse the tag; ``latest`` keeps the last good one).
         checkpoint_engine: DeepSpeed's ``engine.checkpoint_engine``; each file it writes is hashed
             (and flushed) in the background while the next is written (:mod:`ds_acco.checkpoint_files`).
         fsync: ``acco.checkpoint.fsync``: the files, the manifest, the rename and ``latest`` reach
@@ -70,8 +74,8 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str]
     finally:
         hashed = finisher.finish()
     ds_dist.barrier()
-    write_manifest(folder, writer=writer, tag=tag, claim=claim, hashed=hashed, fsync=fsync,
-                   non_finite=finite.local_result() if finite is not None else None)
+    non_finite = write_manifest(folder, writer=writer, tag=tag, claim=claim, hashed=hashed, fsync=fsync,
+                                non_finite=finite.local_result() if finite is not None else None)
     if global_rank == 0:
         final = os.path.join(save_dir, tag)
         old = f"{final}.old{os.getpid()}"
@@ -81,7 +85,10 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str]
         if fsync:  # the complete tag is durable before the previous copy of it goes
             fsync_path(save_dir)
         shutil.rmtree(old, ignore_errors=True)
-        if save_latest:
+        if save_latest and non_finite:  # a load would refuse it: a restart from latest keeps the last good tag
+            logger.warning("ds_acco: %s holds non-finite values, so %s still names %s; load the tag explicitly to "
+                           "inspect it", final, os.path.join(save_dir, "latest"), latest_tag(save_dir))
+        elif save_latest:
             latest_tmp = os.path.join(save_dir, f"latest.tmp{os.getpid()}")
             with open(latest_tmp, "w", encoding="utf-8") as f:
                 f.write(tag)

@@ -242,12 +242,12 @@ def deepspeed_round_trip(rank, world) -> dict:
         if rank == world - 1:
             next(iter(b.optimizer.optimizer.state.values()))["exp_avg_sq"][3] = float("inf")
         with counting_finite_sums() as bad_sums:
-            b.save_checkpoint(os.path.join(ckpt[0], "bad"))
-            tag = open(os.path.join(ckpt[0], "bad", "latest")).read().strip()
-            with open(os.path.join(ckpt[0], "bad", tag, MANIFEST)) as f:
+            b.save_checkpoint(ckpt[0], tag="nan")  # next to the good tag
+            latest_after_bad = open(os.path.join(ckpt[0], "latest")).read().strip()
+            with open(os.path.join(ckpt[0], "nan", MANIFEST)) as f:
                 bad_finite_at_save = json.load(f)["finite_at_save"]
             try:
-                b.load_checkpoint(os.path.join(ckpt[0], "bad"))
+                b.load_checkpoint(ckpt[0], tag="nan")
                 refusal = None
             except CheckpointError as exc:
                 refusal = str(exc)
@@ -255,7 +255,7 @@ def deepspeed_round_trip(rank, world) -> dict:
         dist.barrier()
     return {"exact_resume": exact, "listed": listed, "finite_at_save": finite_at_save,
             "summed_at_load": summed_at_load[0], "bad_finite_at_save": bad_finite_at_save, "bad_refusal": refusal,
-            "bad_sums": bad_sums[0]}
+            "bad_sums": bad_sums[0], "good_tag": tag, "latest_after_bad": latest_after_bad}
 
 
 @contextlib.contextmanager

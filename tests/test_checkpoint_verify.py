@@ -156,12 +156,15 @@ def test_verified_round_trip_on_one_and_three_ranks(world):
     assert all(r["exact_resume"] for r in ds)
     # the save found the masters and moments finite, so the verified load does not sum them again
     assert ds[0]["finite_at_save"] is True and all(r["summed_at_load"] == 0 for r in ds), ds
-    # a moment saved inf: the manifest says so, the load sums (1 at the save, 1 at the load) and every rank refuses
+    # a moment saved inf: the manifest says so, latest keeps naming the good tag, and an explicit load sums
+    # (1 at the save, 1 at the load) and every rank refuses it, naming the good tag to resume from
     assert ds[0]["bad_finite_at_save"] is False
+    assert ds[0]["latest_after_bad"] == ds[0]["good_tag"]
     for r in ds:
         assert r["bad_sums"] == 2, r
         assert r["bad_refusal"] and "non-finite" in r["bad_refusal"], r
         assert f"rank {world - 1}'s optimizer state 0 exp_avg_sq: expected finite values" in r["bad_refusal"], r
+        assert f"{r['good_tag']} instead" in r["bad_refusal"], r
     assert ds[0]["listed"] == sorted([C.MODEL] + [C.OPTIM.format(r=r) for r in range(world)]
                                      + [C.ROUND.format(r=r) for r in range(world)])
 

@@ -142,14 +142,12 @@ class RoundCollectives:
         rows = full.view(N, chunk)
 
         def one(start: int, n: int) -> None:
-            send = full if n == chunk else self._scratch("send", N * n, full).view(N, n).copy_(rows[:, start:start + n])
-            recv = self._scratch("recv", N * n, full)
-            dist.all_to_all_single(recv, send.reshape(-1), group=self.group)
+            recv = self._exchange_piece(rows, start, n)
             piece = out.view(-1)[start:start + n]
             if piece.dtype == recv.dtype:
-                torch.sum(recv.view(N, n), dim=0, out=piece)
+                torch.sum(recv, dim=0, out=piece)
             else:
-                piece.copy_(recv.view(N, n).sum(dim=0, dtype=torch.float32))
+                piece.copy_(recv.sum(dim=0, dtype=torch.float32))
 
         pieces = self._paced(chunk, full.element_size(), one)
         self.wire.add(_nbytes(full), N, pieces=pieces)
@@ -163,6 +161,16 @@ class RoundCollectives:
         limit = cap if self.piece_bytes is None else min(cap, self.piece_bytes)
         piece = max(1, min(per_rank, limit // sent_per_element))
         return self.pacer.run(per_rank, piece, sent_per_element, one)
+
+    def _exchange_piece(self, rows: torch.Tensor, start: int, n: int) -> torch.Tensor:
+        """All-to-all of columns ``[start, start + n)`` of ``rows`` (one row per destination rank), through
+        piece scratch; returns the received ``(N, n)`` rows (one per source rank), valid until the next piece."""
+        N = self.world_size
+        whole = n == rows.shape[1]
+        send = rows if whole else self._scratch("send", N * n, rows).view(N, n).copy_(rows[:, start:start + n])
+        recv = self._scratch("recv", N * n, rows)
+        dist.all_to_all_single(recv, send.reshape(-1), group=self.group)
+        return recv.view(N, n)
 
     def _scratch(self, role: str, numel: int, like: torch.Tensor) -> torch.Tensor:
         """The first ``numel`` elements of one buffer per role and dtype (a ragged last piece or a
@@ -215,13 +223,10 @@ class RoundCollectives:
         rows_in, rows_out = inp.view(N, chunk), out.view(N, chunk)
 
         def one(start: int, n: int) -> None:
-            if n == chunk:
+            if n == chunk:  # straight into the caller's buffer: no scratch
                 dist.all_to_all_single(out, inp, group=self.group)
                 return
-            send = self._scratch("send", N * n, inp).view(N, n).copy_(rows_in[:, start:start + n])
-            recv = self._scratch("recv", N * n, inp)
-            dist.all_to_all_single(recv, send.reshape(-1), group=self.group)
-            rows_out[:, start:start + n].copy_(recv.view(N, n))
+            rows_out[:, start:start + n].copy_(self._exchange_piece(rows_in, start, n))
 
         pieces = self._paced(chunk, inp.element_size(), one, cap_numel=chunk)  # no scratch unless paced
         self.wire.add(_nbytes(inp), N, pieces=pieces)

@@ -216,7 +216,7 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
         dp = self._acco_dp_rank()
         claim = [ROUND_STATE_FILE.format(rank=dp), OPTIM_FILE.format(rank=dp)] + [MODEL_FILE] * (dp == 0)
         # summed while the files are written; the manifest records the outcome, which spares the load its sums
-        finite = FiniteCheck(self._acco_loaded_tensors())
+        finite = FiniteCheck(self._acco_master_tensors())
         return atomic_save(save_dir, tag, self.global_rank, write, save_latest, self.checkpoint_engine,
                            self._acco_config.checkpoint.fsync, claim=claim, finite=finite)
 
@@ -250,7 +250,7 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
         if not load_module_only and saved_dp != dp:
             out = self._acco_load_resharded(load_dir, tag, load_module_strict, load_optimizer_states,
                                             load_lr_scheduler_states)
-            refuse_non_finite(load_dir, tag, self._acco_loaded_tensors())
+            refuse_non_finite(load_dir, tag, self._acco_master_tensors())
             return out
         with pending.gating(self.checkpoint_engine):
             path, client_state = super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
@@ -263,7 +263,7 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
         # the masters and moments just loaded are the saved ones, which the save found finite: nothing to sum
         proven = (finite_at_save(verdict.manifest) and load_optimizer_states and not load_module_only
                   and self.zero_load_from_fp32_weights())
-        finite = None if proven else FiniteCheck(self._acco_loaded_tensors())  # sums while the round state loads
+        finite = None if proven else FiniteCheck(self._acco_master_tensors())  # sums while the round state loads
         state_file = os.path.join(load_dir, tag, ROUND_STATE_FILE.format(rank=self._acco_dp_rank()))
         resumable = (load_optimizer_states and not load_module_only and os.path.exists(state_file)
                      and not verdict.dropped)
@@ -284,8 +284,8 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
             self.acco.reset_rounds(commits=self.global_steps)
         return path, client_state
 
-    def _acco_loaded_tensors(self) -> list:
-        """The fp32 master partitions and their optimizer moments, as loaded."""
+    def _acco_master_tensors(self) -> list:
+        """The fp32 master partitions and their optimizer moments: what a save writes and a load must find finite."""
         masters = self.optimizer.single_partition_of_fp32_groups
         named = [(f"fp32 partition of group {i}", t) for i, t in enumerate(masters)]
         return named + optimizer_tensors(self.optimizer.optimizer)

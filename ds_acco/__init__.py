@@ -1,25 +1,25 @@
 """ds_acco: hide data-parallel communication behind computation (ACCO) in DeepSpeed and PyTorch jobs."""
 
-from .comm_thread import AccoRoundError, AccoTimeoutError
-from .config import AccoConfig, AccoConfigError, parse_acco_config
-from .flat_buffer import FlatLayout, ShardedGroup, build_sharded_groups
-from .round_engine import RoundEngine
-from .shard_optimizer import ShardOptimizer
-from .telemetry import RoundRecord, Telemetry
+from ds_acco.comm.comm_thread import AccoRoundError, AccoTimeoutError
+from ds_acco.config.schema import AccoConfig, AccoConfigError, parse_acco_config
+from ds_acco.layout.flat_buffer import FlatLayout, ShardedGroup, build_sharded_groups
+from ds_acco.rounds.engine import RoundEngine
+from ds_acco.optim.shard_optimizer import ShardOptimizer
+from ds_acco.telemetry.records import RoundRecord, Telemetry
 
 __version__ = "0.1.0"
 
 
 def initialize(*args, **kwargs):
-    """``deepspeed.initialize`` with ACCO from the config's ``"acco"`` block (see ds_acco.deepspeed_init)."""
-    from .deepspeed_init import initialize as _initialize
+    """``deepspeed.initialize`` with ACCO from the config's ``"acco"`` block (see ds_acco.deepspeed.initialize)."""
+    from ds_acco.deepspeed.initialize import initialize as _initialize
 
     return _initialize(*args, **kwargs)
 
 
 def patch_deepspeed() -> None:
     """Route ``deepspeed.initialize`` through :func:`initialize` so unmodified scripts get ACCO."""
-    from .deepspeed_init import patch_deepspeed as _patch
+    from ds_acco.deepspeed.initialize import patch_deepspeed as _patch
 
     _patch()
 
@@ -43,7 +43,7 @@ __all__ = [
 
 def acco_fully_shard(*args, **kwargs):
     """ACCO for a PyTorch FSDP2 (``fully_shard``) model (see ds_acco.fsdp.acco_fully_shard)."""
-    from .fsdp import acco_fully_shard as _acco_fully_shard
+    from ds_acco.fsdp.acco_fsdp import acco_fully_shard as _acco_fully_shard
 
     return _acco_fully_shard(*args, **kwargs)
 

@@ -19,11 +19,11 @@ from typing import Any, Callable, Iterable, Optional, Union
 import torch
 import torch.distributed as dist
 
-from .config import AccoConfig
-from .flat_buffer import build_sharded_groups
-from .round_engine import RoundEngine
-from .shard_optimizer import ShardOptimizer
-from .startup_line import announce, round_fields
+from ds_acco.config.schema import AccoConfig
+from ds_acco.layout.flat_buffer import build_sharded_groups
+from ds_acco.rounds.engine import RoundEngine
+from ds_acco.optim.shard_optimizer import ShardOptimizer
+from ds_acco.telemetry.startup_line import announce, round_fields
 
 
 def _as_groups(params: Iterable[Any]) -> list[dict]:

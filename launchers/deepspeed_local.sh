@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train ds_acco.examples.train_lm on one machine with the DeepSpeed launcher.
+# Train examples.train_lm on one machine with the DeepSpeed launcher.
 set -euo pipefail
 
 usage() {
@@ -11,9 +11,9 @@ usage: $(basename "$0") [-n NPROC] [-p PORT] CONFIG [train_lm args...]
   CONFIG    DeepSpeed config, e.g. ds_configs/acco_fixed.json
   the rest  goes to train_lm (--steps, --model-size, --save-dir, ...; see its --help)
   \$TRAIN_MODULE  run another training module with the same arguments
-                 (default: ds_acco.examples.train_lm)
+                 (default: examples.train_lm)
 
-Runs: deepspeed --num_gpus NPROC --master_port PORT ds_acco/examples/train_lm.py \\
+Runs: deepspeed --num_gpus NPROC --master_port PORT examples/train_lm.py \\
         --deepspeed --deepspeed_config CONFIG [args...]
 On a CPU-only machine DeepSpeed's accelerator reports 1 device, so --num_gpus is what
 asks for NPROC processes. OMP_NUM_THREADS defaults to (cores / NPROC), at least 1, so
@@ -31,7 +31,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 if [[ -n "${TRAIN_MODULE:-}" ]]; then
   ENTRY=(--module "$TRAIN_MODULE")
 else
-  ENTRY=("$REPO/ds_acco/examples/train_lm.py")  # a script path, as most DeepSpeed jobs are started
+  ENTRY=("$REPO/examples/train_lm.py")  # a script path, as most DeepSpeed jobs are started
 fi
 exec deepspeed --num_gpus "$NPROC" --master_port "$PORT" \
   "${ENTRY[@]}" --deepspeed --deepspeed_config "$CONFIG" "$@"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train ds_acco.examples.train_lm_fsdp (FSDP2 + ACCO) with MPI (mpiexec from MPICH or Open MPI).
+# Train examples.train_lm_fsdp (FSDP2 + ACCO) with MPI (mpiexec from MPICH or Open MPI).
 set -euo pipefail
 
 usage() {
@@ -11,7 +11,7 @@ usage: $(basename "$0") [-n NPROC] [-p PORT] CONFIG [train_lm_fsdp args...]
   CONFIG    job config with an "acco" block whose backend is "fsdp", e.g. ds_configs/fsdp_acco.json
   the rest  goes to train_lm_fsdp (--steps, --model-size, --save-dir, ...; see its --help)
 
-Runs: mpiexec -n NPROC python -m ds_acco.examples.train_lm_fsdp --config CONFIG \\
+Runs: mpiexec -n NPROC python -m examples.train_lm_fsdp --config CONFIG \\
         --distributed-port PORT [args...]
 Ranks are discovered through mpi4py (DeepSpeed's mpi_discovery); needs 'pip install mpi4py
 mpich'. Extra mpiexec options go in \$MPIEXEC_ARGS. Exits non-zero if any rank fails.
@@ -25,5 +25,5 @@ PORT="${MASTER_PORT:-29500}"
 # shellcheck source=launchers/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 PYTHON="${PYTHON:-python}"
-exec mpiexec "${EXTRA[@]}" -n "$NPROC" "$PYTHON" -m ds_acco.examples.train_lm_fsdp \
+exec mpiexec "${EXTRA[@]}" -n "$NPROC" "$PYTHON" -m examples.train_lm_fsdp \
   --config "$CONFIG" --distributed-port "$PORT" "$@"

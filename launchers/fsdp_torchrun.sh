@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train ds_acco.examples.train_lm_fsdp (PyTorch FSDP2 + ACCO) on one machine with torchrun.
+# Train examples.train_lm_fsdp (PyTorch FSDP2 + ACCO) on one machine with torchrun.
 set -euo pipefail
 
 usage() {
@@ -11,7 +11,7 @@ usage: $(basename "$0") [-n NPROC] [-p PORT] CONFIG [train_lm_fsdp args...]
   CONFIG    JSON config with an "acco" block saying "backend": "fsdp", e.g. ds_configs/fsdp_acco.json
   the rest  goes to train_lm_fsdp (--steps, --model-size, --save-dir, --resume, ...; see its --help)
 
-Runs: torchrun --standalone --nproc_per_node NPROC -m ds_acco.examples.train_lm_fsdp \\
+Runs: torchrun --standalone --nproc_per_node NPROC -m examples.train_lm_fsdp \\
         --config CONFIG [args...]
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and MASTER_* for every rank. Each rank uses
 gloo on CPU, or NCCL on GPU LOCAL_RANK when CUDA is available. OMP_NUM_THREADS
@@ -27,4 +27,4 @@ PORT="${MASTER_PORT:-}"
 # shellcheck source=launchers/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 exec torchrun "${RDZV[@]}" --nproc_per_node "$NPROC" \
-  -m ds_acco.examples.train_lm_fsdp --config "$CONFIG" "$@"
+  -m examples.train_lm_fsdp --config "$CONFIG" "$@"

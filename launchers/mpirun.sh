@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train ds_acco.examples.train_lm with MPI (mpiexec from MPICH or Open MPI).
+# Train examples.train_lm with MPI (mpiexec from MPICH or Open MPI).
 set -euo pipefail
 
 usage() {
@@ -11,9 +11,9 @@ usage: $(basename "$0") [-n NPROC] [-p PORT] CONFIG [train_lm args...]
   CONFIG    DeepSpeed config, e.g. ds_configs/dpu.json
   the rest  goes to train_lm (--steps, --model-size, --save-dir, ...; see its --help)
   \$TRAIN_MODULE  run another training module with the same arguments
-                 (default: ds_acco.examples.train_lm)
+                 (default: examples.train_lm)
 
-Runs: mpiexec -n NPROC python -m ds_acco.examples.train_lm --deepspeed_config CONFIG \\
+Runs: mpiexec -n NPROC python -m examples.train_lm --deepspeed_config CONFIG \\
         --distributed-port PORT [args...]
 RANK/WORLD_SIZE are not set by mpiexec, so deepspeed.init_distributed discovers the ranks
 through mpi4py (rank 0's first 'hostname -I' address becomes MASTER_ADDR). Needs
@@ -30,5 +30,5 @@ PORT="${MASTER_PORT:-29500}"
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 PYTHON="${PYTHON:-python}"
 
-exec mpiexec "${EXTRA[@]}" -n "$NPROC" "$PYTHON" -m "${TRAIN_MODULE:-ds_acco.examples.train_lm}" \
+exec mpiexec "${EXTRA[@]}" -n "$NPROC" "$PYTHON" -m "${TRAIN_MODULE:-examples.train_lm}" \
   --deepspeed_config "$CONFIG" --distributed-port "$PORT" "$@"

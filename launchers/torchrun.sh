@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train ds_acco.examples.train_lm on one machine with torchrun.
+# Train examples.train_lm on one machine with torchrun.
 set -euo pipefail
 
 usage() {
@@ -11,9 +11,9 @@ usage: $(basename "$0") [-n NPROC] [-p PORT] CONFIG [train_lm args...]
   CONFIG    DeepSpeed config, e.g. ds_configs/acco_adaptive.json
   the rest  goes to train_lm (--steps, --model-size, --save-dir, ...; see its --help)
   \$TRAIN_MODULE  run another training module with the same arguments
-                 (default: ds_acco.examples.train_lm)
+                 (default: examples.train_lm)
 
-Runs: torchrun --standalone --nproc_per_node NPROC -m ds_acco.examples.train_lm \\
+Runs: torchrun --standalone --nproc_per_node NPROC -m examples.train_lm \\
         --deepspeed_config CONFIG [args...]
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and MASTER_* for every rank; DeepSpeed reads
 them. OMP_NUM_THREADS defaults to (cores / NPROC), at least 1. If a rank fails torchrun
@@ -28,4 +28,4 @@ PORT="${MASTER_PORT:-}"
 # shellcheck source=launchers/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 exec torchrun "${RDZV[@]}" --nproc_per_node "$NPROC" \
-  -m "${TRAIN_MODULE:-ds_acco.examples.train_lm}" --deepspeed_config "$CONFIG" "$@"
+  -m "${TRAIN_MODULE:-examples.train_lm}" --deepspeed_config "$CONFIG" "$@"

@@ -16,8 +16,8 @@ import shutil
 import torch
 import torch.distributed as dist
 
-from ds_acco.checkpoint_manifest import MANIFEST
-from ds_acco.checkpoint_verify import CheckpointError
+from ds_acco.checkpoint.manifest import MANIFEST
+from ds_acco.checkpoint.verify import CheckpointError
 from tests import ds_workloads as D
 from tests import workloads as W
 
@@ -170,7 +170,7 @@ def _steps(engine) -> int:
 
 def _state(engine) -> list:
     """Copies of the module's parameters, the fp32 masters (DeepSpeed ZeRO) and every optimizer state tensor."""
-    from ds_acco.checkpoint_verify import optimizer_tensors
+    from ds_acco.checkpoint.verify import optimizer_tensors
 
     opt = engine.optimizer
     tensors = list(engine.module.parameters()) + list(getattr(opt, "single_partition_of_fp32_groups", []))
@@ -261,7 +261,7 @@ def deepspeed_round_trip(rank, world) -> dict:
 @contextlib.contextmanager
 def counting_finite_sums():
     """Within the block, count the calls of the finite check's sums in this process (``[n]``)."""
-    from ds_acco import checkpoint_verify
+    from ds_acco.checkpoint import verify as checkpoint_verify
 
     count, real = [0], checkpoint_verify._non_finite
 
@@ -278,7 +278,7 @@ def counting_finite_sums():
 
 def finite_check_job(rank, world) -> dict:
     """Rank 1's loaded moment holds a NaN (or an inf): every rank must refuse, with the same message."""
-    from ds_acco.checkpoint_verify import refuse_unless_finite
+    from ds_acco.checkpoint.verify import refuse_unless_finite
 
     out = {}
     for bad in (float("nan"), float("inf")):
@@ -299,8 +299,8 @@ def agreement_timeout_job(rank, world, *, folder) -> dict:
     group's time-out (1 s), as a CheckpointError in the main thread that names acco.timeout_s."""
     import time
 
-    from ds_acco.checkpoint_gate import PendingVerdict, destroy_verification_group, verification_group
-    from ds_acco.checkpoint_verify import verify_for_load
+    from ds_acco.checkpoint.gate import PendingVerdict, destroy_verification_group, verification_group
+    from ds_acco.checkpoint.verify import verify_for_load
 
     owner: dict = {}
     group = verification_group(owner, None, 1.0)
@@ -374,9 +374,9 @@ def stock_fsdp2_job(rank, world, *, out) -> dict:
 def flush_order_job(rank, world, *, folder) -> dict:
     """Write three files, hand them to a FileFinisher (fsync on) and write the manifest, recording the order of
     every fsync (by path) and of the manifest's rename; then the same with fsync off."""
-    from ds_acco import checkpoint_manifest
-    from ds_acco.checkpoint_files import FileFinisher
-    from ds_acco.checkpoint_manifest import range_digests, write_manifest
+    from ds_acco.checkpoint import manifest as checkpoint_manifest
+    from ds_acco.checkpoint.files import FileFinisher
+    from ds_acco.checkpoint.manifest import range_digests, write_manifest
 
     events: list = []
     real_fsync, real_replace = os.fsync, os.replace
@@ -418,8 +418,8 @@ def range_share_job(rank, world, *, folder) -> dict:
     """Files hashed in 1 MiB ranges: a file every rank reads is split over the ranks; a damaged range that
     another rank hashed still refuses on every rank, by file and byte range; a format-1 manifest (one
     whole-file digest per file, as ds_acco wrote before ranges) verifies and refuses the same way."""
-    from ds_acco import checkpoint_manifest as M
-    from ds_acco.checkpoint_verify import verify_for_load
+    from ds_acco.checkpoint import manifest as M
+    from ds_acco.checkpoint.verify import verify_for_load
 
     hashed: list = []
     real_ranges, real_size = M.range_digests, M.RANGE_BYTES

@@ -226,7 +226,7 @@ def _optimizer_values(opt) -> list[torch.Tensor]:
 
 def local_adam_step(rank, world, *, G) -> dict:
     """The commit on the DTensors' local tensors (``ShardOptimizer.commit``'s functional step, see
-    ds_acco/fsdp_shard_optimizer.py) against ``optimizer.step()`` on DTensor gradients, from the
+    ds_acco/fsdp/shard_optimizer.py) against ``optimizer.step()`` on DTensor gradients, from the
     same state: single-tensor and foreach AdamW."""
     out = {}
     for foreach in (False, True):
@@ -260,7 +260,7 @@ def lookahead_paths(rank, world, *, G) -> dict:
     padding after a local shard is the masters'), bit for bit; masters and moments untouched.
     sync mode, so no round is in flight while the test steps the shard optimizer itself.
     """
-    from ds_acco.adam_lookahead import local_flat
+    from ds_acco.optim.adam_lookahead import local_flat
 
     model, acco = build(world, {"backend": "fsdp", "mode": "sync"}, G, nested=True)
     so, groups = acco.engine.shard_optimizer, acco.engine.groups

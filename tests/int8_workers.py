@@ -25,7 +25,7 @@ def _contribution(rank: int, round_: int = 0) -> torch.Tensor:
 
 def _group_checks(coll, members: int) -> dict:
     """Int8 reduce-scatter against fp32 and the exact sum; error feedback; the all-gather helper."""
-    from ds_acco.int8_collectives import Int8ReduceScatter, ShardAllGather
+    from ds_acco.comm.int8_collectives import Int8ReduceScatter, ShardAllGather
 
     rank = coll.rank
     rs = Int8ReduceScatter(NUMEL, members, block_size=BLOCK)
@@ -69,7 +69,7 @@ def _group_checks(coll, members: int) -> dict:
 
 def collective_checks(rank: int, world: int) -> dict:
     """On 3 ranks: the checks on a 2-rank subgroup (ranks 0, 1), then on all 3."""
-    from ds_acco.collectives import RoundCollectives
+    from ds_acco.comm.collectives import RoundCollectives
 
     torch.set_num_threads(1)
     results = {}

@@ -22,7 +22,7 @@ def _new_shard(rank: int, base_shard: torch.Tensor) -> torch.Tensor:
 
 def delta_all_gather_checks(coll) -> dict:
     """Int8DeltaAllGather on edge cases: every block size, zero deltas, non-finite deltas."""
-    from ds_acco.int8_collectives import Int8DeltaAllGather
+    from ds_acco.comm.int8_collectives import Int8DeltaAllGather
 
     N, rank = coll.world_size, coll.rank
     base = torch.linspace(-2.0, 2.0, SHARD * N)  # the same on every rank
@@ -65,7 +65,7 @@ def delta_all_gather_checks(coll) -> dict:
 
 def all_to_all_reduce_scatter_checks(coll) -> dict:
     """The gloo reduce-scatter built from all-to-all: one piece and several pieces."""
-    from ds_acco import collectives
+    from ds_acco.comm import collectives
 
     N, rank = coll.world_size, coll.rank
     results = {"via_all_to_all": coll.reduce_scatter_via_all_to_all}
@@ -83,7 +83,7 @@ def all_to_all_reduce_scatter_checks(coll) -> dict:
 
 
 def paced_collective_checks(coll) -> dict:
-    """Collectives cut into the pieces the ranks agreed on (ds_acco.link_pacing) against the expected sums."""
+    """Collectives cut into the pieces the ranks agreed on (ds_acco.comm.link_pacing) against the expected sums."""
     N, rank = coll.world_size, coll.rank
     votes: list = [None] * N
     dist.all_gather_object(votes, [0, 100, 200, 300][rank % 4])  # rank 0 unmeasured; the smallest limit wins
@@ -165,7 +165,7 @@ STEPS, G, WORLD = 8, 4, 3
 
 
 def everything(rank: int, world: int) -> dict:
-    from ds_acco.collectives import RoundCollectives
+    from ds_acco.comm.collectives import RoundCollectives
 
     torch.set_num_threads(1)
     coll = RoundCollectives(None, 60.0)

@@ -2,7 +2,7 @@
 
 The cluster tests need root and iproute2 (network namespaces, tc, cgroup v1 cpu);
 they are skipped elsewhere. The benchmark smoke sweep runs everywhere: on
-namespaces when it can, else on loopback (``python -m ds_acco.bench`` falls back by
+namespaces when it can, else on loopback (``python -m benchmarks`` falls back by
 itself). It launches tiny-model train_lm jobs on 2 hosts for 3 steps, every
 benchmark path once (bandwidth runs, a slow host with the hosts alone, the memory
 and convergence tables from those runs, all plots), and asserts on the numbers in
@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from ds_acco.bench import cluster, configs, memory, plots, runner
+from benchmarks import cluster, configs, memory, plots, runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO, "launchers", "local_cluster.py")
@@ -219,7 +219,7 @@ def test_bench_smoke_sweep(tmp_path):
     out = tmp_path / "bench"
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "ds_acco.bench", "run", "--sweep", "smoke", "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "run", "--sweep", "smoke", "--out", str(out),
                            "--no-progress"], cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -269,7 +269,7 @@ def test_bench_smoke_sweep(tmp_path):
     for name in plots.PLOTS:
         assert (out / name).stat().st_size > 5000, name
     replot = tmp_path / "replot"
-    proc = subprocess.run([sys.executable, "-m", "ds_acco.bench", "plot", str(out / "results.json"), "--out",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "plot", str(out / "results.json"), "--out",
                            str(replot)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(replot)) == sorted(plots.PLOTS) and all(

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from ds_acco.checkpoint_manifest import HASH, MANIFEST, clean_partials, file_digest, read_manifest
+from ds_acco.checkpoint.manifest import HASH, MANIFEST, clean_partials, file_digest, read_manifest
 from tests import checkpoint_workloads as C
 from tests.dist_harness import free_port, run_distributed
 

@@ -123,7 +123,7 @@ def test_large_buffers_on_the_comm_stream_match_reference():
 
 def test_deepspeed_front_end_on_cuda_trains_and_sync_equals_zero1(tmp_path):
     """The real DeepSpeed engine on the GPU (world size 1, NCCL): ds_acco sync's losses equal stock ZeRO-1's."""
-    from ds_acco.bench.configs import make_config
+    from benchmarks.configs import make_config
     import json
 
     losses = {}
@@ -133,7 +133,7 @@ def test_deepspeed_front_end_on_cuda_trains_and_sync_equals_zero1(tmp_path):
         log = tmp_path / f"{name}.jsonl"
         env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(free_port()), PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        proc = subprocess.run([sys.executable, "-m", "ds_acco.examples.train_lm", "--model-size", "tiny",
+        proc = subprocess.run([sys.executable, "-m", "examples.train_lm", "--model-size", "tiny",
                                "--steps", "6", "--seq-len", "64", "--no-progress", "--log-jsonl", str(log),
                                "--deepspeed_config", str(cfg_path)], env=env, capture_output=True, text=True,
                               timeout=600)

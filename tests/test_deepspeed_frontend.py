@@ -59,7 +59,7 @@ def test_config_file_path_is_read_like_deepspeed(tmp_path):
 def test_patch_deepspeed_routes_initialize():
     import deepspeed
 
-    from ds_acco import deepspeed_init
+    from ds_acco.deepspeed import initialize as deepspeed_init
 
     stock = deepspeed.initialize
     try:
@@ -153,7 +153,7 @@ def test_round_in_flight_at_interpreter_exit_is_finished_on_every_rank(mode):
 
 @pytest.mark.parametrize("version, ok", [("0.19.8", True), ("0.19.0+abc", True), ("0.18.9", False), ("0.20.0", False)])
 def test_supported_deepspeed_range(version, ok):
-    from ds_acco.deepspeed_checks import check_deepspeed_version
+    from ds_acco.deepspeed.checks import check_deepspeed_version
 
     if ok:
         check_deepspeed_version(version)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ds_acco import AccoConfigError
-from ds_acco.deepspeed_init import acco_config_of
-from ds_acco.reference_streaming import streaming_reference
+from ds_acco.deepspeed.initialize import acco_config_of
+from ds_acco.reference.streaming import streaming_reference
 from tests import ds_streaming_workers as S
 from tests import int8_workers as I
 from tests import workloads as W
@@ -137,7 +137,7 @@ def test_bad_streaming_deepspeed_configs_fail_before_start(edit, needles):
 
 
 def test_fragment_modules_by_name():
-    from ds_acco.fragments import named_fragments
+    from ds_acco.layout.fragments import named_fragments
 
     model = W.make_model()
     names = [n for n, _ in model.named_children()]

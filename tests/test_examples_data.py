@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-from ds_acco.examples import models, shakespeare
-from ds_acco.examples.models import build_gpt, count_parameters
-from ds_acco.examples.shakespeare import (
+from examples import models, shakespeare
+from examples.models import build_gpt, count_parameters
+from examples.shakespeare import (
     EOS_ID,
     VOCAB_SIZE,
     ShakespeareWindows,

@@ -98,14 +98,14 @@ def test_a_round_issues_two_collectives_per_bucket_of_fully_shard_units(bucketin
     assert buckets == (2 if bucketing == "per_unit" else 1), got
     assert calls["reduce_scatter_sum"] == calls["all_gather"] == rounds * buckets, got
     assert calls["all_gather_small"] == calls["all_reduce_sum"] == rounds, got  # counts; clipping's norm
-    # on gloo a reduce-scatter runs as all-to-all inside reduce_scatter_sum (ds_acco/collectives.py)
+    # on gloo a reduce-scatter runs as all-to-all inside reduce_scatter_sum (ds_acco/comm/collectives.py)
     assert calls["all_to_all"] == 0, got
     assert got["wire_calls"] == rounds * (2 * buckets + 2)  # the collectives that went on the wire
     assert got["wire_pieces"] == got["wire_calls"], got  # small buffers, unpaced loopback: one gloo call each
 
 
 def test_adamw_commit_on_local_tensors_is_the_dtensor_step(two):
-    """The commit skips DTensor dispatch (ds_acco/fsdp_shard_optimizer.py) and changes no bit."""
+    """The commit skips DTensor dispatch (ds_acco/fsdp/shard_optimizer.py) and changes no bit."""
     for foreach, got in two["local_adam"].items():
         assert got["functional"], (foreach, got)  # the commit took the functional path
         assert got["changed"] >= 12 and got["equal"], (foreach, got)  # 4 masters, 2 moments each, steps
@@ -181,7 +181,7 @@ def test_resharded_load_on_one_rank_and_stock_fsdp2_interchange(two, ckpt, tmp_p
 def test_gpt_trains_under_torchrun(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "ds_acco.examples.train_lm_fsdp", "--config", os.path.join(REPO, "ds_configs", "fsdp_acco.json"),
+           "-m", "examples.train_lm_fsdp", "--config", os.path.join(REPO, "ds_configs", "fsdp_acco.json"),
            "--steps", "4", "--seq-len", "32", "--eval-batches", "2", "--save-dir", str(tmp_path / "ck"),
            "--shard-blocks", "--eval-every", "2", "--compute-delay-ms", "1", "--metrics-out", str(tmp_path / "m")]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
@@ -204,7 +204,7 @@ def test_gpt_trains_under_torchrun(tmp_path):
 
 
 def test_backend_is_read_from_the_acco_block():
-    from ds_acco.fsdp import _fsdp_config, split_backend
+    from ds_acco.fsdp.acco_fsdp import _fsdp_config, split_backend
 
     assert split_backend({"mode": "acco"}) == ("deepspeed", {"mode": "acco"})
     assert split_backend({"backend": "fsdp", "mode": "dpu"}) == ("fsdp", {"mode": "dpu"})
@@ -219,7 +219,7 @@ def test_backend_is_read_from_the_acco_block():
 
 def test_torch_range_is_checked():
     """Untested releases start with a warning; a missing FSDP2 internal fails, naming torch and the attribute."""
-    from ds_acco._fsdp2 import check_fsdp2, check_torch_version
+    from ds_acco.fsdp._fsdp2 import check_fsdp2, check_torch_version
 
     assert check_torch_version("2.13.0+cpu") and check_torch_version("2.14.1+cu130")
     for other in ("2.12.1", "2.15.0", "3.0.0"):
@@ -240,7 +240,7 @@ def test_torch_range_is_checked():
 def test_reduce_dtype_becomes_grad_accum_dtype():
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from ds_acco.fsdp import _translate_mp_policy
+    from ds_acco.fsdp.acco_fsdp import _translate_mp_policy
 
     model = F.W.make_model()
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -255,7 +255,7 @@ def test_reduce_dtype_becomes_grad_accum_dtype():
 def test_json_config_means_what_it_means_to_deepspeed():
     from deepspeed.runtime.lr_schedules import WarmupLR
 
-    from ds_acco.fsdp_config import load_job_config, warmup_lr
+    from ds_acco.fsdp.job_config import load_job_config, warmup_lr
 
     job = load_job_config(os.path.join(REPO, "ds_configs", "fsdp_acco.json"))
     assert (job.micro_batch_size, job.gradient_accumulation_steps, job.clip_grad_norm) == (4, 4, 1.0)
@@ -280,7 +280,7 @@ def test_json_config_means_what_it_means_to_deepspeed():
 
 def test_rank_major_packing_is_fsdp2s_chunk_layout():
     """Rank r's packed region is the concatenation of every parameter's r-th torch.chunk, zero-padded."""
-    from ds_acco.rank_major import RankMajorPacking
+    from ds_acco.layout.rank_major import RankMajorPacking
 
     shapes, world = [(5, 3), (1,), (7,), (2, 2, 2)], 3
     params = [torch.randn(s) for s in shapes]

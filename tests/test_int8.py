@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ds_acco.quantization import block_absmax, dequantize_blockwise, num_blocks, quantize_blockwise
+from ds_acco.numerics.quantization import block_absmax, dequantize_blockwise, num_blocks, quantize_blockwise
 from ds_acco.reference import ReferenceRun, reference_trajectory
 from tests import int8_workers as I
 from tests import workloads as W

@@ -1,4 +1,4 @@
-"""Real 2-process launches of ds_acco.examples.train_lm through launchers/, plus the configs.
+"""Real 2-process launches of examples.train_lm through launchers/, plus the configs.
 
 Every launch runs the tiny model for a few optimizer steps with OMP_NUM_THREADS=1, on a
 free port, in its own process group with a hard timeout (the whole group is killed if it
@@ -92,7 +92,7 @@ def test_launcher_trains_two_ranks(launcher, config, tmp_path):
     segments = _deepspeed_segments()
     result = _launch(launcher, os.path.join("ds_configs", config), *TRAIN_ARGS, "--log-jsonl", str(log))
     s = _summary(result)
-    # DeepSpeed's CPU shared-memory segments (66 MB per rank) do not outlive the job (ds_acco.deepspeed_shm)
+    # DeepSpeed's CPU shared-memory segments (66 MB per rank) do not outlive the job (ds_acco.deepspeed.shm)
     assert _deepspeed_segments() <= segments, sorted(_deepspeed_segments() - segments)
     assert s["steps"] == STEPS and s["ranks"] == 2, s
     assert math.isfinite(s["loss"]) and s["loss"] < LN_VOCAB, s
@@ -159,8 +159,8 @@ def test_failing_workers_fail_the_launch():
 FAULT_MODULE = """
 import sys
 
-import ds_acco.examples.shakespeare as data
-from ds_acco.examples import train_lm
+import examples.shakespeare as data
+from examples import train_lm
 
 _micro_batch = data.micro_batch
 
@@ -249,12 +249,12 @@ def test_slurm_template_dry_run(launcher, tmp_path):
                          "a b.jsonl"]
     if launcher == "torchrun":
         assert argv[1:5] == ["--nnodes", "2", "--nproc_per_node", "4"]
-        assert "node-a:29500" in argv and "ds_acco.examples.train_lm" in argv
+        assert "node-a:29500" in argv and "examples.train_lm" in argv
     else:
         hostfile = tmp_path / "hostfile.4242"
         assert hostfile.read_text().split("\n")[:2] == ["node-a slots=4", "node-b slots=4"]
         assert argv[1:7] == ["--hostfile", str(hostfile), "--no_ssh", "--node_rank", "1", "--master_addr"]
-        assert "ds_acco/examples/train_lm.py" in argv
+        assert "examples/train_lm.py" in argv
 
 
 # --------------------------------------------------------------------------- configs
@@ -275,7 +275,7 @@ def test_config_files(monkeypatch):
     from deepspeed.runtime.config import DeepSpeedConfig
 
     import ds_acco
-    from ds_acco.deepspeed_checks import check_ds_config
+    from ds_acco.deepspeed.checks import check_ds_config
 
     paths = sorted(glob.glob(os.path.join(CONFIGS, "*.json")))
     names = {os.path.splitext(os.path.basename(p))[0] for p in paths}
@@ -317,16 +317,16 @@ def test_model_size_choices_match_models():
     seconds before argparse could reject a typo); read SIZES from the source to compare."""
     import ast
 
-    from ds_acco.examples import train_lm
+    from examples import train_lm
 
-    tree = ast.parse(open(os.path.join(REPO, "ds_acco", "examples", "models.py")).read())
+    tree = ast.parse(open(os.path.join(REPO, "examples", "models.py")).read())
     sizes = next(node.value for node in tree.body if isinstance(node, ast.Assign)
                  and any(getattr(t, "id", None) == "SIZES" for t in node.targets))
     assert tuple(train_lm.MODEL_SIZES) == tuple(ast.literal_eval(k) for k in sizes.keys)
 
 
 def test_train_lm_rejects_bad_arguments():
-    from ds_acco.examples import train_lm
+    from examples import train_lm
 
     with pytest.raises(SystemExit):
         train_lm.parse_args(["--deepspeed_config", os.path.join(CONFIGS, "zero1_baseline.json"), "--steps", "0"])

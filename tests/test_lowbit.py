@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ds_acco.config import AccoConfigError, parse_acco_config
-from ds_acco.quantization import block_absmax
+from ds_acco.numerics.quantization import block_absmax
 from tests import lowbit_workers as L
 
 
@@ -127,7 +127,7 @@ def test_training_paced_into_tiny_pieces_is_bit_identical_to_whole_collectives(r
 
 
 def test_link_pacer_sizes_pieces_from_the_best_recent_rate():
-    from ds_acco.link_pacing import MIN_PIECE_BYTES, PIECE_SECONDS, LinkPacer
+    from ds_acco.comm.link_pacing import MIN_PIECE_BYTES, PIECE_SECONDS, LinkPacer
 
     pacer = LinkPacer()
     assert pacer.piece_bytes(4 << 20) == 4 << 20  # unmeasured: the caller's bound, as before pacing
@@ -237,7 +237,7 @@ def test_bad_low_bit_config_names_field_value_and_allowed(block, message):
 
 
 def test_fsdp_front_end_refuses_low_bit_all_gather():
-    from ds_acco.fsdp import _fsdp_config
+    from ds_acco.fsdp.acco_fsdp import _fsdp_config
 
     with pytest.raises(AccoConfigError, match="acco.all_gather_quantization: got 'int8'; the FSDP front end"):
         _fsdp_config({"backend": "fsdp", "mode": "acco", "all_gather_quantization": "int8"})

@@ -1,4 +1,4 @@
-"""The bytes a round engine holds match the analytic memory model (ds_acco/bench/memory.py).
+"""The bytes a round engine holds match the analytic memory model (benchmarks/memory.py).
 
 Every tensor reachable from the engine (its buffers, the front end's compute
 parameters and master shards, the optimizer's state, the lookahead's scratch) is
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from ds_acco.bench import memory
+from benchmarks import memory
 from tests.dist_harness import run_distributed
 
 CASES = {  # memory-model config: (parameter dtype, acco block)
@@ -116,9 +116,9 @@ def test_engine_holds_what_the_memory_model_says():
 
 def _chunked_collectives(rank, world):
     """Chunked cast reduce-scatter and pieced in-place all-gather against the one-shot collectives."""
-    import ds_acco.collectives as collectives
-    from ds_acco.chunked_cast import ChunkedCastReduceScatter
-    from ds_acco.collectives import RoundCollectives
+    import ds_acco.comm.collectives as collectives
+    from ds_acco.comm.chunked_cast import ChunkedCastReduceScatter
+    from ds_acco.comm.collectives import RoundCollectives
 
     coll = RoundCollectives(None, 60.0)
     try:

@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from ds_acco.shard_optimizer import ShardOptimizer
+from ds_acco.optim.shard_optimizer import ShardOptimizer
 
 
 def _state_copy(opt):
@@ -107,7 +107,7 @@ def _adam_pair(case, sizes):
 @pytest.mark.parametrize("case", sorted(ADAM_CASES))
 def test_functional_adam_lookahead_equals_snapshot_lookahead(case, monkeypatch):
     """Step 1 (no state yet, bias correction at its largest) and later steps, chunked, into fp32 and bf16."""
-    import ds_acco.adam_lookahead as adam_lookahead
+    import ds_acco.optim.adam_lookahead as adam_lookahead
 
     monkeypatch.setattr(adam_lookahead, "CHUNK_ELEMS", 64)  # several chunks and a ragged last one
     sizes = (203, 70)
@@ -207,11 +207,11 @@ def test_functional_lookahead_equals_deepspeed_cpu_adam_kernel(case, monkeypatch
     chunked, into fp32 and bf16; bit for bit but for the scalar tail (:data:`SIMD_TAIL`).
 
     The functional rule evaluates the kernel's own formula with its fp32 scalars and
-    FMAs (ds_acco/adam_lookahead.py). The one input it reconstructs is the kernel's
+    FMAs (ds_acco/optim/adam_lookahead.py). The one input it reconstructs is the kernel's
     ``beta ** step`` (multiplied up in fp32 when all groups share betas, ``pow`` when they
     do not); a resumed run is where it can be ulps off (the next test).
     """
-    import ds_acco.adam_lookahead as adam_lookahead
+    import ds_acco.optim.adam_lookahead as adam_lookahead
 
     monkeypatch.setattr(adam_lookahead, "CHUNK_ELEMS", 64)
     monkeypatch.setattr(adam_lookahead, "SQRT_PIECE", 24)  # several fp64 pieces per chunk, a ragged last one

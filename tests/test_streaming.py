@@ -9,8 +9,8 @@ from torch import nn
 
 from ds_acco import AccoConfigError, parse_acco_config
 from ds_acco.config import AccoConfig
-from ds_acco.fragments import default_fragments, find_block_stack
-from ds_acco.reference_streaming import streaming_reference
+from ds_acco.layout.fragments import default_fragments, find_block_stack
+from ds_acco.reference.streaming import streaming_reference
 from ds_acco.streaming import sync_fragment
 from tests import int8_workers as I
 from tests import workloads as W

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import Trainer, TrainingArguments
 
-from ds_acco.examples.models import build_gpt
-from ds_acco.examples.shakespeare import ShakespeareWindows
+from examples.models import build_gpt
+from examples.shakespeare import ShakespeareWindows
 from tests.ds_workloads import full_masters
 
 parser = argparse.ArgumentParser()

@@ -6,8 +6,8 @@ import json
 import deepspeed
 import torch
 
-from ds_acco.examples.models import build_gpt
-from ds_acco.examples.shakespeare import micro_batch
+from examples.models import build_gpt
+from examples.shakespeare import micro_batch
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=4)

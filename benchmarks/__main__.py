@@ -1,0 +1,244 @@
+"""``python -m benchmarks``: ACCO against stock DeepSpeed ZeRO-1 on an emulated cluster.
+
+    # the CI-sized smoke sweep (tiny model, 2 hosts, 3 steps; loopback when namespaces are unavailable)
+    python -m benchmarks run --sweep smoke --out /tmp/bench_smoke
+
+    # the real sweep (root: network namespaces, tc shaping, cgroup CPU quota), then plots and tables
+    python -m benchmarks run --sweep full --out bench_results
+    python -m benchmarks plot bench_results/results.json
+    python -m benchmarks report bench_results/results.json
+    python -m benchmarks memory --params 25.6e6 --world-size 2
+
+Every run goes through ``launchers/local_cluster.py``; see benchmarks/runner.py for
+what one run records and benchmarks/analysis.py for how the targets are computed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from . import configs as cfgs
+from . import memory
+
+
+def _fmt(x, spec=".0f", none="-"):
+    return none if x is None else format(x, spec)
+
+
+def report(result: dict, out=sys.stdout) -> None:
+    """Print the tables: throughput per config and rate, slow host, memory, convergence, targets."""
+    from .analysis import rates_in_order
+    from .streaming_report import print_streaming
+    from .time_to_loss import print_table as print_time_to_loss
+
+    a = result.get("analysis") or {}
+    runs = [r for r in result["runs"] if r.get("ok")]
+    bw = [r for r in runs if r["scenario"] == "bandwidth"]
+    p = lambda *s: print(*s, file=out)  # noqa: E731
+    if bw:
+        rates = rates_in_order(bw)
+        p("\n## tokens/s per config and link rate (comm exposed %: ZeRO-1 estimated, ds_acco measured wait; "
+          "hidden %: ds_acco telemetry)")
+        p("| config | " + " | ".join(rates) + " |")
+        p("|---|" + "---|" * len(rates))
+        for cfg in [c for c in cfgs.CONFIGS if any(x["config"] == c for x in bw)]:
+            cells = []
+            for rate in rates:
+                r = next((x for x in bw if x["config"] == cfg and x["rate"] == rate), None)
+                if r is None:
+                    cells.append("-")
+                    continue
+                extra = f" / exp {_fmt(r.get('comm_frac') and 100 * r['comm_frac'])}%"
+                if r.get("comm_hidden_pct") is not None:
+                    extra += f" / hid {r['comm_hidden_pct']:.0f}%"
+                cells.append(f"{_fmt(r.get('tokens_per_s'))}{extra}")
+            p(f"| {cfg} | " + " | ".join(cells) + " |")
+        p("\n## bytes on the wire per optimizer step per worker (interface tx / ds_acco ring model), "
+          "optimizer steps/s, micro-batches per commit")
+        p("| config | rate | iface tx MB/step | ring MB/step | steps/s | mb/commit (all ranks) | qdisc drops |")
+        p("|---|---|---|---|---|---|---|")
+        for r in bw:
+            p(f"| {r['config']} | {r['rate']} | {_fmt(r.get('iface_tx_bytes_per_step') and r['iface_tx_bytes_per_step'] / 1e6, '.2f')} "
+              f"| {_fmt(r.get('ring_bytes_sent_per_step') and r['ring_bytes_sent_per_step'] / 1e6, '.2f')} "
+              f"| {_fmt(r.get('steps_per_s'), '.2f')} | {_fmt(r.get('mean_counts_per_commit'), '.1f')} "
+              f"| {_fmt(r.get('qdisc_drops'), 'd')} |")
+    for key in ("slow_host", "slow_host_small"):
+        _slow_table(a.get(key) or {}, key, p)
+    mem = a.get("memory") or []
+    if mem:
+        p("\n## peak memory per worker (MB): measured VmHWM vs analytic model of the model-proportional buffers")
+        p("| config | formula (bytes) | analytic MB | measured peak RSS MB | peak - baseline MB "
+          "| measured - ZeRO-1 | analytic - ZeRO-1 |")
+        p("|---|---|---|---|---|---|---|")
+        for m in mem:
+            p(f"| {m['config']} | {m['formula']} | {m['analytic_mb']:.0f} | {_fmt(m['peak_rss_mb'])} "
+              f"| {_fmt(m['train_rss_mb'])} | {_fmt(m.get('measured_delta_vs_zero1_mb'), '+.0f')} "
+              f"| {_fmt(m.get('analytic_delta_vs_zero1_mb'), '+.0f')} |")
+    conv = a.get("convergence") or {}
+    if conv:
+        p("\n## validation loss at equal tokens")
+        p("| config | tokens | val loss | ZeRO-1 val loss | rel. diff | final train loss |")
+        p("|---|---|---|---|---|---|")
+        for cfg, v in conv.items():
+            p(f"| {cfg} | {v['tokens']:.0f} | {_fmt(v['val_loss'], '.4f')} | {_fmt(v['zero1_val_loss'], '.4f')} "
+              f"| {_fmt(v['rel_diff'] and 100 * v['rel_diff'], '+.2f')}% | {_fmt(v['final_train_loss'], '.4f')} |")
+    print_streaming(a.get("streaming") or [], p)
+    print_time_to_loss(a.get("time_to_loss") or {}, p)
+    if a.get("targets"):
+        p("\n## targets")
+        for t in a["targets"]:
+            status = {True: "MET", False: "MISSED", None: "n/a"}[t["met"]]
+            p(f"- [{status}] {t['target']}: {t['value']} (target {t['op']} {t['threshold']}; {t['detail']})")
+    if a.get("failed_runs"):
+        p(f"\nfailed runs: {', '.join(a['failed_runs'])}")
+
+
+def _slow_table(sh: dict, key: str, p) -> None:
+    if not sh:
+        return
+    p(f"\n## one host slowed ({key}; host1: 50% of a CPU)")
+    p(f"host0 alone {_fmt(sh.get('alone_host0_tokens_per_s'))} tokens/s, host1 alone "
+      f"{_fmt(sh.get('alone_host1_tokens_per_s'))} tokens/s")
+    p("| config | tokens/s | per-rank tokens/s | micro-batches per rank |")
+    p("|---|---|---|---|")
+    for cfg, v in sh.items():
+        if isinstance(v, dict):
+            p(f"| {cfg} | {_fmt(v['tokens_per_s'])} | {', '.join(_fmt(x) for x in v['local_tokens_per_s'])} "
+              f"| {v['micro_batches']} |")
+
+
+def _print_memory_model(params: float, world: int, packed: bool = False) -> None:
+    print(f"\nAnalytic memory model per worker, P = {params / 1e6:.2f}M parameters, N = {world} "
+          f"(fp32; bf16 parameters with bf16 or fp32 accumulation){'; FSDP2 front end' if packed else ''}:")
+    for cfg in memory.DTYPE_BYTES:
+        kw = {"packed": packed} if cfg not in memory.STOCK else {}
+        total = memory.total(cfg, world, int(params), **kw)
+        base = memory.baseline(cfg)
+        delta = "" if cfg in memory.STOCK else f"  ({(total - memory.total(base, world, int(params))) / 2 ** 20:+.1f} MB vs {base})"
+        print(f"  {cfg:18s} {memory.formula(cfg, **kw):18s} = {total / 2 ** 20:8.1f} MB{delta}")
+        for k, v in memory.components(cfg, world, int(params), **kw).items():
+            print(f"      {k:34s} {v / 2 ** 20:8.1f} MB")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a sweep, write results.json/results.csv and the plots")
+    r.add_argument("--sweep", default="smoke", help="smoke or full")
+    r.add_argument("--out", default="bench_results", help="output folder (runs/ holds per-run logs)")
+    r.add_argument("--only", default=None, help="comma list of parts: bandwidth,slow_host,slow_host_small,memory,convergence,"
+                        "streaming (default all but slow_host_small)")
+    r.add_argument("--configs", default=None, help=f"comma list of configs, from {','.join(cfgs.CONFIGS)} (default: "
+                   f"{','.join(cfgs.DEFAULT_CONFIGS)}; part streaming: {','.join(cfgs.STREAMING_COMPARISON)})")
+    r.add_argument("--rates", default=None, help="comma list of link rates, e.g. unshaped,100mbit,10mbit")
+    r.add_argument("--steps", type=int, default=None, help="override optimizer steps of the runs")
+    r.add_argument("--no-netns", action="store_true", help="loopback: no namespaces (unshaped runs only)")
+    r.add_argument("--no-pin", action="store_true", help="do not pin host i to CPU i")
+    r.add_argument("--max-load", type=float, default=None,
+                   help="before each run wait until the 1-minute load is below this (default: 1.5 for 'full', "
+                        "off for 'smoke')")
+    r.add_argument("--load-wait-budget-s", type=float, default=1200.0, help="total waiting allowed (default 1200)")
+    r.add_argument("--resume", action="store_true", help="keep successful runs already in OUT/results.json")
+    r.add_argument("--rerun", default=None, metavar="REGEX",
+                   help="with --resume: run again the kept runs whose id matches REGEX")
+    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--jobs", type=int, default=None,
+                   help="launches at once (default: 2 for 'smoke', whose numbers are not measurements; 1 otherwise)")
+    r.add_argument("--dry-run", action="store_true", help="print the runs' commands and exit")
+    pl = sub.add_parser("plot", help="write the PNG plots of a results.json (next to it unless --out)")
+    pl.add_argument("results")
+    pl.add_argument("--out", default=None)
+    rp = sub.add_parser("report", help="print the tables and targets of a results.json")
+    rp.add_argument("results")
+    rr = sub.add_parser("reparse", help="re-read OUT/runs/* with the current parsing code; rewrite results.*")
+    rr.add_argument("out")
+    mm = sub.add_parser("memory", help="print the analytic memory model")
+    mm.add_argument("--params", type=float, required=True)
+    mm.add_argument("--world-size", type=int, default=2)
+    mm.add_argument("--fsdp", action="store_true", help="the FSDP2 front end (rank-major packed units)")
+    args = p.parse_args(argv)
+
+    if args.cmd == "memory":
+        _print_memory_model(args.params, args.world_size, args.fsdp)
+        return 0
+    if args.cmd == "reparse":
+        from .plots import plot_all
+        from .runner import reparse
+
+        result = reparse(args.out)
+        plot_all(result, args.out)
+        report(result)
+        return 0
+    if args.cmd in ("plot", "report"):
+        with open(args.results, encoding="utf-8") as f:
+            result = json.load(f)
+        from .analysis import analyse
+
+        result["analysis"] = analyse(result["runs"])  # with the current analysis code
+        if args.cmd == "report":
+            report(result)
+            return 0
+        from .plots import plot_all
+
+        for path in plot_all(result, args.out or os.path.dirname(os.path.abspath(args.results))):
+            print(path)
+        return 0
+
+    from .cluster import missing_requirements
+    from .plots import plot_all
+    from .runner import LoadGate, build_sweep, launch_command, prepare_run, run_sweep
+
+    netns = not args.no_netns
+    if netns and missing_requirements(netns=True):
+        print("[bench] network namespaces unavailable (" + "; ".join(missing_requirements(netns=True))
+              + "): running on loopback, unshaped links only", file=sys.stderr)
+        netns = False
+    root = os.geteuid() == 0 and not missing_requirements(netns=False, need_cgroup=True)
+    split = lambda s: [x.strip() for x in s.split(",") if x.strip()] if s else None  # noqa: E731
+    try:
+        sweep = build_sweep(args.sweep, netns=netns, root=root, pin=False if args.no_pin else None,
+                            configs=split(args.configs), rates=split(args.rates), only=split(args.only),
+                            steps=args.steps)
+    except ValueError as exc:
+        print(f"python -m benchmarks run: {exc}", file=sys.stderr)
+        return 2
+    print(f"[bench] {sweep.description}", file=sys.stderr)
+    if args.dry_run:
+        for spec in sweep.runs:
+            run_dir, cfg = prepare_run(spec, args.out)
+            print(" ".join(launch_command(spec, run_dir, cfg, netns=netns, timeout_s=sweep.timeout_s)))
+        return 0
+    max_load = args.max_load if args.max_load is not None else (1.5 if args.sweep != "smoke" else None)
+    gate = LoadGate(max_load, budget_s=args.load_wait_budget_s, log=lambda m: print(m, file=sys.stderr, flush=True))
+    previous = None
+    if args.resume and os.path.exists(os.path.join(args.out, "results.json")):
+        with open(os.path.join(args.out, "results.json"), encoding="utf-8") as f:
+            previous = json.load(f)
+        if args.rerun:
+            import re
+
+            previous["runs"] = [x for x in previous["runs"] if not re.search(args.rerun, x["id"])]
+    jobs = args.jobs if args.jobs is not None else (2 if args.sweep == "smoke" else 1)
+    if jobs > 1 and max_load is not None:
+        print("[bench] --jobs > 1 runs launches side by side: the load gate is off and the figures are "
+              "not measurements", file=sys.stderr)
+    result = run_sweep(sweep, args.out, netns=netns, gate=gate, progress=not args.no_progress,
+                       log=lambda m: print(m, file=sys.stderr), previous=previous, jobs=max(1, jobs))
+    plots = plot_all(result, args.out)
+    params = next((r["params"] for r in result["runs"] if r.get("params") and r["scenario"] == "memory"),
+                  next((r["params"] for r in result["runs"] if r.get("params")), None))
+    if params:
+        _print_memory_model(params, 2)
+    report(result)
+    print(f"\n[bench] results: {os.path.join(args.out, 'results.json')}, results.csv; plots: "
+          f"{', '.join(os.path.basename(p) for p in plots)}; {result['sweep_wall_s']:.0f}s "
+          f"(load waits {result['load_wait_s']:.0f}s)")
+    failed = (result.get("analysis") or {}).get("failed_runs")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

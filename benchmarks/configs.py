@@ -1,0 +1,163 @@
+"""The DeepSpeed configs a benchmark compares, generated from the ``ds_configs/`` templates.
+
+Every config shares ``zero1_baseline.json``'s optimizer, scheduler, clipping and
+ZeRO-1 block, and the benchmark's micro-batch size and accumulation steps, so the
+model, data, seed, micro-batch and tokens per optimizer step are the same in every
+run; only how gradients travel differs:
+
+==================  ============================================================
+``zero1``           stock DeepSpeed ZeRO-1, ``overlap_comm: false``
+``zero1_overlap``   stock DeepSpeed ZeRO-1, ``overlap_comm: true`` (zero1_overlap.json)
+``sync``            ds_acco ``mode: sync`` (its ZeRO-1 reference, no overlap)
+``dpu``             ds_acco ``mode: dpu`` (one-step delayed update; dpu.json)
+``acco_fixed``      ds_acco ``mode: acco``, ``policy: fixed`` (acco_fixed.json)
+``acco_adaptive``   ds_acco ``mode: acco``, ``policy: adaptive`` (acco_adaptive.json)
+``zero1_bf16``      stock DeepSpeed ZeRO-1 in bf16 (bf16 gradients and parameters
+                    on the wire: the bytes of bf16 DDP; zero1_bf16.json)
+``acco_bf16``       ds_acco ``mode: acco`` fixed, bf16 parameters, bf16 gradient
+                    accumulation and payload (the ACCO paper's setting; acco_bf16.json
+                    with ``grad_accum_dtype: "bf16"``)
+``acco_bf16_fp32acc`` the same with fp32 accumulation and a bf16 payload (acco_bf16.json)
+``streaming_int8``  ds_acco ``mode: streaming`` on stage 0, int8 pseudo-gradients,
+                    bf16 all-gather (streaming_int8.json, :data:`STREAMING_BLOCK`)
+``streaming_fp32``  the same schedule with fp32 both ways (what int8 saves)
+``sync_lowbit``     ds_acco ``mode: sync`` with the low-bit rounds of
+                    acco_lowbit.json (int8 reduce-scatter with error feedback,
+                    int8 delta all-gather): ZeRO-1 steps at ACCO's bytes
+``acco_lowbit_fixed``     acco_lowbit.json (``mode: acco``, ``policy: fixed``)
+``acco_lowbit_adaptive``  acco_lowbit.json with ``policy: adaptive`` and
+                    acco_adaptive.json's ``max_micro_batches_per_round``
+==================  ============================================================
+
+The streaming configs keep the optimizer, scheduler, clipping, micro-batch and
+accumulation, so an inner step sees the same tokens as a ZeRO-1 step.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATE_DIR = os.path.join(REPO, "ds_configs")
+
+CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive", "zero1_bf16", "streaming_int8",
+           "streaming_fp32", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_bf16",
+           "acco_bf16_fp32acc")
+STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
+STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
+"""The configs of the sweep part ``streaming`` (not in the default bandwidth comparison)."""
+DEFAULT_CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive")
+TIME_TO_LOSS = ("zero1", "zero1_bf16", "sync_lowbit", "dpu", "acco_fixed", "acco_adaptive", "acco_lowbit_fixed",
+                "acco_lowbit_adaptive", "streaming_int8")
+"""The configs of the sweep part ``time_to_loss`` (seconds to ZeRO-1's final validation loss)."""
+"""What ``--configs`` means when not given, for every part but ``streaming``."""
+STREAMING_BLOCK = {"fragments": 4, "sync_every": 40, "overlap_steps": 2, "alpha": 0.5, "outer_lr": 0.7,
+                   "outer_momentum": 0.9}
+"""H = 40 inner steps per fragment, P = 4: a fragment round every 10 inner steps, merged 2 steps later."""
+LABELS = {
+    "zero1": "DeepSpeed ZeRO-1",
+    "zero1_overlap": "DeepSpeed ZeRO-1 overlap_comm",
+    "sync": "ds_acco sync",
+    "dpu": "ds_acco dpu",
+    "acco_fixed": "ds_acco acco fixed",
+    "acco_adaptive": "ds_acco acco adaptive",
+    "zero1_bf16": "DeepSpeed ZeRO-1 bf16",
+    "streaming_int8": "ds_acco streaming int8",
+    "streaming_fp32": "ds_acco streaming fp32",
+    "sync_lowbit": "ds_acco sync low-bit",
+    "acco_lowbit_fixed": "ds_acco acco low-bit fixed",
+    "acco_lowbit_adaptive": "ds_acco acco low-bit adaptive",
+    "acco_bf16": "ds_acco acco bf16 (bf16 accumulation)",
+    "acco_bf16_fp32acc": "ds_acco acco bf16 (fp32 accumulation)",
+}
+_ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "acco_fixed.json",
+                  "acco_adaptive": "acco_adaptive.json", "sync_lowbit": "acco_lowbit.json",
+                  "acco_lowbit_fixed": "acco_lowbit.json", "acco_lowbit_adaptive": "acco_lowbit.json",
+                  "acco_bf16": "acco_bf16.json", "acco_bf16_fp32acc": "acco_bf16.json"}
+
+
+def _load(name: str, template_dir: str) -> dict:
+    with open(os.path.join(template_dir, name), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: Optional[int] = None,
+                telemetry_jsonl: Optional[str] = None, max_micro_batches_per_round: Optional[int] = None,
+                streaming_sync_every: Optional[int] = None, template_dir: str = TEMPLATE_DIR) -> dict:
+    """The DeepSpeed config dict of benchmark config ``name`` (one of :data:`CONFIGS`).
+
+    Args:
+        micro_batch: ``train_micro_batch_size_per_gpu``.
+        grad_accum: ``gradient_accumulation_steps`` (even, for acco fixed).
+        warmup_steps: ``acco.warmup_steps`` (None: the template's).
+        telemetry_jsonl: ``acco.telemetry.jsonl_path`` (one record per round per rank).
+        max_micro_batches_per_round: adaptive cap (None: the template's).
+        streaming_sync_every: streaming ``H`` (None: :data:`STREAMING_BLOCK`'s); ``overlap_steps``
+            drops to 0 when ``H / P`` leaves no room for it.
+
+    Raises:
+        ValueError: unknown name or a bad number.
+    """
+    if name not in CONFIGS:
+        raise ValueError(f"config: got {name!r}; allowed: {', '.join(CONFIGS)}")
+    for field, value in (("micro_batch", micro_batch), ("grad_accum", grad_accum)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{field}: got {value!r}; allowed: an integer >= 1")
+    cfg = _load("zero1_baseline.json", template_dir)
+    cfg["train_micro_batch_size_per_gpu"] = micro_batch
+    cfg["gradient_accumulation_steps"] = grad_accum
+    cfg.pop("train_batch_size", None)
+    cfg["steps_per_print"] = 10 ** 9  # keep DeepSpeed's periodic prints out of the logs
+    if name == "zero1_overlap":
+        cfg["zero_optimization"] = copy.deepcopy(_load("zero1_overlap.json", template_dir)["zero_optimization"])
+    if name in ("zero1_bf16", "acco_bf16", "acco_bf16_fp32acc"):
+        cfg["bf16"] = copy.deepcopy(_load("zero1_bf16.json", template_dir)["bf16"])
+    if name.startswith("streaming"):
+        template = _load("streaming_int8.json", template_dir)
+        cfg["zero_optimization"] = copy.deepcopy(template["zero_optimization"])
+        acco = copy.deepcopy(template["acco"])
+        acco["streaming"].update(STREAMING_BLOCK)
+        block = acco["streaming"]
+        if streaming_sync_every is not None:
+            block["sync_every"] = streaming_sync_every
+            if block["overlap_steps"] * block["fragments"] >= streaming_sync_every:
+                block["overlap_steps"] = 0
+        if name == "streaming_fp32":
+            acco["streaming"].update(quantize="none", all_gather_dtype="fp32")
+        acco["telemetry"] = dict(acco.get("telemetry", {}), log_every=0,
+                                 **({"jsonl_path": telemetry_jsonl} if telemetry_jsonl else {}))
+        cfg["acco"] = acco
+    if name in _ACCO_TEMPLATE:
+        acco = copy.deepcopy(_load(_ACCO_TEMPLATE[name], template_dir)["acco"])
+        if name == "acco_bf16":
+            acco.update(grad_accum_dtype="bf16", comm_dtype="bf16")
+        if name in ("sync", "sync_lowbit"):
+            acco["mode"] = "sync"
+            acco.pop("max_micro_batches_per_round", None)
+        if name == "acco_lowbit_adaptive":
+            acco["policy"] = "adaptive"
+            acco["max_micro_batches_per_round"] = _load("acco_adaptive.json", template_dir)["acco"][
+                "max_micro_batches_per_round"]
+        if warmup_steps is not None:
+            acco["warmup_steps"] = warmup_steps
+        if max_micro_batches_per_round is not None and acco.get("policy") == "adaptive":
+            acco["max_micro_batches_per_round"] = max_micro_batches_per_round
+        telemetry = dict(acco.get("telemetry", {}))
+        telemetry["log_every"] = 0
+        if telemetry_jsonl:
+            telemetry["jsonl_path"] = telemetry_jsonl
+        acco["telemetry"] = telemetry
+        cfg["acco"] = acco
+    return cfg
+
+
+def validate(cfg: dict) -> None:
+    """Check the ``"acco"`` block the way ds_acco will at start-up (raises AccoConfigError)."""
+    if "acco" in cfg:
+        from ds_acco.config import parse_acco_config
+        from ds_acco.deepspeed.checks import check_ds_config
+
+        check_ds_config(cfg, parse_acco_config(cfg["acco"]))

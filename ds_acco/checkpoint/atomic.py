@@ -1,0 +1,111 @@
+"""Atomic DeepSpeed checkpoints: a save interrupted at any point leaves the last good one.
+
+Both DeepSpeed front ends (ACCO rounds and streaming) write their tag through
+:func:`atomic_save`: every rank writes into ``<tag>.partial``; only when all
+have finished does rank 0 rename it to ``<tag>`` and then replace ``latest``.
+Before the rename the ranks hash every file into the tag's manifest
+(:mod:`ds_acco.checkpoint.manifest`; each file as soon as it is written, see
+:mod:`ds_acco.checkpoint.files`), so ``<tag>`` only ever appears complete and
+verifiable; with ``acco.checkpoint.fsync`` (the default) the files, the manifest, the
+rename and ``latest`` are flushed to stable storage in that order, so that stays true
+after a node crash or a power loss. Stock DeepSpeed writes into ``<tag>`` directly and updates ``latest`` as it
+goes, so a job killed mid-save can resume from a half-written tag. What a crashed save
+left behind (``*.partial``) is reported and removed by the next save.
+Assumes ``save_dir`` is one shared filesystem, as DeepSpeed's own ``latest`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from deepspeed import comm as ds_dist
+
+from .files import FileFinisher
+from .manifest import clean_partials, fsync_path, write_manifest
+from .verify import FiniteCheck
+
+logger = logging.getLogger("ds_acco")
+
+
+def atomic_torch_save(obj: Any, path: str) -> None:
+    """``torch.save`` through a temporary name, so a reader never sees half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str], Any], save_latest: bool,
+                checkpoint_engine: Any, fsync: bool, claim: Sequence[str] = (),
+                writer: str = "ds_acco deepspeed", finite: Optional[FiniteCheck] = None) -> Any:
+    """Run ``write(partial_tag)`` on every rank, then publish ``tag`` (and ``latest``) at once.
+
+    Args:
+        save_dir: the checkpoint folder (shared by all ranks).
+        tag: the final tag name.
+        global_rank: this process's rank; rank 0 renames and writes ``latest``.
+        write: saves this rank's files under ``save_dir/<partial_tag>``; its return value is returned.
+        save_latest: replace ``latest`` with ``tag`` once the tag is complete, unless the save found
+            non-finite masters or moments (a load would refuse the tag; ``latest`` keeps the last good one).
+        checkpoint_engine: DeepSpeed's ``engine.checkpoint_engine``; each file it writes is hashed
+            (and flushed) in the background while the next is written (:mod:`ds_acco.checkpoint.files`).
+        fsync: ``acco.checkpoint.fsync``: the files, the manifest, the rename and ``latest`` reach
+            stable storage before the save returns, in that order.
+        claim: the files this rank writes (it hashes them for the manifest).
+        writer: the front end, recorded in the manifest.
+        finite: the finite check of this rank's masters and moments, started before the save
+            (it sums while the files are written); its outcome goes into the manifest.
+    """
+    partial = f"{tag}.partial"
+    if global_rank == 0:
+        clean_partials(save_dir)  # debris of crashed saves: reported, never loaded
+    ds_dist.barrier()
+    folder = os.path.join(save_dir, partial)
+    finisher = FileFinisher(folder, fsync)
+    try:
+        with finisher.watching(checkpoint_engine):
+            result = write(partial)
+        for name in claim:  # the rest of this rank's files (ds_acco's state file is written last)
+            if os.path.isfile(os.path.join(folder, name)):
+                finisher.add(os.path.join(folder, name))
+    finally:
+        hashed = finisher.finish()
+    ds_dist.barrier()
+    non_finite = write_manifest(folder, writer=writer, tag=tag, claim=claim, hashed=hashed, fsync=fsync,
+                                non_finite=finite.local_result() if finite is not None else None)
+    if global_rank == 0:
+        final = os.path.join(save_dir, tag)
+        old = f"{final}.old{os.getpid()}"
+        if os.path.exists(final):
+            os.replace(final, old)
+        os.replace(folder, final)
+        if fsync:  # the complete tag is durable before the previous copy of it goes
+            fsync_path(save_dir)
+        shutil.rmtree(old, ignore_errors=True)
+        if save_latest and non_finite:  # a load would refuse it: a restart from latest keeps the last good tag
+            logger.warning("ds_acco: %s holds non-finite values, so %s still names %s; load the tag explicitly to "
+                           "inspect it", final, os.path.join(save_dir, "latest"), latest_tag(save_dir))
+        elif save_latest:
+            latest_tmp = os.path.join(save_dir, f"latest.tmp{os.getpid()}")
+            with open(latest_tmp, "w", encoding="utf-8") as f:
+                f.write(tag)
+                if fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(latest_tmp, os.path.join(save_dir, "latest"))
+            if fsync:
+                fsync_path(save_dir)
+    ds_dist.barrier()
+    return result
+
+
+def latest_tag(load_dir: str) -> str | None:
+    """The tag named by ``load_dir/latest``, or None when there is none."""
+    path = os.path.join(load_dir, "latest")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip()

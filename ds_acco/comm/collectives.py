@@ -1,0 +1,242 @@
+"""The collectives a round issues, with a byte count of what each puts on the wire.
+
+Byte figures follow the bandwidth-optimal (ring) algorithms NCCL and gloo use
+for large payloads: a reduce-scatter or all-gather of an ``M``-byte buffer over
+``N`` ranks sends and receives ``M * (N - 1) / N`` bytes per rank, an all-reduce
+twice that. They are the payload a link must carry, not packet-level counts;
+the benchmark measures the interface counters next to them.
+
+All collectives go to the round engine's own process group, created with the
+configured timeout, so the background thread never interleaves with
+collectives the training thread issues on the default group.
+
+[Note: the reduce-scatter on gloo]
+gloo's ``reduce_scatter`` puts the whole payload on the wire (measured on the
+emulated cluster: 1.0x the payload per rank at 2 ranks, as much as an
+all-reduce), where a bandwidth-optimal one moves ``(N - 1) / N``. On gloo the
+sum is therefore built from an all-to-all, as the int8 exchange already is: rank
+``r`` receives every rank's ``r``-th slice and adds them up locally, so each rank
+sends and receives exactly ``(N - 1) / N`` of the payload. NCCL's reduce-scatter
+is already ring-optimal and is used as it is.
+
+[Note: pieces on gloo]
+On gloo the all-to-all, the reduce-scatter built on it and the all-gather run in
+pieces: never more than ``_A2A_PIECE_NUMEL`` elements per rank (a bound on the
+scratch they need), and on a slow link fewer, so that a piece takes a few tens of
+milliseconds of link time (:mod:`ds_acco.comm.link_pacing`: the rate is measured on the
+pieces themselves). Every rank must cut a collective the same way, and each
+measured its own rate, so a piece size takes effect only once the ranks agreed on
+it (:meth:`RoundCollectives.adopt_pacing`: the round engine sends its vote with the
+micro-batch counts it gathers anyway). ``WireBytes.calls`` counts collectives as the caller issued
+them, ``WireBytes.pieces`` the gloo calls that carried them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .link_pacing import LinkPacer
+
+# torch 2.13 renamed the *_tensor collectives; keep one spelling for the range we support.
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+_A2A_PIECE_NUMEL = 1 << 20
+"""Elements per rank slice in one all-to-all of the gloo reduce-scatter: bounds its scratch
+to ``2 * N * 1 Mi`` elements whatever the model size (gloo's own reduce-scatter
+allocated 1.5x the payload in temporaries)."""
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+@dataclass
+class WireBytes:
+    """Bytes this rank sent and received, by the ring model above, and how many collectives moved them."""
+
+    sent: int = 0
+    received: int = 0
+    calls: int = 0
+    pieces: int = 0
+    """gloo calls that carried the ``calls`` (more than ``calls`` where a collective went in pieces)."""
+
+    def add(self, payload: int, world_size: int, factor: int = 1, pieces: int = 1) -> None:
+        self.calls += 1
+        self.pieces += pieces
+        moved = factor * payload * (world_size - 1) // world_size
+        self.sent += moved
+        self.received += moved
+
+
+class RoundCollectives:
+    """Thin wrappers over ``torch.distributed`` on a dedicated process group."""
+
+    def __init__(self, group: dist.ProcessGroup | None, timeout_s: float):
+        base = group if group is not None else dist.group.WORLD
+        ranks = dist.get_process_group_ranks(base)
+        # Every rank of the default group must take part in new_group, in the same order.
+        self.group = dist.new_group(ranks=ranks, timeout=timedelta(seconds=timeout_s))
+        self.rank = dist.get_rank(self.group)
+        self.world_size = dist.get_world_size(self.group)
+        self.wire = WireBytes()
+        self.reduce_scatter_via_all_to_all = dist.get_backend(self.group) == "gloo" and self.world_size > 1
+        self._a2a_scratch: dict[tuple, torch.Tensor] = {}
+        self.pacer = LinkPacer()
+        self.piece_bytes: Optional[int] = None
+        """Bytes a piece may send from one rank, agreed by every rank (None: only ``_A2A_PIECE_NUMEL`` bounds it)."""
+
+    def pacing_vote(self) -> int:
+        """This rank's proposal for :attr:`piece_bytes` from its own measurements (0: no limit)."""
+        return 0 if self.pacer.rate is None else self.pacer.piece_bytes(1 << 62)
+
+    def adopt_pacing(self, votes: list[int]) -> None:
+        """Set :attr:`piece_bytes` from every rank's :meth:`pacing_vote` (the same list on every rank)."""
+        limits = [int(v) for v in votes if int(v) > 0]
+        self.piece_bytes = min(limits) if limits else None
+
+    def check_peers_agree(self, mine: object, what: str) -> None:
+        """Fail at start-up, not with a hang, when ranks hold different ``mine`` (configs, layouts).
+
+        Raises:
+            AccoConfigError: naming ``what`` and every rank's value.
+        """
+        from ds_acco.config.schema import AccoConfigError
+
+        everyone: list = [None] * self.world_size
+        dist.all_gather_object(everyone, mine, group=self.group)
+        if any(theirs != mine for theirs in everyone):
+            detail = "; ".join(f"rank {r}: {everyone[r]}" for r in range(self.world_size))
+            raise AccoConfigError(f"{what} differ across ranks -> {detail}")
+
+    def all_gather_small(self, local: torch.Tensor) -> torch.Tensor:
+        """All-gather a tiny vector (counts, flags); returns ``(world_size, *local.shape)``."""
+        out = torch.empty((self.world_size, *local.shape), dtype=local.dtype, device=local.device)
+        _all_gather(out.view(-1), local.reshape(-1).contiguous(), group=self.group)
+        self.wire.add(_nbytes(out), self.world_size)
+        return out
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t, group=self.group)
+        self.wire.add(_nbytes(t), self.world_size, factor=2)
+        return t
+
+    def reduce_scatter_sum(self, out: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        """Sum ``full`` over ranks and keep this rank's ``1/N`` slice in ``out``.
+
+        On gloo through all-to-all plus a local sum in rank order (see the note above).
+        """
+        if not self.reduce_scatter_via_all_to_all:
+            _reduce_scatter(out, full, group=self.group)
+            self.wire.add(_nbytes(full), self.world_size)
+            return out
+        N, chunk = self.world_size, out.numel()
+        if full.numel() != N * chunk:
+            raise ValueError(f"reduce_scatter_sum: full has {full.numel()} elements, out {chunk} x {N} ranks")
+        rows = full.view(N, chunk)
+
+        def one(start: int, n: int) -> None:
+            recv = self._exchange_piece(rows, start, n)
+            piece = out.view(-1)[start:start + n]
+            if piece.dtype == recv.dtype:
+                torch.sum(recv, dim=0, out=piece)
+            else:
+                piece.copy_(recv.sum(dim=0, dtype=torch.float32))
+
+        pieces = self._paced(chunk, full.element_size(), one)
+        self.wire.add(_nbytes(full), N, pieces=pieces)
+        return out
+
+    def _paced(self, per_rank: int, element_size: int, one, cap_numel: Optional[int] = None) -> int:
+        """Run ``one(start, n)`` over ``per_rank`` elements in pieces the pacer sizes (at most ``cap_numel``
+        each, by default ``_A2A_PIECE_NUMEL``); returns how many."""
+        sent_per_element = (self.world_size - 1) * element_size
+        cap = max(1, cap_numel or _A2A_PIECE_NUMEL) * sent_per_element
+        limit = cap if self.piece_bytes is None else min(cap, self.piece_bytes)
+        piece = max(1, min(per_rank, limit // sent_per_element))
+        return self.pacer.run(per_rank, piece, sent_per_element, one)
+
+    def _exchange_piece(self, rows: torch.Tensor, start: int, n: int) -> torch.Tensor:
+        """All-to-all of columns ``[start, start + n)`` of ``rows`` (one row per destination rank), through
+        piece scratch; returns the received ``(N, n)`` rows (one per source rank), valid until the next piece."""
+        N = self.world_size
+        whole = n == rows.shape[1]
+        send = rows if whole else self._scratch("send", N * n, rows).view(N, n).copy_(rows[:, start:start + n])
+        recv = self._scratch("recv", N * n, rows)
+        dist.all_to_all_single(recv, send.reshape(-1), group=self.group)
+        return recv.view(N, n)
+
+    def _scratch(self, role: str, numel: int, like: torch.Tensor) -> torch.Tensor:
+        """The first ``numel`` elements of one buffer per role and dtype (a ragged last piece or a
+        smaller group reuses it: one piece's worth of scratch per role, not one per size)."""
+        key = (role, like.dtype, like.device)
+        buf = self._a2a_scratch.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = self._a2a_scratch[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return buf[:numel]
+
+    def all_gather(self, full: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's ``shard`` into ``full`` (rank order); ``shard`` may be
+        this rank's own slice of ``full`` (in place).
+
+        On gloo in pieces of ``_A2A_PIECE_NUMEL`` elements per rank: gloo's all-gather
+        allocates a temporary as large as its output (measured: 1x a 100 MB tensor),
+        which a round would otherwise hold next to the model's buffers.
+        """
+        N, S = self.world_size, shard.numel()
+        if not self.reduce_scatter_via_all_to_all:
+            _all_gather(full, shard, group=self.group)
+            self.wire.add(_nbytes(full), self.world_size)
+            return full
+        rows, flat = full.view(N, S), shard.reshape(-1)
+
+        def one(start: int, n: int) -> None:
+            if n == S:
+                _all_gather(full, shard, group=self.group)
+                return
+            recv = self._scratch("recv", N * n, full)  # piece j of every row is read before it is written
+            _all_gather(recv, flat[start:start + n], group=self.group)
+            rows[:, start:start + n].copy_(recv.view(N, n))
+
+        pieces = self._paced(S, full.element_size(), one)
+        self.wire.add(_nbytes(full), self.world_size, pieces=pieces)
+        return full
+
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+        """Send the ``r``-th of ``N`` equal slices of ``inp`` to rank ``r``; slice ``s`` of
+        ``out`` receives rank ``s``'s. Each rank keeps one slice, so it sends and receives
+        exactly ``M * (N - 1) / N`` bytes of an ``M``-byte ``inp`` (no ring model needed).
+
+        In one gloo call unless the link is paced (the note above): the caller's buffers are whole
+        already, so only pacing needs piece scratch."""
+        N, chunk = self.world_size, inp.numel() // self.world_size
+        if not self.reduce_scatter_via_all_to_all:
+            dist.all_to_all_single(out, inp, group=self.group)
+            self.wire.add(_nbytes(inp), N)
+            return out
+        rows_in, rows_out = inp.view(N, chunk), out.view(N, chunk)
+
+        def one(start: int, n: int) -> None:
+            if n == chunk:  # straight into the caller's buffer: no scratch
+                dist.all_to_all_single(out, inp, group=self.group)
+                return
+            rows_out[:, start:start + n].copy_(self._exchange_piece(rows_in, start, n))
+
+        pieces = self._paced(chunk, inp.element_size(), one, cap_numel=chunk)  # no scratch unless paced
+        self.wire.add(_nbytes(inp), N, pieces=pieces)
+        return out
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+    def destroy(self) -> None:
+        try:
+            dist.destroy_process_group(self.group)
+        except (RuntimeError, ValueError):
+            pass

@@ -1,0 +1,205 @@
+"""The background thread (and, on GPUs, the CUDA stream) that rounds run on.
+
+[Note: why a thread and a stream]
+A round is a chain of blocking collectives plus a shard optimizer step. Running
+it on a Python thread lets the training thread return to forward/backward at
+once: gloo and NCCL release the GIL while they wait, and so do the optimizer's
+kernels. On a GPU the round's kernels must also not queue behind the training
+thread's kernels, so they go to one dedicated stream, ``comm_stream``, created
+here and nowhere else. Tensors cross between the streams with events:
+
+* ``ready`` is recorded on the training (current) stream when a round is
+  launched; the comm stream waits on it before touching the gradient buffer
+  or overwriting the staging parameter buffer the compute stream read last.
+* ``done`` is recorded on the comm stream at the end of the round; the training
+  stream waits on it at the swap, before reading the new parameters or
+  accumulating into the buffer the round zeroed.
+
+Timeline (acco, one optimizer step)::
+
+    training |  B_t micro-batches @ θ_t  |swap| A_{t+1} micro-batches @ θ̃_{t+1} |swap|
+    comm     |  estimate round E_t       |    |  commit round C_t              |
+
+The thread is a daemon: a collective stuck on a dead peer must never keep the
+process alive after the training thread has raised.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import queue
+import threading
+import weakref
+import time
+from typing import Any, Callable, NamedTuple, Optional
+
+import torch
+
+from ds_acco.errors import AccoRoundError, AccoTimeoutError
+
+logger = logging.getLogger("ds_acco")
+
+
+class StreamEvent(NamedTuple):
+    """A tensor's producer event on a CUDA stream (None on CPU)."""
+
+    event: Optional[torch.cuda.Event]
+
+
+def record_ready(device: torch.device) -> StreamEvent:
+    """Mark "everything the training stream queued so far" for the comm stream to wait on."""
+    if device.type != "cuda":
+        return StreamEvent(None)
+    ev = torch.cuda.Event()
+    ev.record(torch.cuda.current_stream(device))
+    return StreamEvent(ev)
+
+
+class RoundHandle:
+    """The future of one round; ``wait()`` re-raises the round's exception here."""
+
+    def __init__(self, index: int, kind: str, timeout_s: float):
+        self.index = index
+        self.kind = kind
+        self.timeout_s = timeout_s
+        self.launched_at = time.perf_counter()
+        self.stage = "queued"
+        self.stage_s: dict[str, float] = {}
+        """Seconds the communication thread spent in each stage (host time; on a GPU the
+        collectives are asynchronous, so there it is the time to enqueue them)."""
+        self._stage_t0: Optional[float] = None
+        self._finished = threading.Event()
+        self._result: Any = None
+        self._error: Optional[BaseException] = None
+        self._done_event: Optional[torch.cuda.Event] = None
+
+    @classmethod
+    def completed(cls, index: int, kind: str, timeout_s: float, result: Any) -> "RoundHandle":
+        """A handle whose round already finished with ``result`` (a round restored from a checkpoint)."""
+        handle = cls(index, kind, timeout_s)
+        handle._finish(result, None, None)
+        return handle
+
+    def enter_stage(self, stage: str) -> None:
+        """Move to ``stage``, charging the time since the last call to the stage left."""
+        now = time.perf_counter()
+        if self._stage_t0 is not None and self.stage != "queued":
+            self.stage_s[self.stage] = self.stage_s.get(self.stage, 0.0) + (now - self._stage_t0)
+        self.stage, self._stage_t0 = stage, now
+
+    def _finish(self, result: Any, error: Optional[BaseException], done_event) -> None:
+        self._result, self._error, self._done_event = result, error, done_event
+        self._finished.set()
+
+    def done(self) -> bool:
+        """True once the round's work is complete (on a GPU: its kernels too)."""
+        if not self._finished.is_set():
+            return False
+        return self._done_event is None or self._done_event.query()
+
+    def failed(self) -> bool:
+        return self._finished.is_set() and self._error is not None
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.launched_at
+
+    def wait(self, timeout_s: Optional[float] = None) -> Any:
+        """Block until the round ends; make the current CUDA stream wait on it.
+
+        Raises:
+            AccoTimeoutError: the round was still running after ``timeout_s``.
+            AccoRoundError: the round raised on the communication thread.
+        """
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        remaining = max(0.0, limit - self.elapsed())
+        if not self._finished.wait(remaining):
+            raise AccoTimeoutError(
+                f"ds_acco round {self.index} ({self.kind}) did not finish within acco.timeout_s="
+                f"{limit:g}s; it was in stage '{self.stage}'. A peer is probably dead or stalled."
+            )
+        if self._error is not None:
+            raise AccoRoundError(
+                f"ds_acco round {self.index} ({self.kind}) failed in stage '{self.stage}' after "
+                f"{self.elapsed():.1f}s (acco.timeout_s={limit:g}s): {type(self._error).__name__}: "
+                f"{self._error}. If a peer died or lost its connection every rank reports this; "
+                "restart from the last checkpoint."
+            ) from self._error
+        if self._done_event is not None:
+            torch.cuda.current_stream().wait_event(self._done_event)
+        return self._result
+
+
+class CommThread:
+    """One daemon thread that runs submitted rounds in order."""
+
+    def __init__(self, device: torch.device, name: str = "ds_acco-comm"):
+        self.device = device
+        # The one CUDA stream rounds run on (see the note above); None on CPU.
+        self.comm_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._jobs: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, handle: RoundHandle, fn: Callable[[RoundHandle], Any], ready: StreamEvent) -> RoundHandle:
+        if not self._thread.is_alive():
+            raise AccoRoundError("the ds_acco communication thread is not running (closed or crashed)")
+        self._jobs.put((handle, fn, ready))
+        return handle
+
+    def _loop(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            handle, fn, ready = job
+            done_event = None
+            try:
+                if self.comm_stream is not None:
+                    with torch.cuda.stream(self.comm_stream):
+                        if ready.event is not None:
+                            self.comm_stream.wait_event(ready.event)
+                        result = fn(handle)
+                        done_event = torch.cuda.Event()
+                        done_event.record(self.comm_stream)
+                else:
+                    result = fn(handle)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the training thread
+                handle._finish(None, exc, None)
+                continue
+            handle._finish(result, None, done_event)
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Stop after the queued rounds; True when the thread ended within ``timeout_s``."""
+        self._jobs.put(None)
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+
+def drain_at_exit(engine: Any) -> Callable[[], None]:
+    """Register (and return, for ``atexit.unregister``) a hook that closes ``engine`` with a drain at exit.
+
+    Every rank reaches interpreter exit with the same round in flight, so finishing it
+    there keeps the collectives matched and lets the process exit cleanly. The hook holds
+    a weak reference: it does not keep the engine alive.
+    """
+    hook = functools.partial(_close_at_exit, weakref.ref(engine))
+    atexit.register(hook)
+    return hook
+
+
+def _close_at_exit(ref: "weakref.ref") -> None:
+    engine = ref()
+    if engine is None or engine._closed:
+        return
+    try:
+        engine.close(drain=True)
+    except Exception as exc:  # noqa: BLE001 - nothing left to raise to at exit
+        logger.warning("ds_acco: %s round in flight at exit did not finish cleanly: %s", type(engine).__name__, exc)

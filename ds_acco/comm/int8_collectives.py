@@ -1,0 +1,369 @@
+"""Quantised collectives: an int8 reduce-scatter and a reduced-precision all-gather.
+
+[Note: the int8 reduce-scatter]
+A summing reduce-scatter cannot run on int8 payloads (the sum of int8 blocks
+with different scales is meaningless, and it would overflow), so it is built
+from an all-to-all, as in torchft's ``collectives.py``::
+
+    rank r:   full (numel)  --pad-->  N chunks of `chunk` elements
+              chunk d --quantise (blockwise absmax)--> wire row d  ----all_to_all---->  rank d
+    rank d:   N wire rows (one per source) --dequantise, sum in fp32--> out (chunk)
+
+A *wire row* packs one chunk for one destination as bytes::
+
+    [ fp32 scales: 4 * num_blocks(chunk) | int8 payload: chunk | 0-3 bytes to the next multiple of 4 ]
+
+so scales and payload travel in one collective, and every row's scales start on
+a 4-byte boundary (they are read back through ``Tensor.view(torch.float32)``).
+Each rank keeps its own row, so it sends and receives ``(N - 1) * row_bytes``
+bytes, which :meth:`RoundCollectives.all_to_all` adds to ``coll.wire`` exactly.
+Padding (``numel`` not divisible by ``N``) is zeros, quantised and sent; block
+padding is not needed (a row's last block may be short).
+
+[Note: error feedback]
+With ``error_feedback`` the local quantisation residual ``x - dequant(quant(x))``
+is kept (one fp32 buffer the size of the input, per buffer exchanged) and added
+to the next call's input. The sum over calls of what was sent then differs from
+the sum of the inputs by only the last residual, instead of by the sum of all
+residuals. A residual that is not finite (inf/NaN input, a step that
+``check_finite`` skips) is reset to zero so it cannot poison later rounds.
+
+Instances hold reusable buffers for one buffer size and no other state (apart
+from the residual); nothing here is module-level.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import collectives
+from .collectives import RoundCollectives
+from ds_acco.numerics.quantization import DEFAULT_BLOCK_SIZE, check_block_size, dequantize_blockwise, num_blocks, quantize_blockwise
+
+WIRE_DTYPES = ("fp32", "bf16", "int8")
+_FLOAT_WIRE = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _round4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+class _WireRows:
+    """``rows`` packed wire rows (scales, payload, alignment) of ``numel`` elements each."""
+
+    def __init__(self, rows: int, numel: int, block_size: int, device: Optional[torch.device]):
+        self.numel = numel
+        self.block_size = block_size
+        self.blocks = num_blocks(numel, block_size)
+        self.row_bytes = 4 * self.blocks + _round4(numel)
+        self.buffer = torch.zeros(rows, self.row_bytes, dtype=torch.int8, device=device)
+
+    @property
+    def scales(self) -> torch.Tensor:
+        return self.buffer[:, : 4 * self.blocks].view(torch.float32)
+
+    @property
+    def payload(self) -> torch.Tensor:
+        start = 4 * self.blocks
+        return self.buffer[:, start : start + self.numel]
+
+    def pack(self, x: torch.Tensor) -> None:
+        """Quantise ``x`` (``(rows, numel)``) into the rows."""
+        quantize_blockwise(x, self.block_size, payload=self.payload, scales=self.scales)
+
+    def unpack(self, out: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+        """Dequantise the rows into ``out`` (``(rows, numel)``)."""
+        return dequantize_blockwise(self.payload, self.scales, self.block_size, out=out, accumulate=accumulate)
+
+
+class Int8ReduceScatter:
+    """Summing reduce-scatter of a flat buffer as blockwise int8, for one buffer size.
+
+    Rank ``r`` receives the fp32 sum over ranks of elements
+    ``[r * chunk, (r + 1) * chunk)`` of ``full``, with ``chunk = ceil(numel / N)``
+    (elements past ``numel`` count as zero), each rank's contribution dequantised
+    before the sum.
+
+    Args:
+        numel: elements of the buffers passed to :meth:`__call__`.
+        world_size: ranks in the collective group.
+        block_size: elements per quantisation block (one fp32 scale each).
+        error_feedback: keep the quantisation residual and add it to the next input.
+        device: where the wire and scratch buffers live.
+
+    Raises:
+        ValueError: ``numel`` < 1, ``world_size`` < 1 or ``block_size`` not a positive int.
+    """
+
+    def __init__(
+        self,
+        numel: int,
+        world_size: int,
+        *,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        error_feedback: bool = False,
+        device: Optional[torch.device] = None,
+    ):
+        if numel < 1 or world_size < 1:
+            raise ValueError(f"numel and world_size must be >= 1, got {numel}, {world_size}")
+        check_block_size(block_size)
+        self.numel, self.world_size, self.block_size = numel, world_size, block_size
+        self.chunk = -(-numel // world_size)
+        self.padded_numel = self.chunk * world_size
+        self._send = _WireRows(world_size, self.chunk, block_size, device)
+        self._recv = _WireRows(world_size, self.chunk, block_size, device)
+        needs_work = error_feedback or self.padded_numel != numel
+        self._work = torch.zeros(self.padded_numel, dtype=torch.float32, device=device) if needs_work else None
+        self.residual: Optional[torch.Tensor] = (
+            torch.zeros(self.padded_numel, dtype=torch.float32, device=device) if error_feedback else None
+        )
+        self._acc: Optional[torch.Tensor] = None
+
+    @property
+    def error_feedback(self) -> bool:
+        return self.residual is not None
+
+    @property
+    def bytes_per_call(self) -> int:
+        """Bytes this rank sends (and receives) per call: ``(N - 1)`` wire rows."""
+        return (self.world_size - 1) * self._send.row_bytes
+
+    def __call__(self, coll: RoundCollectives, out: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        """Reduce-scatter ``full`` (sum) into ``out`` through int8 wire rows.
+
+        Args:
+            coll: the round's collectives (its group and byte counter are used).
+            out: this rank's chunk of the sum, ``chunk`` elements (fp32 recommended;
+                another dtype receives the fp32 sum rounded once).
+            full: this rank's contribution, ``numel`` elements of any floating dtype;
+                read only.
+
+        Returns:
+            ``out``.
+
+        Raises:
+            ValueError: ``full``/``out`` sizes do not match, or ``coll`` has another world size.
+        """
+        if full.numel() != self.numel or out.numel() != self.chunk:
+            raise ValueError(
+                f"Int8ReduceScatter built for {self.numel} -> {self.chunk} elements, got {full.numel()} -> {out.numel()}"
+            )
+        if coll.world_size != self.world_size:
+            raise ValueError(f"Int8ReduceScatter built for {self.world_size} ranks, group has {coll.world_size}")
+        if self._work is None:
+            x = full.reshape(self.world_size, self.chunk)
+        else:
+            self._work[: self.numel].copy_(full.reshape(-1))
+            if self.residual is not None:
+                self._work.add_(self.residual)
+            x = self._work.view(self.world_size, self.chunk)
+        self._send.pack(x)
+        if self.residual is not None:
+            sent = self._send.unpack(self.residual.view(self.world_size, self.chunk))
+            torch.sub(self._work, sent.view(-1), out=self.residual)
+            if not bool(torch.isfinite(self.residual).all()):
+                self.residual.zero_()
+        coll.all_to_all(self._recv.buffer, self._send.buffer)
+        direct = out.dtype == torch.float32 and out.is_contiguous()
+        acc = out.view(-1) if direct else self._scratch(out)
+        acc.zero_()
+        for src in range(self.world_size):  # rank order; O(chunk) temporaries only
+            dequantize_blockwise(
+                self._recv.payload[src : src + 1], self._recv.scales[src], self.block_size,
+                out=acc.view(1, -1), accumulate=True,
+            )
+        if not direct:
+            out.copy_(acc.view(out.shape))
+        return out
+
+    def _scratch(self, out: torch.Tensor) -> torch.Tensor:
+        if self._acc is None:
+            self._acc = torch.empty(self.chunk, dtype=torch.float32, device=out.device)
+        return self._acc
+
+    def reset_error_feedback(self) -> None:
+        """Forget the kept residual (e.g. after loading a checkpoint)."""
+        if self.residual is not None:
+            self.residual.zero_()
+
+
+class ShardAllGather:
+    """All-gather of equal shards, sent as fp32, bf16 or blockwise int8.
+
+    Every rank, the shard's owner included, ends with the same values: the owner's
+    own part is also rounded through the wire dtype, so replicas never diverge.
+
+    Args:
+        shard_numel: elements per rank.
+        world_size: ranks in the group.
+        wire_dtype: ``"fp32"``, ``"bf16"`` or ``"int8"`` (blockwise absmax, one fp32
+            scale per ``block_size`` elements).
+        block_size: int8 only.
+        device: where the wire buffers live.
+
+    Raises:
+        ValueError: an unknown ``wire_dtype`` or bad sizes.
+    """
+
+    def __init__(
+        self,
+        shard_numel: int,
+        world_size: int,
+        wire_dtype: str = "bf16",
+        *,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        device: Optional[torch.device] = None,
+    ):
+        if wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"wire_dtype: got {wire_dtype!r}; allowed: {', '.join(map(repr, WIRE_DTYPES))}")
+        if shard_numel < 1 or world_size < 1:
+            raise ValueError(f"shard_numel and world_size must be >= 1, got {shard_numel}, {world_size}")
+        self.shard_numel, self.world_size, self.wire_dtype = shard_numel, world_size, wire_dtype
+        if wire_dtype == "int8":
+            self._send_rows = _WireRows(1, shard_numel, block_size, device)
+            self._recv_rows = _WireRows(world_size, shard_numel, block_size, device)
+        else:
+            dt = _FLOAT_WIRE[wire_dtype]
+            self._send = torch.empty(shard_numel, dtype=dt, device=device)
+            self._recv = torch.empty(world_size * shard_numel, dtype=dt, device=device)
+
+    @property
+    def bytes_per_call(self) -> int:
+        """Bytes this rank sends (and receives) per call by the ring model."""
+        if self.wire_dtype == "int8":
+            return (self.world_size - 1) * self._send_rows.row_bytes
+        return (self.world_size - 1) * self._send.numel() * self._send.element_size()
+
+    def __call__(self, coll: RoundCollectives, full: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+        """Gather every rank's ``shard`` into ``full`` (rank order), through the wire dtype.
+
+        Args:
+            coll: the collectives to run on (group and byte counter).
+            full: ``world_size * shard_numel`` elements, any floating dtype.
+            shard: this rank's ``shard_numel`` elements.
+
+        Returns:
+            ``full``.
+        """
+        if full.numel() != self.world_size * self.shard_numel or shard.numel() != self.shard_numel:
+            raise ValueError(
+                f"ShardAllGather built for {self.shard_numel} x {self.world_size}, got shard {shard.numel()}, "
+                f"full {full.numel()}"
+            )
+        if self.wire_dtype == "int8":
+            self._send_rows.pack(shard.reshape(1, -1))
+            coll.all_gather(self._recv_rows.buffer.view(-1), self._send_rows.buffer.view(-1))
+            self._recv_rows.unpack(full.view(self.world_size, self.shard_numel))
+            return full
+        self._send.copy_(shard.reshape(-1))
+        if full.dtype == self._send.dtype and full.is_contiguous():
+            coll.all_gather(full.view(-1), self._send)
+        else:
+            coll.all_gather(self._recv, self._send)
+            full.copy_(self._recv.view(full.shape))
+        return full
+
+
+class Int8DeltaAllGather:
+    """All-gather of new parameter shards as blockwise int8 *deltas* from what every rank holds.
+
+    [Note: the int8 delta all-gather]
+    After a round, every rank needs every rank's new shard. All of them already hold
+    ``base``, the compute parameters the round started from, bit-identically. So the
+    owner of shard ``r`` sends only ``int8(new_r - base_r)`` (one byte per element
+    plus one fp32 scale per block), and every rank, the owner included, writes::
+
+        out_r = base_r + dequant(wire row r)          (in fp32, then cast to out's dtype)
+
+    from the *received* rows, so all replicas stay bit-identical. ``new - base`` is
+    one optimizer step (or, for an acco commit, the difference between the commit
+    and its own lookahead), small and well scaled, so the round-trip error per
+    element is at most ``absmax(block) / 254``. Nothing accumulates: the next
+    round's delta is taken against the replicas' values again, so it carries this
+    round's error (error feedback without a residual buffer), and the distance of
+    the replicas to the fp32 master is one quantisation step of the last delta.
+
+    The shard travels in pieces of whole blocks, one all-gather each, so the receive
+    buffer is ``N`` wire rows of one piece, not a model-sized one; blocks never
+    straddle pieces, so the result is the same as in one piece. By default a piece's
+    wire row (scales and payload) fits in one of the pieces
+    :meth:`RoundCollectives.all_gather` cuts on gloo, so nothing is cut and copied twice.
+
+    Args:
+        shard_numel: elements per rank.
+        world_size: ranks in the group.
+        block_size: elements per int8 block (one fp32 scale each).
+        piece_numel: elements per rank per all-gather (rounded down to whole blocks); None:
+            as many whole blocks as fit, with their scales, in ``collectives._A2A_PIECE_NUMEL`` bytes.
+        device: where the wire buffers and the ``shard_numel`` fp32 scratch live.
+
+    Raises:
+        ValueError: bad sizes or block size.
+    """
+
+    def __init__(self, shard_numel: int, world_size: int, *, block_size: int = DEFAULT_BLOCK_SIZE,
+                 piece_numel: Optional[int] = None, device: Optional[torch.device] = None):
+        if shard_numel < 1 or world_size < 1:
+            raise ValueError(f"shard_numel and world_size must be >= 1, got {shard_numel}, {world_size}")
+        check_block_size(block_size)
+        self.shard_numel, self.world_size, self.block_size = shard_numel, world_size, block_size
+        if piece_numel is None:  # a row of b blocks takes b * (block_size + 4) bytes, plus < 4 of alignment
+            piece_numel = (collectives._A2A_PIECE_NUMEL - 4) // (block_size + 4) * block_size
+        piece = min(shard_numel, max(block_size, piece_numel // block_size * block_size))
+        self.pieces = [(start, min(piece, shard_numel - start)) for start in range(0, shard_numel, piece)]
+        self._rows = {n: (_WireRows(1, n, block_size, device), _WireRows(world_size, n, block_size, device))
+                      for n in {n for _, n in self.pieces}}
+        self._delta = torch.empty(shard_numel, dtype=torch.float32, device=device)
+
+    @property
+    def bytes_per_call(self) -> int:
+        """Bytes this rank sends (and receives) per call by the ring model."""
+        return (self.world_size - 1) * sum(self._rows[n][0].row_bytes for _, n in self.pieces)
+
+    def __call__(self, coll: RoundCollectives, out: torch.Tensor, base: torch.Tensor,
+                 new_shard: torch.Tensor) -> torch.Tensor:
+        """Write ``base + dequant(int8(new - base))`` for every rank's shard into ``out``.
+
+        Args:
+            coll: the collectives to run on (its rank picks this rank's shard of ``base``).
+            out: ``world_size * shard_numel`` elements, any floating dtype; may not alias ``base``.
+            base: the parameters every rank holds (same values on every rank), same size as ``out``.
+            new_shard: this rank's new values, ``shard_numel`` elements (fp32 recommended).
+
+        Returns:
+            ``out``.
+
+        Raises:
+            ValueError: sizes do not fit, ``out`` aliases ``base``, or the delta holds inf/NaN
+                (an int8 delta cannot carry it; the message says which rank and how many).
+        """
+        S, N = self.shard_numel, self.world_size
+        if out.numel() != N * S or base.numel() != N * S or new_shard.numel() != S:
+            raise ValueError(f"Int8DeltaAllGather built for {S} x {N}, got out {out.numel()}, base {base.numel()}, "
+                             f"new shard {new_shard.numel()}")
+        if out.data_ptr() == base.data_ptr():
+            raise ValueError("Int8DeltaAllGather: out must not alias base (the delta is taken against base)")
+        base_rows, out_rows = base.view(N, S), out.view(N, S)
+        torch.sub(new_shard.reshape(-1), base_rows[coll.rank], out=self._delta)
+        bad = int((~torch.isfinite(self._delta)).sum())
+        if bad:
+            raise ValueError(
+                f"int8 delta all-gather: {bad} of {S} elements of rank {coll.rank}'s parameter delta are inf/NaN "
+                "(non-finite master parameters); an int8 delta cannot carry them. Set "
+                "acco.all_gather_quantization to 'none' to send exact parameters"
+            )
+        for start, n in self.pieces:
+            send, recv = self._rows[n]
+            send.pack(self._delta[start:start + n].view(1, -1))
+            coll.all_gather(recv.buffer.view(-1), send.buffer.view(-1))
+            for r in range(N):  # rank order on every rank; O(piece) scratch
+                delta = self._delta[start:start + n]  # this rank's own delta is packed already: reuse the memory
+                dequantize_blockwise(recv.payload[r : r + 1], recv.scales[r], self.block_size, out=delta.view(1, -1))
+                dst, src = out_rows[r, start:start + n], base_rows[r, start:start + n]
+                if out.dtype == torch.float32 and base.dtype == torch.float32:
+                    torch.add(src, delta, out=dst)
+                else:
+                    dst.copy_(delta.add_(src))
+        return out

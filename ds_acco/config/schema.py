@@ -1,0 +1,335 @@
+"""The ``"acco"`` config block, validated before any process-group work.
+
+Why pydantic: DeepSpeed validates its own blocks with pydantic models that forbid
+unknown keys (``deepspeed/runtime/config_utils.py``). The ``"acco"`` block sits
+next to them in the same JSON file, so it is checked the same way, and a typo
+such as ``"polcy"`` fails at start-up instead of silently training in the
+default mode. Errors are re-raised as :class:`AccoConfigError` (a ``ValueError``)
+whose message names the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Literal, Mapping, Optional
+
+from ds_acco.errors import AccoConfigError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+MODES = ("sync", "dpu", "acco", "streaming")
+QUANTIZATIONS = ("none", "int8")
+PARAM_QUANTIZATIONS = ("none", "int8_estimate", "int8")
+ALL_GATHER_DTYPES = ("bf16", "int8", "fp32")
+POLICIES = ("fixed", "adaptive")
+DTYPE_NAMES = ("auto", "fp32", "bf16", "fp16")
+TIMEOUT_RANGE_S = (1.0, 7 * 24 * 3600.0)  # [min, max] of acco.timeout_s, see AccoConfig.timeout_s
+
+
+class _Block(BaseModel):
+    # strict: a JSON config says true/false and numbers; "3" or 0.0 for a flag is a mistake, not a value
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+
+
+class TelemetryConfig(_Block):
+    """Per-round measurements (compute, wait, round time, bytes, counts)."""
+
+    enabled: bool = True
+    """Record one :class:`ds_acco.telemetry.RoundRecord` per round."""
+    log_every: int = Field(default=0, ge=0)
+    """Log a summary line every this many commits on rank 0 (0: never)."""
+    jsonl_path: Optional[str] = None
+    """If set, every rank appends its round records to ``<jsonl_path>.rank<r>``."""
+    keep_last: int = Field(default=10_000, ge=1)
+    """How many round records stay in memory; older ones are dropped (sums are kept)."""
+
+    @field_validator("jsonl_path")
+    @classmethod
+    def _writable(cls, path: Optional[str]) -> Optional[str]:
+        # The file is first opened at the end of the first round: check its folder now.
+        if path is not None:
+            check_writable_folder(path)
+        return path
+
+
+class CheckpointConfig(_Block):
+    """How checkpoints are saved and loaded (saves are always verified, see ``ds_acco.checkpoint.manifest``)."""
+
+    fsync: bool = True
+    """Flush every file of a save to stable storage before the manifest that vouches for it
+    (then the manifest, the tag's rename and ``latest``), so a tag that looks complete is
+    complete after a node crash or a power loss. Off: saves return once the files are in
+    the page cache (faster on local disks; a crash can then leave a tag whose files fail
+    verification, and the load names the previous complete tag)."""
+
+    salvage: bool = False
+    """Load a damaged or partial ds_acco checkpoint anyway, dropping the parts that fail
+    verification where the rest can stand without them (per-rank round or streaming
+    state, or an unreadable manifest); a WARNING names what was dropped. Off: any bad
+    file fails every rank before training."""
+
+
+class StreamingConfig(_Block):
+    """Streaming DiLoCo (``mode: "streaming"``); see ``docs/algorithms.md``, section streaming."""
+
+    fragments: int = Field(default=1, ge=1)
+    """``P``: parameter fragments (groups of whole layers), synchronised one at a time."""
+    sync_every: int = Field(default=100, ge=1)
+    """``H``: inner steps between two synchronisations of the same fragment; fragment
+    ``p`` syncs at inner steps ``t`` with ``t mod H == p * H // P`` (``t >= 1``)."""
+    overlap_steps: int = Field(default=0, ge=0)
+    """``tau``: inner steps between a fragment's launch and the merge of its result
+    (0: the training thread waits for the round). Must be below ``H / P``."""
+    alpha: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Merge weight: ``θ_i ← alpha · θ_i + (1 − alpha) · θ_g`` (0: take the global parameters)."""
+    outer_lr: float = Field(default=0.7, gt=0.0)
+    """Learning rate of the outer Nesterov SGD on the global parameters."""
+    outer_momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+    """Momentum of the outer Nesterov SGD (0: plain SGD)."""
+    quantize: Literal["int8", "none"] = "int8"
+    """Pseudo-gradient reduce-scatter payload: blockwise int8 or fp32."""
+    all_gather_dtype: Literal["bf16", "int8", "fp32"] = "bf16"
+    """Wire dtype of the all-gather of the updated global fragment."""
+    fragment_modules: Optional[list[list[str]]] = None
+    """Which layers form each fragment, by qualified name (as ``model.named_modules()`` or
+    ``model.named_parameters()`` spell them, relative to the model passed to DeepSpeed):
+    one list per fragment, ``fragments`` lists, every trainable parameter in exactly
+    one. None: the default split (consecutive blocks of the model's layer stack)."""
+
+    @model_validator(mode="after")
+    def _schedule(self) -> "StreamingConfig":
+        P, H, tau = self.fragments, self.sync_every, self.overlap_steps
+        if H < P:
+            raise ValueError(
+                f"acco.streaming.sync_every: got {H}; must be >= acco.streaming.fragments ({P}) so that "
+                "every fragment gets its own sync step in each window of sync_every inner steps"
+            )
+        if self.fragment_modules is not None and len(self.fragment_modules) != P:
+            raise ValueError(
+                f"acco.streaming.fragment_modules: got {len(self.fragment_modules)} lists; allowed: one list of "
+                f"module names per fragment, acco.streaming.fragments = {P}"
+            )
+        if tau * P >= H:
+            raise ValueError(
+                f"acco.streaming.overlap_steps: got {tau}; allowed: 0 <= overlap_steps < sync_every / fragments "
+                f"= {H}/{P} = {H / P:g}, so that at most one fragment is in flight"
+            )
+        return self
+
+
+class AccoConfig(_Block):
+    """Options of the ACCO round engine; see ``docs/algorithms.md`` for the rules."""
+
+    enabled: bool = True
+    """False makes the front ends behave exactly like the stock framework."""
+    mode: Literal["sync", "dpu", "acco", "streaming"] = "acco"
+    """``sync``: ZeRO-1 reference, no overlap. ``dpu``: one-step delayed update.
+    ``acco``: estimate/commit rounds that compensate the delay. ``streaming``:
+    Streaming DiLoCo (``ds_acco.streaming.build``, configured by ``streaming``)."""
+    policy: Literal["fixed", "adaptive"] = "fixed"
+    """``fixed``: each round waits for its micro-batch quota (deterministic).
+    ``adaptive``: a round ends when its communication ends; workers contribute
+    however many micro-batches they finished meanwhile."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Optimizer steps run in ``sync`` mode before overlapped rounds start."""
+    backend: Literal["deepspeed", "fsdp"] = "deepspeed"
+    """Front end the block is meant for: ``ds_acco.initialize`` (DeepSpeed) or
+    ``ds_acco.fsdp`` (PyTorch FSDP2); each rejects a block meant for the other."""
+    comm_dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """Dtype of the gradient reduce-scatter payload (``auto``: the accumulation dtype)."""
+    grad_accum_dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """Dtype micro-batch gradients accumulate in (``auto``: the parameters' dtype)."""
+    timeout_s: float = 600.0
+    """Limit for one collective and for the training thread's wait on a round."""
+    max_micro_batches_per_round: Optional[int] = Field(default=None, ge=1)
+    """Adaptive policy only: a worker stops to wait for the round after this many."""
+    check_finite: bool = True
+    """Skip a commit on every rank when any rank's gradients hold inf/NaN."""
+    comm_quantization: Literal["none", "int8"] = "none"
+    """Gradient reduce-scatter of sync/dpu/acco rounds: ``int8`` sends blockwise int8
+    with fp32 scales through an all-to-all and sums in fp32 on the shard's owner.
+    Parameters are all-gathered as ``all_gather_quantization`` says."""
+    all_gather_quantization: Literal["none", "int8_estimate", "int8"] = "none"
+    """Parameter all-gather of sync/dpu/acco rounds. ``none``: every round sends the
+    new parameters exactly, in the compute dtype. ``int8_estimate`` (mode ``acco``
+    only): an estimate round sends its lookahead as a blockwise int8 *delta* from the
+    parameters every rank already holds; commits stay exact. ``int8``: every round
+    sends an int8 delta, commits included; each rank applies the same dequantised
+    delta, so all replicas stay bit-identical and their distance to the fp32 master
+    is one quantisation step of the last delta (the next delta carries the error)."""
+    quantization_block_size: int = Field(default=256, ge=1)
+    """Elements per int8 block (one fp32 scale each), for every int8 exchange."""
+    error_feedback: bool = False
+    """Keep each rank's int8 quantisation residual and add it to the next round's
+    input (one fp32 buffer the size of the gradients per parameter group)."""
+    streaming: StreamingConfig = Field(default_factory=StreamingConfig)
+    """Options of ``mode: "streaming"`` (ignored by the other modes)."""
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _timeout_range(cls, value: float) -> float:
+        lo, hi = TIMEOUT_RANGE_S
+        if not lo <= value <= hi:  # NaN fails too
+            raise ValueError(
+                f"allowed: {lo:g} <= timeout_s <= {hi:g} seconds (7 days). Below 1 s gloo cannot connect the "
+                "round process group; above 7 days the limit only hides a hang (and timedelta overflows near 1e14)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _combinations(self) -> "AccoConfig":
+        if self.max_micro_batches_per_round is not None and self.policy != "adaptive":
+            raise ValueError(
+                "max_micro_batches_per_round only applies to policy 'adaptive' "
+                f"(policy is {self.policy!r}); remove it or set policy to 'adaptive'"
+            )
+        if self.mode == "streaming" and self.comm_quantization != "none":
+            raise ValueError(
+                f"acco.comm_quantization: got {self.comm_quantization!r} with mode 'streaming'; it applies to "
+                "gradient rounds (sync/dpu/acco). Streaming quantises with acco.streaming.quantize"
+            )
+        if self.comm_quantization == "int8" and self.comm_dtype not in ("auto", "fp32"):
+            raise ValueError(
+                f"acco.comm_dtype: got {self.comm_dtype!r} with comm_quantization 'int8', whose payload is int8; "
+                "allowed with int8: 'auto' or 'fp32'"
+            )
+        if self.all_gather_quantization != "none" and self.mode == "streaming":
+            raise ValueError(
+                f"acco.all_gather_quantization: got {self.all_gather_quantization!r} with mode 'streaming'; it "
+                "applies to gradient rounds (sync/dpu/acco). Streaming sets its all-gather with "
+                "acco.streaming.all_gather_dtype"
+            )
+        if self.all_gather_quantization == "int8_estimate" and self.mode != "acco":
+            raise ValueError(
+                f"acco.all_gather_quantization: got 'int8_estimate' with mode {self.mode!r}, which has no "
+                "estimate rounds; allowed with sync/dpu: 'none' or 'int8'"
+            )
+        quantized = self.streaming.quantize == "int8" if self.mode == "streaming" else self.comm_quantization == "int8"
+        if self.error_feedback and not quantized:
+            where = "acco.streaming.quantize" if self.mode == "streaming" else "acco.comm_quantization"
+            raise ValueError(
+                f"acco.error_feedback: got True, but {where} is not 'int8'; error feedback only applies to "
+                f"int8 exchanges: set {where} to 'int8' or error_feedback to false"
+            )
+        return self
+
+    def fingerprint(self) -> str:
+        """A short hash of every field that must agree across ranks."""
+        payload = self.model_dump(exclude={"telemetry", "checkpoint"})
+        # Fields added after the first release leave the hash unchanged at their defaults,
+        # so round states saved before them still load.
+        for key, default in _LATER_DEFAULTS.items():
+            if payload.get(key) == default:
+                payload.pop(key)
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def quota(self, gradient_accumulation_steps: int) -> int:
+        """Micro-batches per worker per round in the fixed policy."""
+        if self.mode == "acco":
+            return gradient_accumulation_steps // 2
+        return gradient_accumulation_steps
+
+    def check_accumulation(self, gradient_accumulation_steps: int) -> None:
+        """Reject a ``gradient_accumulation_steps`` that the mode cannot split, and the
+        ``streaming`` mode, whose rounds are not gradient rounds (every front end that
+        starts a round engine calls this first)."""
+        if self.mode == "streaming":
+            raise AccoConfigError(
+                "acco.mode: got 'streaming'; Streaming DiLoCo runs through ds_acco.streaming.build(model, ...) "
+                "or ds_acco.initialize with zero_optimization.stage 0, not the gradient round engine. "
+                "Allowed here: 'sync', 'dpu', 'acco'"
+            )
+        if gradient_accumulation_steps < 1:
+            raise AccoConfigError(
+                f"gradient_accumulation_steps: got {gradient_accumulation_steps}; must be >= 1"
+            )
+        if self.mode == "acco" and gradient_accumulation_steps % 2:
+            raise AccoConfigError(
+                f"gradient_accumulation_steps: got {gradient_accumulation_steps}; acco.mode "
+                "'acco' splits every optimizer step into an estimate and a commit half, so it "
+                "must be even (2, 4, 6, ...)"
+            )
+
+
+def check_writable_folder(path: str) -> None:
+    """Create ``path``'s folder if needed; raise ``ValueError`` unless a file can be written there."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"its folder {folder} cannot be created ({exc.strerror}); allowed: a path in a "
+                         "writable folder") from None
+    if os.path.isdir(path) or not os.access(folder, os.W_OK):
+        raise ValueError(f"{'it is a folder' if os.path.isdir(path) else f'{folder} is not writable'}; "
+                         "allowed: a file path in a writable folder")
+
+
+def check_saved_state_fits(state: Mapping[str, Any], mine: Mapping[str, Any], what: str, advice: str) -> None:
+    """Raise unless a saved engine state was written by a job like this one.
+
+    Args:
+        state: the saved state dict; holds every key of ``mine``.
+        mine: this job's values (config fingerprint, world size, buffer sizes, ...).
+        what: what was saved, for the message ("the ACCO round state").
+        advice: what the user can do instead.
+    """
+    theirs = {key: state.get(key) for key in mine}
+    if theirs != dict(mine):
+        raise AccoConfigError(f"{what} in this checkpoint does not fit this job: saved {theirs}, now {dict(mine)}. "
+                              f"{advice}")
+
+
+_LATER_DEFAULTS = {
+    "backend": "deepspeed",
+    "comm_quantization": "none",
+    "quantization_block_size": 256,
+    "all_gather_quantization": "none",
+    "error_feedback": False,
+    "streaming": StreamingConfig().model_dump(),
+}
+
+
+def _describe(error: Mapping[str, Any], prefix: str) -> str:
+    where = ".".join(str(p) for p in (prefix, *error.get("loc", ())) if p != "")
+    kind = error.get("type", "")
+    value = error.get("input")
+    if kind == "extra_forbidden":
+        return f"{where}: unknown key (value {value!r}); allowed keys: {_allowed_keys(error, prefix)}"
+    msg = error.get("msg", "invalid value")
+    return f"{where}: got {value!r}; {msg}"
+
+
+def _allowed_keys(error: Mapping[str, Any], prefix: str) -> str:
+    loc = tuple(error.get("loc", ()))[:-1]
+    model: type[BaseModel] = AccoConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+    return ", ".join(sorted(model.model_fields))
+
+
+def parse_acco_config(block: Any, prefix: str = "acco") -> AccoConfig:
+    """Validate a user's ``"acco"`` block (dict, ``AccoConfig`` or ``None``).
+
+    Raises:
+        AccoConfigError: naming every wrong field, its value and what is allowed.
+    """
+    if isinstance(block, AccoConfig):
+        return block
+    if block is None:
+        return AccoConfig(enabled=False)
+    if not isinstance(block, Mapping):
+        raise AccoConfigError(
+            f"{prefix}: got {type(block).__name__} {block!r}; expected a JSON object such as "
+            '{"mode": "acco", "policy": "fixed"}'
+        )
+    try:
+        return AccoConfig.model_validate(dict(block))
+    except ValidationError as exc:
+        lines = [_describe(e, prefix) for e in exc.errors()]
+        raise AccoConfigError("invalid acco config:\n  " + "\n  ".join(lines)) from None

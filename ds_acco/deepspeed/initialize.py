@@ -1,0 +1,108 @@
+"""``ds_acco.initialize``: ``deepspeed.initialize`` that honours an ``"acco"`` config block.
+
+It reads the config the way DeepSpeed does (``config`` / ``config_params`` /
+``args.deepspeed_config``, dict or JSON path), validates the ``"acco"`` block and
+the combination with the rest of the file before any process-group work, then
+calls DeepSpeed's own ``initialize`` with the engine class pointed at
+:class:`~ds_acco.deepspeed.engine.AccoDeepSpeedEngine` for the duration of the
+call (:class:`~ds_acco.deepspeed.streaming_engine.StreamingDeepSpeedEngine` for
+``mode: "streaming"``). Everything else (mesh set-up, config resolution, the returned 4-tuple) is
+DeepSpeed's code, unforked.
+
+:func:`patch_deepspeed` installs it as ``deepspeed.initialize``, so an unmodified
+script (or HF Accelerate / Transformers' Trainer, which look the function up at
+call time) gets ACCO from its config file alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Iterator, Mapping
+
+import deepspeed
+
+from ds_acco.config.schema import AccoConfig, parse_acco_config
+from .checks import check_deepspeed_version, check_ds_config, check_model
+from .shm import release_shm_names
+from .hf_trainer import install_trainer_hook
+
+_STOCK_INITIALIZE = deepspeed.initialize
+
+
+def _raw_config(args: Any, config: Any, config_params: Any) -> Any:
+    """The config the way ``deepspeed.initialize`` resolves it (dict, or path / base64 string)."""
+    config = config if config is not None else config_params
+    from_args = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
+    if from_args is not None and config is None:
+        config = from_args
+    if config is None or isinstance(config, Mapping):
+        return config
+    from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config
+
+    return load_ds_config(config)
+
+
+def acco_config_of(args: Any = None, config: Any = None, config_params: Any = None) -> AccoConfig:
+    """Parse and validate the ``"acco"`` block of a DeepSpeed config (disabled when absent)."""
+    raw = _raw_config(args, config, config_params)
+    acco = parse_acco_config(raw.get("acco") if isinstance(raw, Mapping) else None)
+    if acco.enabled:
+        check_ds_config(raw, acco)
+    return acco
+
+
+@contextlib.contextmanager
+def _engine_class(factory: Any) -> Iterator[None]:
+    saved = deepspeed.DeepSpeedEngine
+    deepspeed.DeepSpeedEngine = factory
+    try:
+        yield
+    finally:
+        deepspeed.DeepSpeedEngine = saved
+
+
+def initialize(
+    args=None,
+    model=None,
+    optimizer=None,
+    model_parameters=None,
+    training_data=None,
+    lr_scheduler=None,
+    distributed_port=29500,
+    mpu=None,
+    dist_init_required=None,
+    collate_fn=None,
+    config=None,
+    mesh_param=None,
+    config_params=None,
+):
+    """Same arguments and return value as ``deepspeed.initialize``; ACCO when the config has an enabled ``"acco"`` block."""
+    kwargs = dict(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
+                  training_data=training_data, lr_scheduler=lr_scheduler, distributed_port=distributed_port,
+                  mpu=mpu, dist_init_required=dist_init_required, collate_fn=collate_fn, config=config,
+                  mesh_param=mesh_param, config_params=config_params)
+    acco = acco_config_of(args, config, config_params)
+    if not acco.enabled:
+        return _STOCK_INITIALIZE(**kwargs)
+    check_deepspeed_version(deepspeed.__version__)
+    check_model(model)
+    if acco.mode == "streaming":
+        from .streaming_engine import StreamingDeepSpeedEngine as engine_class
+    else:
+        from .engine import AccoDeepSpeedEngine as engine_class
+
+    install_trainer_hook()
+    with _engine_class(functools.partial(engine_class, acco_config=acco)):
+        out = _STOCK_INITIALIZE(**kwargs)
+    release_shm_names()  # DeepSpeed's CPU shared-memory segments would outlive the job
+    return out
+
+
+def patch_deepspeed() -> None:
+    """Make ``deepspeed.initialize`` honour ``"acco"`` blocks (idempotent)."""
+    deepspeed.initialize = initialize
+
+
+def unpatch_deepspeed() -> None:
+    deepspeed.initialize = _STOCK_INITIALIZE

@@ -1,1 +1,0 @@
-"""Real data and small models for the examples, benchmarks and tests, built offline."""

@@ -1,0 +1,296 @@
+"""Checkpoints of :class:`ds_acco.fsdp.AccoFSDP` (and :class:`~ds_acco.fsdp.StockFSDP`) through
+``torch.distributed.checkpoint`` (DCP).
+
+The DCP state dict has these entries:
+
+* ``"model"`` / ``"optim"``: what ``torch.distributed.checkpoint.state_dict.get_state_dict``
+  returns for the model and the optimizer: FSDP2's sharded parameters (the fp32
+  master shards) and the optimizer state, DTensors keyed by parameter name, the
+  same entries a stock FSDP2 job saves. ``"optim"`` is absent before the first
+  commit (DCP would otherwise initialise the live optimizer with a zero step).
+* ``"acco"``: replicated metadata (world size, config fingerprint, commits,
+  scheduler state, compute dtypes, layout) as one opaque blob.
+* ``"acco_rank<r>"`` (ACCO only): rank ``r``'s round state
+  (:meth:`RoundEngine.state_dict`) and its shard of the compute parameters (they
+  differ from the masters after an estimate), as one opaque blob per rank.
+* ``"extra"``: the caller's replicated values, if any.
+
+On load with the same world size and ``"acco"`` block the run continues exactly
+where it stopped (bit-identically under the fixed policy). With another world
+size, or from a stock-FSDP2 checkpoint, DCP reshards ``"model"`` and ``"optim"``
+onto this mesh; the per-rank round state does not apply, so the compute
+parameters are all-gathered from the loaded masters and rounds bootstrap afresh
+(:meth:`RoundEngine.reset_rounds`). :class:`StockFSDP` saves and loads the same
+entries without round state, so checkpoints move both ways between ACCO and
+stock FSDP2 (``"enabled": false``).
+
+Every save ends with ds_acco's manifest (sizes and hashes of the DCP files, written
+last; see :mod:`ds_acco.checkpoint.manifest`), and every load first verifies the files
+on every rank (:mod:`ds_acco.checkpoint.verify`): a damaged, partial or manifest-less
+ds_acco folder fails every rank, naming the file, before DCP reads anything. A folder
+that a stock FSDP2 job saved with DCP (no manifest, no ds_acco entry in its metadata)
+loads unverified with one WARNING (:mod:`ds_acco.fsdp.stock_checkpoint`).
+
+Blobs are ``torch.save`` payloads in an ``io.BytesIO``: DCP flattens nested
+dicts and lists into one entry per leaf, and a load would then need a template
+of the exact same structure (which depends on whether a round was in flight);
+an opaque value is stored and returned whole.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from ds_acco.checkpoint.manifest import remove_manifest, write_manifest
+from ds_acco.checkpoint.verify import FiniteCheck, finite_at_save, optimizer_tensors, refuse_unless_finite, verify_for_load
+from ds_acco.config.schema import AccoConfigError
+
+if TYPE_CHECKING:
+    from .acco_fsdp import AccoFSDP, StockFSDP
+
+logger = logging.getLogger("ds_acco")
+
+FORMAT = 1
+META_KEY = "acco"
+EXTRA_KEY = "extra"
+Trainer = Union["AccoFSDP", "StockFSDP"]
+
+
+RANK_KEY_PREFIX = "acco_rank"
+
+
+def rank_key(rank: int) -> str:
+    return f"{RANK_KEY_PREFIX}{rank}"
+
+
+def _blob(obj: Any) -> io.BytesIO:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
+
+
+def _unblob(value: Any, device: Optional[torch.device] = None) -> Any:
+    if isinstance(value, io.BytesIO):
+        value.seek(0)
+        return torch.load(value, map_location=device, weights_only=False)
+    return value
+
+
+def _layout(trainer: Trainer) -> dict:
+    engine = getattr(trainer, "engine", None)
+    return {
+        "fqns": [p.fqn for p in trainer.fsdp.params if p.trainable],
+        "padded_numels": [g.layout.padded_numel for g in engine.groups] if engine else None,
+        "compute_dtypes": [str(g.flat.dtype) for g in engine.groups] if engine else None,
+    }
+
+
+def _folder(checkpoint_id: Any) -> str:
+    try:
+        return os.fspath(checkpoint_id)
+    except TypeError:
+        raise AccoConfigError(f"checkpoint_id: got {type(checkpoint_id).__name__}; ds_acco.fsdp checkpoints are "
+                              "folders (a str or os.PathLike), which it verifies file by file") from None
+
+
+def _dcp_files_of(rank: int) -> list[str]:
+    """The DCP files a rank writes and mostly reads (``__<rank>_<i>.distcp``; rank 0 also the metadata)."""
+    return [".metadata"] * (rank == 0) + [f"__{rank}_{i}.distcp" for i in range(8)]
+
+
+def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> None:
+    """Write the full training state to ``checkpoint_id`` (a folder), manifest last; collective over all ranks."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    trainer._check_checkpointable()
+    folder, group = _folder(checkpoint_id), trainer.fsdp.process_group
+    if dist.get_rank(group) == 0:
+        remove_manifest(folder)  # overwritten in place: incomplete until the new manifest is there
+    dist.barrier(group=group)
+    engine = getattr(trainer, "engine", None)
+    fsync = engine.config.checkpoint.fsync if engine else True
+    rounds = engine.state_dict() if engine else None  # waits for the round in flight (no swap): all at rest
+    pending_commit = bool(rounds and rounds["pending"] and rounds["pending"]["kind"] == "commit")
+    has_optim = bool(trainer.optimizer.state)
+    sched = trainer.lr_scheduler
+    meta = dict(
+        _layout(trainer),
+        format=FORMAT,
+        world_size=len(trainer.fsdp.ranks),
+        fingerprint=engine.config.fingerprint() if engine else None,
+        mode=engine.config.mode if engine else "stock",
+        policy=engine.config.policy if engine else None,
+        commits=trainer.commits,
+        # a commit that finished but is not swapped in yet is already in the masters and the optimizer
+        applied_commits=trainer.commits + int(pending_commit),
+        micro_batches=trainer.micro_batches,
+        optimizer=has_optim,
+        lr_scheduler=sched.state_dict() if sched is not None else None,
+        extra=extra is not None,
+    )
+    trainer.fsdp.to_sharded()  # DCP's helpers name parameters through model.named_parameters()
+    try:
+        if has_optim:
+            model_sd, optim_sd = get_state_dict(trainer.module, trainer.optimizer)
+        else:
+            model_sd, optim_sd = get_model_state_dict(trainer.module), None
+        state = {"model": model_sd, META_KEY: _blob(meta)}
+        if engine:
+            compute = [g.compute_shard(g.flat, engine.rank) for g in engine.groups]
+            state[rank_key(engine.rank)] = _blob({"rounds": rounds, "compute": compute})
+        if optim_sd is not None:
+            state["optim"] = optim_sd
+        if extra is not None:
+            state[EXTRA_KEY] = _blob(extra)
+        finite = FiniteCheck(_loaded_tensors(trainer))  # recorded in the manifest; spares the load its sums
+        # DCP flushes its files itself (sync_files), before the manifest that vouches for them
+        dcp.save(state, checkpoint_id=checkpoint_id, storage_writer=dcp.FileSystemWriter(folder, sync_files=fsync))
+    finally:
+        if engine:
+            trainer.fsdp.to_unsharded()
+    write_manifest(folder, writer="ds_acco fsdp", tag=os.path.basename(os.path.normpath(folder)),
+                   claim=_dcp_files_of(dist.get_rank(group)), fsync=fsync, group=group,
+                   non_finite=finite.local_result())
+
+
+def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
+    """Restore what :func:`save` wrote; collective. Returns the saved ``extra`` (or None).
+
+    Raises:
+        CheckpointError: a ds_acco checkpoint failed verification (or misses its manifest).
+        AccoConfigError: the checkpoint names other parameters, or is neither ds_acco's nor stock FSDP2's.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
+                                                         set_model_state_dict, set_state_dict)
+
+    trainer._check_checkpointable()
+    engine = getattr(trainer, "engine", None)
+    if engine:
+        engine.reset_rounds()  # waits for and drops the round in flight; the comm thread is idle from here
+    folder, group = _folder(checkpoint_id), trainer.fsdp.process_group
+    # A folder with ds_acco's entries (or unreadable DCP metadata) must have its manifest; one without is stock.
+    verdict = verify_for_load(folder, reads=_dcp_files_of(dist.get_rank(group)), ours=written_by_ds_acco(folder),
+                              group=group, salvage=bool(engine) and engine.config.checkpoint.salvage)
+    if verdict.stock:
+        from .stock_checkpoint import load_stock
+
+        load_stock(trainer, folder)
+        return None
+    probe: dict = {META_KEY: None}
+    try:
+        dcp.load(probe, checkpoint_id=checkpoint_id)
+    except Exception as exc:  # noqa: BLE001 - re-raised with what to do
+        raise AccoConfigError(f"checkpoint {checkpoint_id}: no ds_acco FSDP metadata ('{META_KEY}'): {exc}") from exc
+    meta = _unblob(probe[META_KEY])
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise AccoConfigError(f"checkpoint {checkpoint_id}: unknown ds_acco FSDP format {meta!r:.200}")
+    mine = _layout(trainer)
+    if meta["fqns"] != mine["fqns"]:
+        raise AccoConfigError(
+            f"checkpoint {checkpoint_id}: saved parameters {meta['fqns'][:5]}... differ from this model's "
+            f"{mine['fqns'][:5]}..."
+        )
+    exact = bool(engine) and meta["fingerprint"] == engine.config.fingerprint() and all(
+        meta[k] == v for k, v in dict(mine, world_size=engine.world_size).items())
+
+    trainer.fsdp.to_sharded()
+    try:
+        if meta["optimizer"]:
+            model_sd, optim_sd = get_state_dict(trainer.module, trainer.optimizer)
+        else:
+            trainer.optimizer.state.clear()  # the checkpoint predates the first commit
+            model_sd, optim_sd = get_model_state_dict(trainer.module), None
+        state: dict = {"model": model_sd}
+        if optim_sd is not None:
+            state["optim"] = optim_sd
+        if exact:
+            state[rank_key(engine.rank)] = None
+        if meta["extra"]:
+            state[EXTRA_KEY] = None
+        dcp.load(state, checkpoint_id=checkpoint_id)
+        if optim_sd is not None:
+            set_state_dict(trainer.module, trainer.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+        else:
+            set_model_state_dict(trainer.module, state["model"])
+    finally:
+        if engine:
+            trainer.fsdp.to_unsharded()
+    check_loaded(trainer, folder, finite_at_save(verdict.manifest))
+    if trainer.lr_scheduler is not None and meta["lr_scheduler"] is not None:
+        trainer.lr_scheduler.load_state_dict(meta["lr_scheduler"])
+
+    if exact:
+        saved = _unblob(state[rank_key(engine.rank)], engine.device)
+        with torch.no_grad():
+            for i, (g, shard) in enumerate(zip(engine.groups, saved["compute"])):
+                engine.all_gather_compute(i, g.flat, shard.to(g.flat.dtype))
+        engine.load_state_dict(saved["rounds"])
+    else:
+        restart(trainer, meta["applied_commits"], meta["micro_batches"])
+        if engine and engine.rank == 0:
+            logger.warning(
+                "ds_acco.fsdp: %s was saved by %d ranks (mode %s, policy %s); model, optimizer and scheduler "
+                "loaded onto %d ranks (%s), rounds bootstrap afresh at step %d", checkpoint_id, meta["world_size"],
+                meta["mode"], meta["policy"], engine.world_size, engine.config.mode, engine.commits)
+    return _unblob(state.get(EXTRA_KEY))
+
+
+def saved_keys(folder: str) -> Optional[set]:
+    """The entries of a DCP checkpoint (from its ``.metadata``), or None when that cannot be read."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        return set(FileSystemReader(folder).read_metadata().state_dict_metadata)
+    except Exception:  # noqa: BLE001 - missing or damaged: not provably stock
+        return None
+
+
+def written_by_ds_acco(folder: str) -> bool:
+    """False only for a readable DCP checkpoint without ds_acco's entries (a stock FSDP2 job wrote it)."""
+    keys = saved_keys(folder)
+    return keys is None or any(k == META_KEY or k.startswith(RANK_KEY_PREFIX) for k in keys)
+
+
+def _loaded_tensors(trainer: Trainer) -> list:
+    """The master shards and optimizer moments: what a save writes and a load must find finite."""
+    return [(f"master {p.fqn}", p.master) for p in trainer.fsdp.params] + optimizer_tensors(trainer.optimizer)
+
+
+def check_loaded(trainer: Trainer, folder: str, finite_when_saved: bool = False) -> None:
+    """The loaded values landed in the master shards, and they and the optimizer moments are finite.
+
+    Args:
+        finite_when_saved: the verified manifest says the save found them finite (see
+            :func:`ds_acco.checkpoint.verify.finite_at_save`; DCP re-shards the saved values
+            exactly, at any world size): no sums needed.
+    """
+    for p in trainer.fsdp.params:
+        with torch.no_grad():
+            local = p.sharded.to_local()
+        if local.numel() and local.data_ptr() != p.master.data_ptr():
+            raise RuntimeError(f"ds_acco.fsdp: loading replaced the sharded parameter {p.fqn}; master shard lost")
+    if not finite_when_saved:
+        refuse_unless_finite(folder, _loaded_tensors(trainer), group=trainer.fsdp.process_group)
+
+
+def restart(trainer: Trainer, commits: int, micro_batches: int) -> None:
+    """Continue from loaded masters without round state: compute parameters = masters, rounds afresh."""
+    engine = getattr(trainer, "engine", None)
+    if not engine:
+        trainer._restart(commits, micro_batches)
+        return
+    with torch.no_grad():
+        for i, g in enumerate(engine.groups):  # compute parameters = the loaded masters, as after a commit
+            engine.all_gather_masters(i, g.flat)
+    engine.reset_rounds(commits=commits)
+    engine.micro_batches = micro_batches

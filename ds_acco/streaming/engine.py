@@ -1,0 +1,544 @@
+"""Streaming DiLoCo: local inner steps, one fragment of the model synchronised at a time.
+
+The rules are in ``docs/algorithms.md`` (section streaming). Every rank keeps a
+full replica ``θ_i`` of the model and its own inner optimizer. The global
+parameters ``θ_g`` and the outer Nesterov-SGD momentum are sharded ZeRO-1 style:
+rank ``r`` owns slice ``r`` of every fragment's flat buffer in fp32 (the
+*master shard*). The training loop is::
+
+    engine = ds_acco.streaming.build(model, torch.optim.AdamW, {"lr": 3e-4},
+                                     config={"mode": "streaming",
+                                             "streaming": {"fragments": 4, "sync_every": 100}})
+    for batch in loader:
+        loss_fn(model(batch)).backward()
+        engine.inner_optimizer.step(); engine.inner_optimizer.zero_grad()
+        engine.after_inner_step()
+    engine.finish(); engine.close()
+
+Buffers of fragment ``p`` (flat space as in :mod:`ds_acco.layout.flat_buffer`):
+
+* ``flat``: ``θ_i,p``, the compute parameters (views), compute dtype.
+* ``anchor``: ``θ̂_g,p``, the global fragment as every rank last received it from
+  the all-gather (fp32; equals ``θ_g,p`` when the all-gather is fp32, its bf16 or
+  int8 rounding otherwise).
+* ``master``: this rank's fp32 slice of ``θ_g,p``, stepped by the outer optimizer.
+
+[Note: one round of fragment p, launched at inner step s]
+::
+
+    training | inner steps s+1 .. s+tau (θ_i,p keeps training)              |merge|
+    comm     | RS(int8(anchor − flat)) / N -> outer step -> AG(master) -> anchor |
+
+The training thread computes ``d = anchor − flat`` at launch (the snapshot of
+``θ_i,p`` that the pseudo-gradient uses), then the round runs on the core's
+communication thread (:class:`~ds_acco.comm.comm_thread.CommThread`). Each owner turns
+the mean of ``d`` into the exact pseudo-gradient of its slice by adding
+``master − anchor`` (zero with an fp32 all-gather; the bf16/int8 rounding of the
+previous all-gather otherwise), so ``θ_g`` never accumulates all-gather rounding.
+``tau`` inner steps after the launch (at once when ``tau = 0``) the training
+thread waits for the round and merges ``θ_i,p ← α θ_i,p + (1 − α) anchor``.
+``tau < H / P`` (checked by the config) keeps at most one round in flight, so the
+delta scratch is shared by all fragments.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ds_acco.comm.collectives import RoundCollectives
+from ds_acco.comm.comm_thread import AccoRoundError, CommThread, RoundHandle, drain_at_exit, record_ready
+from ds_acco.config.schema import AccoConfig, AccoConfigError, check_saved_state_fits, parse_acco_config
+from ds_acco.layout.flat_buffer import FlatLayout, flatten_into
+from ds_acco.layout.fragments import FragmentSpec, default_fragments, explicit_fragments, named_fragments
+from ds_acco.comm.int8_collectives import Int8ReduceScatter, ShardAllGather
+from ds_acco.telemetry.startup_line import announce, streaming_fields
+from ds_acco.telemetry.records import RoundRecord, Telemetry, ensure_log_output
+
+logger = logging.getLogger("ds_acco")
+
+
+def sync_offset(fragment: int, fragments: int, sync_every: int) -> int:
+    """``p · H / P`` rounded down: fragment ``p`` syncs at inner steps ``t ≡ offset (mod H)``."""
+    return fragment * sync_every // fragments
+
+
+def sync_fragment(step: int, fragments: int, sync_every: int) -> Optional[int]:
+    """The fragment that synchronises after inner step ``step`` (1-based), or None.
+
+    Args:
+        step: inner steps completed (the count ``after_inner_step`` has just reached).
+        fragments: ``P``.
+        sync_every: ``H`` (>= ``P``, so offsets are distinct).
+
+    Returns:
+        ``p`` with ``step mod H == sync_offset(p, P, H)``, or None (also for ``step < 1``).
+    """
+    if step < 1:
+        return None
+    r = step % sync_every
+    for p in range(fragments):
+        if sync_offset(p, fragments, sync_every) == r:
+            return p
+    return None
+
+
+@dataclass
+class FragmentRecord(RoundRecord):
+    """A streaming round: ``step`` is the inner step it launched at."""
+
+    fragment: int = -1
+    """Index of the fragment synchronised."""
+    applied_step: int = -1
+    """Inner step at which ``θ_i`` was merged with the result (``step + tau``, or the drain)."""
+
+
+class _Fragment:
+    """Buffers and outer optimizer of one fragment (see the module docstring)."""
+
+    def __init__(self, index: int, params: list[nn.Parameter], offset: int, world_size: int,
+                 config: AccoConfig, device: torch.device):
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) != 1:
+            raise ValueError(f"fragment {index} mixes parameter dtypes {sorted(map(str, dtypes))}; use one dtype")
+        s = config.streaming
+        self.index, self.params, self.offset = index, params, offset
+        self.layout = FlatLayout.for_params(params, world_size)
+        self.flat = self.layout.new_buffer(params[0])
+        flatten_into(params, self.layout, self.flat)
+        self.anchor = torch.zeros(self.layout.padded_numel, dtype=torch.float32, device=device)
+        self.master = torch.zeros(self.layout.shard_numel, dtype=torch.float32, device=device)
+        self.outer = torch.optim.SGD([self.master], lr=s.outer_lr, momentum=s.outer_momentum,
+                                     nesterov=s.outer_momentum > 0)
+        block = config.quantization_block_size
+        self.rs = (Int8ReduceScatter(self.layout.padded_numel, world_size, block_size=block,
+                                     error_feedback=config.error_feedback, device=device)
+                   if s.quantize == "int8" else None)
+        self.ag = ShardAllGather(self.layout.shard_numel, world_size, s.all_gather_dtype, block_size=block,
+                                 device=device)
+        self.last_sync = 0
+
+    def reset_global(self, rank: int) -> None:
+        """``θ_g,p = θ̂_g,p = θ_i,p`` (after the start-up broadcast)."""
+        self.anchor.copy_(self.flat)
+        self.master.copy_(self.layout.shard(self.anchor, rank))
+
+
+@dataclass
+class _Outcome:
+    round_s: float
+    bytes_sent: int
+    bytes_received: int
+
+
+@dataclass
+class _InFlight:
+    handle: RoundHandle
+    fragment: _Fragment
+    step: int
+    due: int
+    launched_at: float
+
+
+class StreamingEngine:
+    """Runs Streaming DiLoCo fragment rounds for one model replica per rank.
+
+    Args:
+        model: this rank's replica; its fragment parameters become views of flat buffers.
+        inner_optimizer: steps the replica (built over the model's parameters); may be
+            None at construction and set afterwards, as :func:`build` does, because the
+            engine re-points the parameters at flat buffers first.
+        fragments: ``P`` lists of parameters, as :mod:`ds_acco.layout.fragments` makes them.
+        config: the ``"acco"`` block with ``mode: "streaming"``.
+        process_group: the data-parallel group (default WORLD); rounds run on a private copy.
+
+    Raises:
+        AccoConfigError: the mode is not ``streaming``, or ranks disagree on config or layout.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        inner_optimizer: Optional[torch.optim.Optimizer],
+        fragments: Sequence[list[nn.Parameter]],
+        *,
+        config: Union[AccoConfig, dict],
+        process_group: Optional[dist.ProcessGroup] = None,
+    ):
+        self.config = _streaming_config(config)
+        s = self.config.streaming
+        if len(fragments) != s.fragments:
+            raise AccoConfigError(f"acco.streaming.fragments: got {s.fragments}, but {len(fragments)} fragments were built")
+        self.model, self.inner_optimizer = model, inner_optimizer
+        self.H, self.P, self.tau, self.alpha = s.sync_every, s.fragments, s.overlap_steps, s.alpha
+        self.coll = RoundCollectives(process_group, self.config.timeout_s)
+        self.rank, self.world_size = self.coll.rank, self.coll.world_size
+        first = next(p for frag in fragments for p in frag)
+        self.device = first.device
+        self.fragments = [
+            _Fragment(i, list(ps), sync_offset(i, self.P, self.H), self.world_size, self.config, self.device)
+            for i, ps in enumerate(fragments)
+        ]
+        self._by_offset = {f.offset: f for f in self.fragments}
+        self._check_peers_agree()
+        self._start_from_rank0()
+        self._delta = torch.empty(max(f.layout.padded_numel for f in self.fragments), dtype=torch.float32,
+                                  device=self.device)
+        self._shard = torch.empty(max(f.layout.shard_numel for f in self.fragments), dtype=torch.float32,
+                                  device=self.device)
+
+        tcfg = self.config.telemetry
+        path = f"{tcfg.jsonl_path}.rank{self.rank}" if tcfg.jsonl_path else None
+        self.telemetry = Telemetry(keep_last=tcfg.keep_last, jsonl_path=path)
+        if tcfg.log_every and self.rank == 0:
+            ensure_log_output()
+        self.peak_round_bytes = 0
+        self._comm = CommThread(self.device, name="ds_acco-streaming")
+        self.inner_steps = 0
+        self._round_index = 0
+        self._inflight: Optional[_InFlight] = None
+        self._closed = False
+        self._atexit = drain_at_exit(self)
+
+    def _check_peers_agree(self) -> None:
+        self.coll.check_peers_agree((self.config.fingerprint(), [f.layout.padded_numel for f in self.fragments]),
+                                    "acco config or fragment layout (fingerprint, sizes)")
+
+    def _start_from_rank0(self) -> None:
+        """Every replica and the global fragments start from rank 0's current weights."""
+        src = dist.get_process_group_ranks(self.coll.group)[0]
+        for frag in self.fragments:
+            dist.broadcast(frag.flat, src=src, group=self.coll.group)
+            frag.reset_global(self.rank)
+
+    # ------------------------------------------------------------ training side
+    def fragment_at(self, step: int) -> Optional[int]:
+        """The fragment that synchronises at inner step ``step`` (1-based), or None."""
+        return sync_fragment(step, self.P, self.H)
+
+    @property
+    def in_flight(self) -> bool:
+        return self._inflight is not None
+
+    def after_inner_step(self) -> bool:
+        """Count one inner optimizer step; merge a round that is due, launch one that is.
+
+        Returns:
+            True when a merge changed ``θ_i`` during this call.
+
+        Raises:
+            AccoRoundError: a round failed or timed out on the communication thread.
+        """
+        self._ensure_open()
+        self.inner_steps += 1
+        step, merged = self.inner_steps, False
+        flight = self._inflight
+        if flight is not None and (step >= flight.due or flight.handle.failed()):
+            self._complete(step)
+            merged = True
+        frag = self._by_offset.get(step % self.H)
+        if frag is not None:
+            if self._inflight is not None:  # cannot happen with a validated config; keep one in flight
+                self._complete(step)
+            self._launch(frag, step)
+            if self.tau == 0:
+                self._complete(step)
+                merged = True
+        return merged
+
+    def _launch(self, frag: _Fragment, step: int) -> None:
+        n = frag.layout.padded_numel
+        delta, shard = self._delta[:n], self._shard[: frag.layout.shard_numel]
+        torch.sub(frag.anchor, frag.flat, out=delta)  # θ̂_g − θ_i at launch, snapshot for the round
+        handle = RoundHandle(self._round_index, f"fragment {frag.index}", self.config.timeout_s)
+        self._round_index += 1
+        self._inflight = _InFlight(handle, frag, step, step + self.tau, time.perf_counter())
+        self._comm.submit(handle, lambda h: self._run_round(h, frag, delta, shard), record_ready(self.device))
+
+    def _complete(self, step: int) -> None:
+        flight, self._inflight = self._inflight, None
+        t0 = time.perf_counter()
+        outcome: _Outcome = flight.handle.wait()
+        t1 = time.perf_counter()
+        frag = flight.fragment
+        frag.flat.mul_(self.alpha).add_(frag.anchor, alpha=1.0 - self.alpha)  # θ_i ← α θ_i + (1 − α) θ_g
+        record = FragmentRecord(
+            index=flight.handle.index, kind="fragment", mode="streaming", step=flight.step,
+            counts=[flight.step - frag.last_sync] * self.world_size,
+            compute_s=t0 - flight.launched_at, round_s=outcome.round_s, waited_s=t1 - t0,
+            bytes_sent=outcome.bytes_sent, bytes_received=outcome.bytes_received,
+            lr=self.config.streaming.outer_lr, fragment=frag.index, applied_step=step,
+        )
+        frag.last_sync = flight.step
+        self.peak_round_bytes = max(self.peak_round_bytes, outcome.bytes_sent)
+        if self.config.telemetry.enabled:
+            self.telemetry.add(record)
+        every = self.config.telemetry.log_every
+        if every and self.rank == 0 and record.index % every == 0:
+            logger.info(self.telemetry.format_line(record) + f" fragment {frag.index}")
+
+    # ------------------------------------------------------------ comm side
+    def _run_round(self, handle: RoundHandle, frag: _Fragment, delta: torch.Tensor, shard: torch.Tensor) -> _Outcome:
+        start = time.perf_counter()
+        sent0, recv0 = self.coll.wire.sent, self.coll.wire.received
+        handle.enter_stage("reduce-scatter")
+        if frag.rs is not None:
+            frag.rs(self.coll, shard, delta)
+        else:
+            self.coll.reduce_scatter_sum(shard, delta)
+        shard.div_(self.world_size)
+        # mean(θ̂_g − θ_i) + (θ_g − θ̂_g) = θ_g − mean(θ_i): the exact pseudo-gradient of this slice
+        # (computed as one difference first: with an fp32 all-gather it is exactly 0, so the mean is kept bit for bit)
+        shard.add_(frag.master - frag.layout.shard(frag.anchor, self.rank))
+        handle.enter_stage("outer step")
+        frag.master.grad = shard
+        frag.outer.step()
+        frag.master.grad = None
+        handle.enter_stage("all-gather")
+        frag.ag(self.coll, frag.anchor, frag.master)
+        handle.enter_stage("done")
+        return _Outcome(time.perf_counter() - start, self.coll.wire.sent - sent0, self.coll.wire.received - recv0)
+
+    def consolidate(self) -> None:
+        """Make every replica the global parameters ``θ_g``, exactly (fp32 all-gather of the master shards).
+
+        The model Streaming DiLoCo trains is ``θ_g``; the replicas only approach it between
+        syncs. Call this (on every rank) before exporting or evaluating "the" model. The
+        round in flight is merged first. Training may continue afterwards: it is a merge
+        with ``alpha = 0`` of every fragment at once.
+        """
+        self._ensure_open()
+        if self._inflight is not None:
+            self._complete(self.inner_steps)
+        for frag in self.fragments:
+            self.coll.all_gather(frag.anchor, frag.master)  # fp32: θ̂_g = θ_g, so the next correction is 0
+            frag.flat.copy_(frag.anchor)
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """This rank's streaming state: global fragments, outer momentum, residuals, schedule.
+
+        A round in flight is waited for but *not* merged: its result is already in the
+        fragment's ``anchor`` and ``master``, and the merge stays due at the same inner
+        step, so saving does not change the trajectory. The replica ``θ_i`` and the inner
+        optimizer are the front end's to save (they differ on every rank).
+        """
+        self._ensure_open()
+        pending = None
+        if self._inflight is not None:
+            flight = self._inflight
+            outcome: _Outcome = flight.handle.wait()
+            pending = {"fragment": flight.fragment.index, "step": flight.step, "due": flight.due,
+                       "index": flight.handle.index, "outcome": vars(outcome).copy()}
+        return {
+            "format": 1,
+            "fingerprint": self.config.fingerprint(),
+            "world_size": self.world_size,
+            "padded_numels": [f.layout.padded_numel for f in self.fragments],
+            "numels": [f.layout.numel for f in self.fragments],
+            "inner_steps": self.inner_steps,
+            "round_index": self._round_index,
+            "peak_round_bytes": self.peak_round_bytes,
+            "fragments": [
+                {"anchor": f.anchor.clone(), "master": f.master.clone(), "outer": f.outer.state_dict(),
+                 "residual": None if f.rs is None or f.rs.residual is None else f.rs.residual.clone(),
+                 "last_sync": f.last_sync}
+                for f in self.fragments
+            ],
+            "pending": pending,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` output saved by this rank with the same config and world size.
+
+        Raises:
+            AccoConfigError: saved with another streaming config, world size or fragment layout.
+            AccoRoundError: a round is in flight here.
+        """
+        self._ensure_open()
+        if self._inflight is not None:
+            raise AccoRoundError("load_state_dict needs an idle streaming engine; a round is in flight")
+        check_saved_state_fits(
+            state, {"fingerprint": self.config.fingerprint(), "world_size": self.world_size,
+                    "padded_numels": [f.layout.padded_numel for f in self.fragments]},
+            "the streaming state", "Resume with the same acco block and model (another world size: load_resharded).")
+        for frag, saved in zip(self.fragments, state["fragments"]):
+            frag.anchor.copy_(saved["anchor"])
+            frag.master.copy_(saved["master"])
+            frag.outer.load_state_dict(saved["outer"])
+            frag.last_sync = saved["last_sync"]
+            if frag.rs is not None and frag.rs.residual is not None:
+                if saved["residual"] is None:
+                    frag.rs.reset_error_feedback()
+                else:
+                    frag.rs.residual.copy_(saved["residual"])
+        self.inner_steps, self._round_index = state["inner_steps"], state["round_index"]
+        self.peak_round_bytes = state["peak_round_bytes"]
+        pending = state["pending"]
+        if pending is not None:
+            handle = RoundHandle.completed(pending["index"], f"fragment {pending['fragment']}", self.config.timeout_s,
+                                           _Outcome(**pending["outcome"]))
+            self._inflight = _InFlight(handle, self.fragments[pending["fragment"]], pending["step"], pending["due"],
+                                       time.perf_counter())
+
+    def load_resharded(self, saved: Sequence[dict]) -> None:
+        """Restore the streaming state of a job with another number of ranks.
+
+        ``saved`` holds :meth:`state_dict` of *every* rank of that job, in rank order.
+        The global fragments and outer momentum are re-sharded exactly; int8 residuals
+        start at zero; a round that was waiting to be merged is merged into this
+        rank's replica now (its result is in the saved anchor). Load the replica
+        first.
+
+        Raises:
+            AccoConfigError: another streaming config or another model, or ranks missing.
+        """
+        self._ensure_open()
+        if self._inflight is not None:
+            raise AccoRoundError("load_resharded needs an idle streaming engine; a round is in flight")
+        first = saved[0]
+        numels = [f.layout.numel for f in self.fragments]
+        check_saved_state_fits(first, {"fingerprint": self.config.fingerprint(), "numels": numels},
+                               "the streaming state", "Use the same acco block and model.")
+        if len(saved) != first["world_size"]:
+            raise AccoConfigError(f"the streaming state of a {first['world_size']}-rank job needs every rank's "
+                                  f"state; got {len(saved)}")
+        for p, frag in enumerate(self.fragments):
+            n = numels[p]
+            parts = [state["fragments"][p] for state in saved]
+            frag.anchor.zero_()
+            frag.anchor[:n].copy_(parts[0]["anchor"][:n])
+            frag.master.copy_(self._my_shard(frag, [x["master"] for x in parts]))
+            outer = frag.outer.state_dict()
+            buffers = [x["outer"]["state"].get(0, {}).get("momentum_buffer") for x in parts]
+            outer["state"] = {0: {"momentum_buffer": self._my_shard(frag, buffers)}} if all(
+                b is not None for b in buffers) else {}
+            frag.outer.load_state_dict(outer)
+            frag.last_sync = parts[0]["last_sync"]
+            if frag.rs is not None:
+                frag.rs.reset_error_feedback()
+        self.inner_steps, self._round_index = first["inner_steps"], first["round_index"]
+        pending = first["pending"]
+        if pending is not None:
+            frag = self.fragments[pending["fragment"]]
+            frag.flat.mul_(self.alpha).add_(frag.anchor, alpha=1.0 - self.alpha)
+            frag.last_sync = pending["step"]
+
+    def _my_shard(self, frag: _Fragment, shards: Sequence[torch.Tensor]) -> torch.Tensor:
+        """This rank's slice of a fragment-sized fp32 vector saved as another job's shards."""
+        full = torch.zeros(frag.layout.padded_numel, dtype=torch.float32, device=self.device)
+        n = frag.layout.numel
+        full[:n].copy_(torch.cat([s.to(self.device, torch.float32) for s in shards])[:n])
+        return frag.layout.shard(full, self.rank).clone()
+
+    def reset(self, inner_steps: int) -> None:
+        """Start the global state afresh from the current replica (a checkpoint without streaming state)."""
+        self._ensure_open()
+        if self._inflight is not None:
+            self._complete(self.inner_steps)
+        self._start_from_rank0()
+        for frag in self.fragments:
+            frag.outer.state.clear()
+            frag.last_sync = inner_steps
+            if frag.rs is not None:
+                frag.rs.reset_error_feedback()
+        self.inner_steps = inner_steps
+
+    # ------------------------------------------------------------ lifecycle
+    def summary(self) -> dict:
+        """Telemetry summary plus ``peak_round_bytes`` (the largest round's bytes sent)."""
+        return dict(self.telemetry.summary(), peak_round_bytes=self.peak_round_bytes, inner_steps=self.inner_steps)
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise AccoRoundError("this ds_acco StreamingEngine is closed")
+
+    def finish(self) -> None:
+        """Wait for the round in flight and merge it now (drain)."""
+        self._ensure_open()
+        if self._inflight is not None:
+            self._complete(self.inner_steps)
+
+    def close(self, drain: bool = True) -> None:
+        """Drain (or abandon) the round in flight, stop the thread, release the group."""
+        if self._closed:
+            return
+        try:
+            if drain and self._inflight is not None:
+                self._complete(self.inner_steps)
+        finally:
+            self._closed = True
+            self._inflight = None
+            atexit.unregister(self._atexit)
+            self._comm.close(timeout_s=5.0)
+            self.coll.destroy()
+
+
+def _streaming_config(config: Union[AccoConfig, dict]) -> AccoConfig:
+    cfg = parse_acco_config(config)
+    if cfg.mode != "streaming":
+        raise AccoConfigError(
+            f"acco.mode: got {cfg.mode!r}; ds_acco.streaming.build needs mode 'streaming' "
+            "(sync/dpu/acco run through ds_acco.plain.build)"
+        )
+    return cfg
+
+
+def fragments_of(model: nn.Module, config: AccoConfig, explicit: Optional[FragmentSpec] = None) -> list[list[nn.Parameter]]:
+    """``explicit`` fragments if given, else ``acco.streaming.fragment_modules``, else the default split."""
+    P = config.streaming.fragments
+    if explicit is not None:
+        return explicit_fragments(explicit, model, P)
+    if config.streaming.fragment_modules is not None:
+        return named_fragments(config.streaming.fragment_modules, model, P)
+    return default_fragments(model, P)
+
+
+def build(
+    model: nn.Module,
+    inner_optimizer_cls: type = torch.optim.AdamW,
+    inner_optimizer_kwargs: Optional[dict] = None,
+    *,
+    config: Union[AccoConfig, dict],
+    process_group: Optional[dist.ProcessGroup] = None,
+    fragments: Optional[FragmentSpec] = None,
+    param_groups: Optional[Iterable[Any]] = None,
+) -> StreamingEngine:
+    """Split ``model`` into fragments, build its inner optimizer and start a streaming engine.
+
+    Args:
+        model: this rank's full replica (same architecture on every rank; rank 0's
+            values are broadcast at start-up).
+        inner_optimizer_cls / inner_optimizer_kwargs: the inner optimizer (any
+            ``torch.optim``), available as ``engine.inner_optimizer``.
+        config: the ``"acco"`` block, ``mode: "streaming"``.
+        process_group: the data-parallel group (default WORLD).
+        fragments: optional explicit fragments, one entry per fragment (modules and/or
+            parameters); default ``acco.streaming.fragment_modules``, else
+            :func:`ds_acco.layout.fragments.default_fragments`.
+        param_groups: what to pass to the inner optimizer (default: the model's
+            trainable parameters), e.g. groups with and without weight decay.
+
+    Returns:
+        The :class:`StreamingEngine`; call ``after_inner_step()`` after every inner step.
+
+    Raises:
+        AccoConfigError: a wrong config value, or ``fragments`` the model cannot provide.
+    """
+    cfg = _streaming_config(config)
+    try:
+        frags = fragments_of(model, cfg, fragments)
+    except ValueError as exc:
+        raise AccoConfigError(str(exc)) from None
+    groups = list(param_groups) if param_groups is not None else [p for p in model.parameters() if p.requires_grad]
+    engine = StreamingEngine(model, None, frags, config=cfg, process_group=process_group)  # flattens first
+    engine.inner_optimizer = inner_optimizer_cls(groups, **(inner_optimizer_kwargs or {}))
+    announce(f"plain PyTorch, {len(frags)} fragments", engine.rank, streaming_fields(engine))
+    return engine

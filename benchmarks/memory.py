@@ -66,7 +66,7 @@ bf16 accumulation (``zero1_bf16``, ``acco_bf16``): ZeRO-1 = 6 P + 16 P/N, acco =
 payload (``acco_bf16_fp32acc``, ``ds_configs/acco_bf16.json``): acco = 10 P + 20 P/N
 (+ a 32 MiB cast chunk + 3 MiB): + 4 P + 4 P/N over ZeRO-1 bf16, because each of the two
 accumulators is fp32 where ZeRO-1's gradient and bucket are bf16.
-On gloo the round's collectives add their piece scratch (``collectives._A2A_PIECE_NUMEL``
+On gloo the round's collectives add their piece scratch (``collectives.MAX_PIECE_NUMEL``
 elements per rank: a send and a receive buffer, 16 MiB at fp32 and N = 2) and gloo's
 own temporary for each all-gather piece (8 MiB), which the model leaves out (NCCL needs
 neither). Gradient clipping adds nothing: ``RoundEngine._clip_global_norm`` reduces each

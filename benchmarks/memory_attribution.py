@@ -297,7 +297,7 @@ def _candidates(rank: int, world: int, params: int, port: int, repeats: int) -> 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from deepspeed.ops.adam import FusedAdam
 
-    from ds_acco.comm.collectives import _A2A_PIECE_NUMEL, RoundCollectives
+    from ds_acco.comm.collectives import MAX_PIECE_NUMEL, RoundCollectives
     from ds_acco.optim.shard_optimizer import ShardOptimizer
 
     shard_n = params // world
@@ -349,7 +349,7 @@ def _candidates(rank: int, world: int, params: int, port: int, repeats: int) -> 
     dist.destroy_process_group()
     if rank == 0:
         print(f"isolated candidates: P = {params / 1e6:.2f}M fp32, N = {world}, shard {shard_n / 1e6:.2f}M "
-              f"elements ({shard_n * 4 / 2 ** 20:.1f} MB); gloo pieces of {_A2A_PIECE_NUMEL} elements per rank; "
+              f"elements ({shard_n * 4 / 2 ** 20:.1f} MB); gloo pieces of {MAX_PIECE_NUMEL} elements per rank; "
               f"VmHWM above the resident set (MB): first call, then the largest of {repeats} more")
         for name, (first, later) in out.items():
             print(f"  {name:62s} {first:+7.1f} {later:+7.1f}")

@@ -69,8 +69,8 @@ def all_to_all_reduce_scatter_checks(coll) -> dict:
 
     N, rank = coll.world_size, coll.rank
     results = {"via_all_to_all": coll.reduce_scatter_via_all_to_all}
-    for name, piece in (("one_piece", collectives._A2A_PIECE_NUMEL), ("pieces", 7)):
-        saved, collectives._A2A_PIECE_NUMEL = collectives._A2A_PIECE_NUMEL, piece
+    for name, piece in (("one_piece", collectives.MAX_PIECE_NUMEL), ("pieces", 7)):
+        saved, collectives.MAX_PIECE_NUMEL = collectives.MAX_PIECE_NUMEL, piece
         try:
             full = torch.arange(N * 40, dtype=torch.float32) * (rank + 1) + rank
             out = torch.empty(40)
@@ -78,7 +78,7 @@ def all_to_all_reduce_scatter_checks(coll) -> dict:
             coll.reduce_scatter_sum(out, full)
             results[name] = {"out": out, "bytes": coll.wire.sent - sent0}
         finally:
-            collectives._A2A_PIECE_NUMEL = saved
+            collectives.MAX_PIECE_NUMEL = saved
     return results
 
 

@@ -133,12 +133,12 @@ def _chunked_collectives(rank, world):
 
         params = torch.full((world * S,), -1.0)
         params[rank * S:(rank + 1) * S] = torch.arange(S) + 10_000.0 * rank
-        old = collectives._A2A_PIECE_NUMEL
-        collectives._A2A_PIECE_NUMEL = 128
+        old = collectives.MAX_PIECE_NUMEL
+        collectives.MAX_PIECE_NUMEL = 128
         try:
             coll.all_gather(params, params[rank * S:(rank + 1) * S])  # in place, in pieces
         finally:
-            collectives._A2A_PIECE_NUMEL = old
+            collectives.MAX_PIECE_NUMEL = old
         gathered = all(torch.equal(params[r * S:(r + 1) * S], torch.arange(S) + 10_000.0 * r) for r in range(world))
         return same_sum, gathered
     finally:

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ds_acco.errors import CheckpointError
+from ds_acco.numerics.finite import all_finite
 
 from .manifest import (MANIFEST, entry_ranges, newest_complete_tag, read_manifest, share_out, unit_digests,
                                   units_of)
@@ -159,20 +160,9 @@ def verify_for_load(folder: str, *, reads: Sequence[str], ours: bool, salvage: b
     raise CheckpointError(describe(folder, merged, "failed verification", note))
 
 
-def _finite(t: torch.Tensor) -> bool:
-    # A finite sum proves every element finite (one inf or NaN makes the sum inf or NaN); only a sum that
-    # overflowed needs aminmax. sum is 1.3x faster than aminmax on CPU, and 30x faster than
-    # isfinite(t).all(), which builds a bool tensor.
-    t = t.detach()
-    if bool(torch.isfinite(t.sum(dtype=torch.float32 if t.dtype != torch.float64 else None))):
-        return True
-    lo, hi = torch.aminmax(t)
-    return bool(torch.isfinite(lo) & torch.isfinite(hi))
-
-
 def _non_finite(named: Sequence[tuple[str, torch.Tensor]]) -> list[str]:
     local = ((name, t.to_local() if hasattr(t, "to_local") else t) for name, t in named)  # DTensors: own shard
-    return [name for name, t in local if t.is_floating_point() and t.numel() and not _finite(t)]
+    return [name for name, t in local if t.is_floating_point() and not all_finite(t)]
 
 
 class FiniteCheck:

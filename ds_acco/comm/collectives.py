@@ -21,7 +21,7 @@ is already ring-optimal and is used as it is.
 
 [Note: pieces on gloo]
 On gloo the all-to-all, the reduce-scatter built on it and the all-gather run in
-pieces: never more than ``_A2A_PIECE_NUMEL`` elements per rank (a bound on the
+pieces: never more than ``MAX_PIECE_NUMEL`` elements per rank (a bound on the
 scratch they need), and on a slow link fewer, so that a piece takes a few tens of
 milliseconds of link time (:mod:`ds_acco.comm.link_pacing`: the rate is measured on the
 pieces themselves). Every rank must cut a collective the same way, and each
@@ -47,10 +47,10 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-_A2A_PIECE_NUMEL = 1 << 20
-"""Elements per rank slice in one all-to-all of the gloo reduce-scatter: bounds its scratch
-to ``2 * N * 1 Mi`` elements whatever the model size (gloo's own reduce-scatter
-allocated 1.5x the payload in temporaries)."""
+MAX_PIECE_NUMEL = 1 << 20
+"""The most elements per rank slice in one gloo call (the int8 exchanges size their pieces from it too):
+bounds the piece scratch to ``2 * N * 1 Mi`` elements whatever the model size (gloo's own
+reduce-scatter allocated 1.5x the payload in temporaries)."""
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -90,7 +90,7 @@ class RoundCollectives:
         self._a2a_scratch: dict[tuple, torch.Tensor] = {}
         self.pacer = LinkPacer()
         self.piece_bytes: Optional[int] = None
-        """Bytes a piece may send from one rank, agreed by every rank (None: only ``_A2A_PIECE_NUMEL`` bounds it)."""
+        """Bytes a piece may send from one rank, agreed by every rank (None: only ``MAX_PIECE_NUMEL`` bounds it)."""
 
     def pacing_vote(self) -> int:
         """This rank's proposal for :attr:`piece_bytes` from its own measurements (0: no limit)."""
@@ -107,7 +107,7 @@ class RoundCollectives:
         Raises:
             AccoConfigError: naming ``what`` and every rank's value.
         """
-        from ds_acco.config.schema import AccoConfigError
+        from ds_acco.errors import AccoConfigError
 
         everyone: list = [None] * self.world_size
         dist.all_gather_object(everyone, mine, group=self.group)
@@ -155,9 +155,9 @@ class RoundCollectives:
 
     def _paced(self, per_rank: int, element_size: int, one, cap_numel: Optional[int] = None) -> int:
         """Run ``one(start, n)`` over ``per_rank`` elements in pieces the pacer sizes (at most ``cap_numel``
-        each, by default ``_A2A_PIECE_NUMEL``); returns how many."""
+        each, by default ``MAX_PIECE_NUMEL``); returns how many."""
         sent_per_element = (self.world_size - 1) * element_size
-        cap = max(1, cap_numel or _A2A_PIECE_NUMEL) * sent_per_element
+        cap = max(1, cap_numel or MAX_PIECE_NUMEL) * sent_per_element
         limit = cap if self.piece_bytes is None else min(cap, self.piece_bytes)
         piece = max(1, min(per_rank, limit // sent_per_element))
         return self.pacer.run(per_rank, piece, sent_per_element, one)
@@ -185,7 +185,7 @@ class RoundCollectives:
         """Concatenate every rank's ``shard`` into ``full`` (rank order); ``shard`` may be
         this rank's own slice of ``full`` (in place).
 
-        On gloo in pieces of ``_A2A_PIECE_NUMEL`` elements per rank: gloo's all-gather
+        On gloo in pieces of ``MAX_PIECE_NUMEL`` elements per rank: gloo's all-gather
         allocates a temporary as large as its output (measured: 1x a 100 MB tensor),
         which a round would otherwise hold next to the model's buffers.
         """

@@ -40,10 +40,11 @@ import torch
 
 from . import collectives
 from .collectives import RoundCollectives
+from ds_acco.numerics.dtypes import DTYPES
+from ds_acco.numerics.finite import all_finite, count_non_finite
 from ds_acco.numerics.quantization import DEFAULT_BLOCK_SIZE, check_block_size, dequantize_blockwise, num_blocks, quantize_blockwise
 
 WIRE_DTYPES = ("fp32", "bf16", "int8")
-_FLOAT_WIRE = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def _round4(n: int) -> int:
@@ -163,7 +164,7 @@ class Int8ReduceScatter:
         if self.residual is not None:
             sent = self._send.unpack(self.residual.view(self.world_size, self.chunk))
             torch.sub(self._work, sent.view(-1), out=self.residual)
-            if not bool(torch.isfinite(self.residual).all()):
+            if not all_finite(self.residual):
                 self.residual.zero_()
         coll.all_to_all(self._recv.buffer, self._send.buffer)
         direct = out.dtype == torch.float32 and out.is_contiguous()
@@ -225,7 +226,7 @@ class ShardAllGather:
             self._send_rows = _WireRows(1, shard_numel, block_size, device)
             self._recv_rows = _WireRows(world_size, shard_numel, block_size, device)
         else:
-            dt = _FLOAT_WIRE[wire_dtype]
+            dt = DTYPES[wire_dtype]
             self._send = torch.empty(shard_numel, dtype=dt, device=device)
             self._recv = torch.empty(world_size * shard_numel, dtype=dt, device=device)
 
@@ -296,7 +297,7 @@ class Int8DeltaAllGather:
         world_size: ranks in the group.
         block_size: elements per int8 block (one fp32 scale each).
         piece_numel: elements per rank per all-gather (rounded down to whole blocks); None:
-            as many whole blocks as fit, with their scales, in ``collectives._A2A_PIECE_NUMEL`` bytes.
+            as many whole blocks as fit, with their scales, in ``collectives.MAX_PIECE_NUMEL`` bytes.
         device: where the wire buffers and the ``shard_numel`` fp32 scratch live.
 
     Raises:
@@ -310,7 +311,7 @@ class Int8DeltaAllGather:
         check_block_size(block_size)
         self.shard_numel, self.world_size, self.block_size = shard_numel, world_size, block_size
         if piece_numel is None:  # a row of b blocks takes b * (block_size + 4) bytes, plus < 4 of alignment
-            piece_numel = (collectives._A2A_PIECE_NUMEL - 4) // (block_size + 4) * block_size
+            piece_numel = (collectives.MAX_PIECE_NUMEL - 4) // (block_size + 4) * block_size
         piece = min(shard_numel, max(block_size, piece_numel // block_size * block_size))
         self.pieces = [(start, min(piece, shard_numel - start)) for start in range(0, shard_numel, piece)]
         self._rows = {n: (_WireRows(1, n, block_size, device), _WireRows(world_size, n, block_size, device))
@@ -347,10 +348,9 @@ class Int8DeltaAllGather:
             raise ValueError("Int8DeltaAllGather: out must not alias base (the delta is taken against base)")
         base_rows, out_rows = base.view(N, S), out.view(N, S)
         torch.sub(new_shard.reshape(-1), base_rows[coll.rank], out=self._delta)
-        bad = int((~torch.isfinite(self._delta)).sum())
-        if bad:
+        if not all_finite(self._delta):
             raise ValueError(
-                f"int8 delta all-gather: {bad} of {S} elements of rank {coll.rank}'s parameter delta are inf/NaN "
+                f"int8 delta all-gather: {count_non_finite(self._delta)} of {S} elements of rank {coll.rank}'s parameter delta are inf/NaN "
                 "(non-finite master parameters); an int8 delta cannot carry them. Set "
                 "acco.all_gather_quantization to 'none' to send exact parameters"
             )

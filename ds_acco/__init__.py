@@ -1,8 +1,10 @@
 """ds_acco: hide data-parallel communication behind computation (ACCO) in DeepSpeed and PyTorch jobs."""
 
-from ds_acco.comm.comm_thread import AccoRoundError, AccoTimeoutError
-from ds_acco.config.schema import AccoConfig, AccoConfigError, parse_acco_config
-from ds_acco.layout.flat_buffer import FlatLayout, ShardedGroup, build_sharded_groups
+from ds_acco.errors import AccoRoundError, AccoTimeoutError
+from ds_acco.config.schema import AccoConfig, parse_acco_config
+from ds_acco.errors import AccoConfigError
+from ds_acco.layout.flat_buffer import FlatLayout
+from ds_acco.layout.sharded_group import ShardedGroup, build_sharded_groups
 from ds_acco.rounds.engine import RoundEngine
 from ds_acco.optim.shard_optimizer import ShardOptimizer
 from ds_acco.telemetry.records import RoundRecord, Telemetry
@@ -43,7 +45,7 @@ __all__ = [
 
 def acco_fully_shard(*args, **kwargs):
     """ACCO for a PyTorch FSDP2 (``fully_shard``) model (see ds_acco.fsdp.acco_fully_shard)."""
-    from ds_acco.fsdp.acco_fsdp import acco_fully_shard as _acco_fully_shard
+    from ds_acco.fsdp.api import acco_fully_shard as _acco_fully_shard
 
     return _acco_fully_shard(*args, **kwargs)
 

@@ -20,10 +20,9 @@ import torch
 import torch.distributed as dist
 
 from ds_acco.config.schema import AccoConfig
-from ds_acco.layout.flat_buffer import build_sharded_groups
+from ds_acco.layout.sharded_group import build_sharded_groups
 from ds_acco.rounds.engine import RoundEngine
 from ds_acco.optim.shard_optimizer import ShardOptimizer
-from ds_acco.telemetry.startup_line import announce, round_fields
 
 
 def _as_groups(params: Iterable[Any]) -> list[dict]:
@@ -75,7 +74,7 @@ def build(
         grad_scale=grad_scale,
         on_stage=on_stage,
     )
-    announce(f"plain PyTorch, {len(groups)} group(s)", engine.rank, round_fields(engine))
+    engine.announce(f"plain PyTorch, {len(groups)} group(s)")
     return engine
 
 

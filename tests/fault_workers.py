@@ -117,8 +117,7 @@ def train_with_fault(rank, world, *, config, victim, stage, round_index, sig, G=
             os.kill(os.getpid(), sig)
 
     model = W.make_model()
-    engine = plain.build(W.param_groups(model), config=config, gradient_accumulation_steps=G)
-    engine._on_stage = on_stage
+    engine = plain.build(W.param_groups(model), config=config, gradient_accumulation_steps=G, on_stage=on_stage)
     observed = {"error": None, "message": "", "raised_at": None}
     started = time.time()
     try:

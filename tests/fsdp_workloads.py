@@ -236,7 +236,7 @@ def local_adam_step(rank, world, *, G) -> dict:
         train(rank, model, acco, 2)
         opt = acco.engine.shard_optimizer
         gen = torch.Generator().manual_seed(rank)
-        grads = [torch.randn(s.numel(), generator=gen) for s in acco.engine._shard32]
+        grads = [torch.randn(s.numel(), generator=gen) for s in (b.shard32 for b in acco.engine.buffers)]
         before = [t.clone() for t in _optimizer_values(opt)]
         opt.commit(grads)
         local = [t.clone() for t in _optimizer_values(opt)]

@@ -26,12 +26,8 @@ process alive after the training thread has raised.
 
 from __future__ import annotations
 
-import atexit
-import functools
-import logging
 import queue
 import threading
-import weakref
 import time
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -39,7 +35,6 @@ import torch
 
 from ds_acco.errors import AccoRoundError, AccoTimeoutError
 
-logger = logging.getLogger("ds_acco")
 
 
 class StreamEvent(NamedTuple):
@@ -182,24 +177,3 @@ class CommThread:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-
-def drain_at_exit(engine: Any) -> Callable[[], None]:
-    """Register (and return, for ``atexit.unregister``) a hook that closes ``engine`` with a drain at exit.
-
-    Every rank reaches interpreter exit with the same round in flight, so finishing it
-    there keeps the collectives matched and lets the process exit cleanly. The hook holds
-    a weak reference: it does not keep the engine alive.
-    """
-    hook = functools.partial(_close_at_exit, weakref.ref(engine))
-    atexit.register(hook)
-    return hook
-
-
-def _close_at_exit(ref: "weakref.ref") -> None:
-    engine = ref()
-    if engine is None or engine._closed:
-        return
-    try:
-        engine.close(drain=True)
-    except Exception as exc:  # noqa: BLE001 - nothing left to raise to at exit
-        logger.warning("ds_acco: %s round in flight at exit did not finish cleanly: %s", type(engine).__name__, exc)

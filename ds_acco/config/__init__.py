@@ -8,8 +8,8 @@ May import: ``ds_acco.errors`` and pydantic.
 """
 
 from ds_acco.config.schema import (AccoConfig, CheckpointConfig, StreamingConfig, TelemetryConfig,
-                                   parse_acco_config)
+                                   check_saved_state_fits, check_writable_folder, parse_acco_config)
 from ds_acco.errors import AccoConfigError
 
 __all__ = ["AccoConfig", "AccoConfigError", "CheckpointConfig", "StreamingConfig", "TelemetryConfig",
-           "parse_acco_config"]
+           "check_saved_state_fits", "check_writable_folder", "parse_acco_config"]

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from .flat_buffer import ShardedGroup
+from .sharded_group import ShardedGroup
 
 
 class GradBuffers:

@@ -95,7 +95,7 @@ class CommittedStateDict:
         self._handle = module.register_state_dict_post_hook(lambda *args: self._hook(*args))
 
     def _hook(self, module: nn.Module, state_dict: dict, prefix: str, local_metadata: dict) -> None:
-        if self._suspended or self.engine._closed:
+        if self._suspended or self.engine.closed:
             return
         buffers = committed_buffers(self.engine)
         for g, buf, entries in zip(self.engine.groups, buffers, self._entries):

@@ -31,7 +31,7 @@ from typing import Sequence
 
 import torch
 
-from ds_acco.layout.flat_buffer import ShardedGroup
+from ds_acco.layout.sharded_group import ShardedGroup
 from ds_acco.layout.grad_buffers import GradBuffers
 
 ROTATE, COPY, STAGING = "rotate", "copy", "staging"

@@ -1,13 +1,15 @@
 """Layer 3, streaming: Streaming DiLoCo, one int8 fragment synchronised at a time.
 
-Owns the fragment schedule, the streaming engine (local inner steps, fragment rounds
-on the communication thread, the merge), its state in a checkpoint and its
-re-sharding onto another number of ranks, and :func:`build` for a plain model.
+Owns the fragment schedule, the streaming engine (local inner steps, fragment rounds on the
+communication thread, the merge), re-sharding a saved state onto another number of ranks,
+and :func:`build` for a plain model.
 
-May import: layers 0-2 and torch; never ``ds_acco.rounds`` (the two engines share
-their lifecycle through ``ds_acco.comm``).
+May import: layers 0-2 and torch; never ``ds_acco.rounds`` (the two engines share their
+lifecycle through ``ds_acco.comm.engine_lifecycle``).
 """
 
-from ds_acco.streaming.engine import FragmentRecord, StreamingEngine, build, fragments_of, sync_fragment, sync_offset
+from ds_acco.streaming.build import build, fragments_of
+from ds_acco.streaming.engine import FragmentRecord, StreamingEngine
+from ds_acco.streaming.schedule import sync_fragment, sync_offset
 
 __all__ = ["FragmentRecord", "StreamingEngine", "build", "fragments_of", "sync_fragment", "sync_offset"]

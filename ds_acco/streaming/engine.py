@@ -30,8 +30,8 @@ Buffers of fragment ``p`` (flat space as in :mod:`ds_acco.layout.flat_buffer`):
     comm     | RS(int8(anchor − flat)) / N -> outer step -> AG(master) -> anchor |
 
 The training thread computes ``d = anchor − flat`` at launch (the snapshot of
-``θ_i,p`` that the pseudo-gradient uses), then the round runs on the core's
-communication thread (:class:`~ds_acco.comm.comm_thread.CommThread`). Each owner turns
+``θ_i,p`` that the pseudo-gradient uses), then the round runs on the
+communication thread (:class:`~ds_acco.comm.engine_lifecycle.EngineLifecycle`). Each owner turns
 the mean of ``d`` into the exact pseudo-gradient of its slice by adding
 ``master − anchor`` (zero with an fp32 all-gather; the bf16/int8 rounding of the
 previous all-gather otherwise), so ``θ_g`` never accumulates all-gather rounding.
@@ -43,51 +43,27 @@ delta scratch is shared by all fragments.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ds_acco.comm.collectives import RoundCollectives
-from ds_acco.comm.comm_thread import AccoRoundError, CommThread, RoundHandle, drain_at_exit, record_ready
-from ds_acco.config.schema import AccoConfig, AccoConfigError, check_saved_state_fits, parse_acco_config
-from ds_acco.layout.flat_buffer import FlatLayout, flatten_into
-from ds_acco.layout.fragments import FragmentSpec, default_fragments, explicit_fragments, named_fragments
+from ds_acco.comm.comm_thread import RoundHandle
+from ds_acco.comm.engine_lifecycle import EngineLifecycle
 from ds_acco.comm.int8_collectives import Int8ReduceScatter, ShardAllGather
-from ds_acco.telemetry.startup_line import announce, streaming_fields
-from ds_acco.telemetry.records import RoundRecord, Telemetry, ensure_log_output
+from ds_acco.config import AccoConfig, check_saved_state_fits, parse_acco_config
+from ds_acco.errors import AccoConfigError, AccoRoundError
+from ds_acco.layout.flat_buffer import FlatLayout, flatten_into
+from ds_acco.telemetry.records import RoundRecord
+
+from .reshard import load_resharded
+from .schedule import sync_fragment, sync_offset
 
 logger = logging.getLogger("ds_acco")
-
-
-def sync_offset(fragment: int, fragments: int, sync_every: int) -> int:
-    """``p · H / P`` rounded down: fragment ``p`` syncs at inner steps ``t ≡ offset (mod H)``."""
-    return fragment * sync_every // fragments
-
-
-def sync_fragment(step: int, fragments: int, sync_every: int) -> Optional[int]:
-    """The fragment that synchronises after inner step ``step`` (1-based), or None.
-
-    Args:
-        step: inner steps completed (the count ``after_inner_step`` has just reached).
-        fragments: ``P``.
-        sync_every: ``H`` (>= ``P``, so offsets are distinct).
-
-    Returns:
-        ``p`` with ``step mod H == sync_offset(p, P, H)``, or None (also for ``step < 1``).
-    """
-    if step < 1:
-        return None
-    r = step % sync_every
-    for p in range(fragments):
-        if sync_offset(p, fragments, sync_every) == r:
-            return p
-    return None
 
 
 @dataclass
@@ -147,7 +123,7 @@ class _InFlight:
     launched_at: float
 
 
-class StreamingEngine:
+class StreamingEngine(EngineLifecycle):
     """Runs Streaming DiLoCo fragment rounds for one model replica per rank.
 
     Args:
@@ -172,44 +148,37 @@ class StreamingEngine:
         config: Union[AccoConfig, dict],
         process_group: Optional[dist.ProcessGroup] = None,
     ):
-        self.config = _streaming_config(config)
-        s = self.config.streaming
+        config = streaming_config(config)
+        s = config.streaming
         if len(fragments) != s.fragments:
             raise AccoConfigError(f"acco.streaming.fragments: got {s.fragments}, but {len(fragments)} fragments were built")
+        first = next(p for frag in fragments for p in frag)
+        super().__init__(config, process_group, first.device, "ds_acco-streaming")
         self.model, self.inner_optimizer = model, inner_optimizer
         self.H, self.P, self.tau, self.alpha = s.sync_every, s.fragments, s.overlap_steps, s.alpha
-        self.coll = RoundCollectives(process_group, self.config.timeout_s)
-        self.rank, self.world_size = self.coll.rank, self.coll.world_size
-        first = next(p for frag in fragments for p in frag)
-        self.device = first.device
         self.fragments = [
             _Fragment(i, list(ps), sync_offset(i, self.P, self.H), self.world_size, self.config, self.device)
             for i, ps in enumerate(fragments)
         ]
         self._by_offset = {f.offset: f for f in self.fragments}
-        self._check_peers_agree()
+        self._agree_with_peers((self.config.fingerprint(), [f.layout.padded_numel for f in self.fragments]),
+                               "acco config or fragment layout (fingerprint, sizes)")
         self._start_from_rank0()
         self._delta = torch.empty(max(f.layout.padded_numel for f in self.fragments), dtype=torch.float32,
                                   device=self.device)
         self._shard = torch.empty(max(f.layout.shard_numel for f in self.fragments), dtype=torch.float32,
                                   device=self.device)
-
-        tcfg = self.config.telemetry
-        path = f"{tcfg.jsonl_path}.rank{self.rank}" if tcfg.jsonl_path else None
-        self.telemetry = Telemetry(keep_last=tcfg.keep_last, jsonl_path=path)
-        if tcfg.log_every and self.rank == 0:
-            ensure_log_output()
         self.peak_round_bytes = 0
-        self._comm = CommThread(self.device, name="ds_acco-streaming")
         self.inner_steps = 0
-        self._round_index = 0
-        self._inflight: Optional[_InFlight] = None
-        self._closed = False
-        self._atexit = drain_at_exit(self)
+        self._start_thread()
 
-    def _check_peers_agree(self) -> None:
-        self.coll.check_peers_agree((self.config.fingerprint(), [f.layout.padded_numel for f in self.fragments]),
-                                    "acco config or fragment layout (fingerprint, sizes)")
+    def startup_fields(self) -> dict:
+        s = self.config.streaming
+        return {
+            "mode": "streaming", "world_size": self.world_size, "fragments": s.fragments,
+            "sync_every": s.sync_every, "overlap_steps": s.overlap_steps, "alpha": s.alpha,
+            "pseudo_gradient_reduce_scatter": s.quantize, "global_all_gather": s.all_gather_dtype,
+        }
 
     def _start_from_rank0(self) -> None:
         """Every replica and the global fragments start from rank 0's current weights."""
@@ -222,10 +191,6 @@ class StreamingEngine:
     def fragment_at(self, step: int) -> Optional[int]:
         """The fragment that synchronises at inner step ``step`` (1-based), or None."""
         return sync_fragment(step, self.P, self.H)
-
-    @property
-    def in_flight(self) -> bool:
-        return self._inflight is not None
 
     def after_inner_step(self) -> bool:
         """Count one inner optimizer step; merge a round that is due, launch one that is.
@@ -257,10 +222,9 @@ class StreamingEngine:
         n = frag.layout.padded_numel
         delta, shard = self._delta[:n], self._shard[: frag.layout.shard_numel]
         torch.sub(frag.anchor, frag.flat, out=delta)  # θ̂_g − θ_i at launch, snapshot for the round
-        handle = RoundHandle(self._round_index, f"fragment {frag.index}", self.config.timeout_s)
-        self._round_index += 1
-        self._inflight = _InFlight(handle, frag, step, step + self.tau, time.perf_counter())
-        self._comm.submit(handle, lambda h: self._run_round(h, frag, delta, shard), record_ready(self.device))
+        launched_at = time.perf_counter()
+        handle = self._submit(f"fragment {frag.index}", lambda h: self._run_round(h, frag, delta, shard))
+        self._inflight = _InFlight(handle, frag, step, step + self.tau, launched_at)
 
     def _complete(self, step: int) -> None:
         flight, self._inflight = self._inflight, None
@@ -391,11 +355,8 @@ class StreamingEngine:
     def load_resharded(self, saved: Sequence[dict]) -> None:
         """Restore the streaming state of a job with another number of ranks.
 
-        ``saved`` holds :meth:`state_dict` of *every* rank of that job, in rank order.
-        The global fragments and outer momentum are re-sharded exactly; int8 residuals
-        start at zero; a round that was waiting to be merged is merged into this
-        rank's replica now (its result is in the saved anchor). Load the replica
-        first.
+        ``saved`` holds :meth:`state_dict` of *every* rank of that job, in rank order
+        (see :mod:`ds_acco.streaming.reshard`). Load the replica first.
 
         Raises:
             AccoConfigError: another streaming config or another model, or ranks missing.
@@ -403,40 +364,9 @@ class StreamingEngine:
         self._ensure_open()
         if self._inflight is not None:
             raise AccoRoundError("load_resharded needs an idle streaming engine; a round is in flight")
-        first = saved[0]
-        numels = [f.layout.numel for f in self.fragments]
-        check_saved_state_fits(first, {"fingerprint": self.config.fingerprint(), "numels": numels},
-                               "the streaming state", "Use the same acco block and model.")
-        if len(saved) != first["world_size"]:
-            raise AccoConfigError(f"the streaming state of a {first['world_size']}-rank job needs every rank's "
-                                  f"state; got {len(saved)}")
-        for p, frag in enumerate(self.fragments):
-            n = numels[p]
-            parts = [state["fragments"][p] for state in saved]
-            frag.anchor.zero_()
-            frag.anchor[:n].copy_(parts[0]["anchor"][:n])
-            frag.master.copy_(self._my_shard(frag, [x["master"] for x in parts]))
-            outer = frag.outer.state_dict()
-            buffers = [x["outer"]["state"].get(0, {}).get("momentum_buffer") for x in parts]
-            outer["state"] = {0: {"momentum_buffer": self._my_shard(frag, buffers)}} if all(
-                b is not None for b in buffers) else {}
-            frag.outer.load_state_dict(outer)
-            frag.last_sync = parts[0]["last_sync"]
-            if frag.rs is not None:
-                frag.rs.reset_error_feedback()
-        self.inner_steps, self._round_index = first["inner_steps"], first["round_index"]
-        pending = first["pending"]
-        if pending is not None:
-            frag = self.fragments[pending["fragment"]]
-            frag.flat.mul_(self.alpha).add_(frag.anchor, alpha=1.0 - self.alpha)
-            frag.last_sync = pending["step"]
-
-    def _my_shard(self, frag: _Fragment, shards: Sequence[torch.Tensor]) -> torch.Tensor:
-        """This rank's slice of a fragment-sized fp32 vector saved as another job's shards."""
-        full = torch.zeros(frag.layout.padded_numel, dtype=torch.float32, device=self.device)
-        n = frag.layout.numel
-        full[:n].copy_(torch.cat([s.to(self.device, torch.float32) for s in shards])[:n])
-        return frag.layout.shard(full, self.rank).clone()
+        self.inner_steps, self._round_index = load_resharded(
+            self.fragments, saved, fingerprint=self.config.fingerprint(), rank=self.rank, alpha=self.alpha,
+            device=self.device)
 
     def reset(self, inner_steps: int) -> None:
         """Start the global state afresh from the current replica (a checkpoint without streaming state)."""
@@ -456,32 +386,18 @@ class StreamingEngine:
         """Telemetry summary plus ``peak_round_bytes`` (the largest round's bytes sent)."""
         return dict(self.telemetry.summary(), peak_round_bytes=self.peak_round_bytes, inner_steps=self.inner_steps)
 
-    def _ensure_open(self) -> None:
-        if self._closed:
-            raise AccoRoundError("this ds_acco StreamingEngine is closed")
-
     def finish(self) -> None:
         """Wait for the round in flight and merge it now (drain)."""
         self._ensure_open()
         if self._inflight is not None:
             self._complete(self.inner_steps)
 
-    def close(self, drain: bool = True) -> None:
-        """Drain (or abandon) the round in flight, stop the thread, release the group."""
-        if self._closed:
-            return
-        try:
-            if drain and self._inflight is not None:
-                self._complete(self.inner_steps)
-        finally:
-            self._closed = True
-            self._inflight = None
-            atexit.unregister(self._atexit)
-            self._comm.close(timeout_s=5.0)
-            self.coll.destroy()
+    def _drain(self) -> None:
+        self._complete(self.inner_steps)
 
 
-def _streaming_config(config: Union[AccoConfig, dict]) -> AccoConfig:
+def streaming_config(config: Union[AccoConfig, dict]) -> AccoConfig:
+    """The validated block, refused unless its mode is ``streaming``."""
     cfg = parse_acco_config(config)
     if cfg.mode != "streaming":
         raise AccoConfigError(
@@ -489,56 +405,3 @@ def _streaming_config(config: Union[AccoConfig, dict]) -> AccoConfig:
             "(sync/dpu/acco run through ds_acco.plain.build)"
         )
     return cfg
-
-
-def fragments_of(model: nn.Module, config: AccoConfig, explicit: Optional[FragmentSpec] = None) -> list[list[nn.Parameter]]:
-    """``explicit`` fragments if given, else ``acco.streaming.fragment_modules``, else the default split."""
-    P = config.streaming.fragments
-    if explicit is not None:
-        return explicit_fragments(explicit, model, P)
-    if config.streaming.fragment_modules is not None:
-        return named_fragments(config.streaming.fragment_modules, model, P)
-    return default_fragments(model, P)
-
-
-def build(
-    model: nn.Module,
-    inner_optimizer_cls: type = torch.optim.AdamW,
-    inner_optimizer_kwargs: Optional[dict] = None,
-    *,
-    config: Union[AccoConfig, dict],
-    process_group: Optional[dist.ProcessGroup] = None,
-    fragments: Optional[FragmentSpec] = None,
-    param_groups: Optional[Iterable[Any]] = None,
-) -> StreamingEngine:
-    """Split ``model`` into fragments, build its inner optimizer and start a streaming engine.
-
-    Args:
-        model: this rank's full replica (same architecture on every rank; rank 0's
-            values are broadcast at start-up).
-        inner_optimizer_cls / inner_optimizer_kwargs: the inner optimizer (any
-            ``torch.optim``), available as ``engine.inner_optimizer``.
-        config: the ``"acco"`` block, ``mode: "streaming"``.
-        process_group: the data-parallel group (default WORLD).
-        fragments: optional explicit fragments, one entry per fragment (modules and/or
-            parameters); default ``acco.streaming.fragment_modules``, else
-            :func:`ds_acco.layout.fragments.default_fragments`.
-        param_groups: what to pass to the inner optimizer (default: the model's
-            trainable parameters), e.g. groups with and without weight decay.
-
-    Returns:
-        The :class:`StreamingEngine`; call ``after_inner_step()`` after every inner step.
-
-    Raises:
-        AccoConfigError: a wrong config value, or ``fragments`` the model cannot provide.
-    """
-    cfg = _streaming_config(config)
-    try:
-        frags = fragments_of(model, cfg, fragments)
-    except ValueError as exc:
-        raise AccoConfigError(str(exc)) from None
-    groups = list(param_groups) if param_groups is not None else [p for p in model.parameters() if p.requires_grad]
-    engine = StreamingEngine(model, None, frags, config=cfg, process_group=process_group)  # flattens first
-    engine.inner_optimizer = inner_optimizer_cls(groups, **(inner_optimizer_kwargs or {}))
-    announce(f"plain PyTorch, {len(frags)} fragments", engine.rank, streaming_fields(engine))
-    return engine

@@ -9,30 +9,10 @@ adaptive it should read ~100%.
 from __future__ import annotations
 
 import json
-import logging
 import math
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Optional
-
-logger = logging.getLogger("ds_acco")
-
-
-def ensure_log_output() -> None:
-    """Make ``telemetry.log_every`` lines visible when nobody configured logging.
-
-    A config that asks for a line every N steps should print it, as DeepSpeed's own
-    logger does; an application that configured logging (a handler on ``ds_acco`` or on
-    the root logger) keeps full control.
-    """
-    if logger.handlers or logging.getLogger().handlers:
-        if logger.level == logging.NOTSET and logging.getLogger().level > logging.INFO:
-            logger.setLevel(logging.INFO)  # handlers exist, but the lines would be filtered out
-        return
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
 
 
 @dataclass

@@ -1,0 +1,38 @@
+"""The start-up line of a round-engine job: what it runs, so a user can tell ACCO from stock at a glance."""
+
+from __future__ import annotations
+
+import torch
+
+from ds_acco.numerics.dtypes import dtype_name, resolve_dtype
+
+
+def _param_all_gather(quantization: str, compute: torch.dtype) -> str:
+    if quantization == "int8":
+        return "int8 delta"
+    if quantization == "int8_estimate":
+        return f"int8 delta (estimates), {dtype_name(compute)} (commits)"
+    return dtype_name(compute)
+
+
+def startup_fields(engine) -> dict:
+    """Mode, policy, sizes and wire dtypes of a :class:`~ds_acco.rounds.engine.RoundEngine`."""
+    cfg = engine.config
+    compute = engine.groups[0].flat.dtype
+    accum = resolve_dtype(cfg.grad_accum_dtype, compute, "acco.grad_accum_dtype")
+    if cfg.comm_quantization == "int8":
+        reduce_scatter = f"int8(block {cfg.quantization_block_size})"
+    else:
+        reduce_scatter = dtype_name(resolve_dtype(cfg.comm_dtype, accum, "acco.comm_dtype"))
+    if cfg.mode == "sync" or cfg.policy == "fixed":
+        per_round = str(engine.G if cfg.mode == "sync" else cfg.quota(engine.G))
+    else:
+        cap = cfg.max_micro_batches_per_round
+        per_round = f"adaptive(>=1{'' if cap is None else f',<={cap}'},nominal {cfg.quota(engine.G)})"
+    return {
+        "mode": cfg.mode, "policy": cfg.policy, "world_size": engine.world_size,
+        "gradient_accumulation_steps": engine.G, "micro_batches_per_round": per_round,
+        "warmup_steps": cfg.warmup_steps, "grad_accum_dtype": dtype_name(accum),
+        "reduce_scatter": reduce_scatter, "param_all_gather": _param_all_gather(cfg.all_gather_quantization, compute),
+        "lr_schedule": "by tokens" if engine.lr_clock.by_tokens else "per commit",
+    }

@@ -1,0 +1,97 @@
+"""The buffers one parameter group's rounds need, decided once, in one place.
+
+Which buffers a group needs depends on four things: whether its shards are rank-major
+packed (FSDP2 layouts), the gradient accumulation dtype against the payload dtype, the int8
+switches, and the mode (acco keeps the estimate's shard). Every buffer here is ``O(P / N)``
+but for the packed group's send and gather buffers (its collectives' layout, model-sized);
+the analytic memory model (``benchmarks``' ``memory``) and tests/test_memory_accounting.py
+count them to the byte, so a buffer exists exactly in the case its field says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from ds_acco.comm.chunked_cast import ChunkedCastReduceScatter
+from ds_acco.comm.int8_collectives import Int8DeltaAllGather, Int8ReduceScatter
+from ds_acco.config import AccoConfig
+from ds_acco.errors import AccoConfigError
+from ds_acco.layout.sharded_group import ShardedGroup
+
+
+@dataclass
+class GroupBuffers:
+    """One group's round buffers; ``None`` where the group's case does not need one."""
+
+    shard32: torch.Tensor
+    """This rank's fp32 gradient shard: the reduce-scatter's sum, then the mean the optimizer steps on."""
+    rs_out: torch.Tensor
+    """Where the reduce-scatter writes: ``shard32`` itself, or a comm-dtype shard when an fp32/16-bit payload
+    other than fp32 is reduced unchunked (then copied into ``shard32``)."""
+    comm_scratch: Optional[torch.Tensor]
+    """Packed groups: the rank-major send buffer the accumulator is copied (and cast) into."""
+    gather_scratch: Optional[torch.Tensor]
+    """Packed groups: the rank-major all-gather output (the send buffer itself when the dtypes agree: it is
+    free by then)."""
+    cast_rs: Optional[ChunkedCastReduceScatter]
+    """Unpacked groups whose payload dtype differs from the accumulator's: cast in chunks, never a model-sized
+    cast buffer."""
+    publish_packed: Optional[torch.Tensor]
+    """Packed groups: a packed group's slice of the landing buffer is in another layout than its shard, so it
+    publishes into a shard-sized buffer of its own."""
+    int8_rs: Optional[Int8ReduceScatter]
+    """``comm_quantization: "int8"``: the int8 reduce-scatter (and its error-feedback residual)."""
+    kept: Optional[torch.Tensor]
+    """Mode acco: the estimate's reduced shard, added to the commit's (see the note in rounds/engine.py)."""
+    delta_ag: Optional[Int8DeltaAllGather]
+    """``all_gather_quantization`` other than ``"none"``: the int8-delta all-gather."""
+    publish32: Optional[torch.Tensor]
+    """Int8-delta all-gathers with any group not in fp32: every group publishes fp32 values (the delta is taken
+    from the fp32 result, not from its compute-dtype rounding)."""
+
+
+def build_group_buffers(groups: Sequence[ShardedGroup], config: AccoConfig, accum: torch.dtype, comm: torch.dtype,
+                        world_size: int, device: torch.device) -> list[GroupBuffers]:
+    """Allocate every group's round buffers for this config.
+
+    Raises:
+        AccoConfigError: an int8-delta all-gather asked for rank-major packed groups.
+    """
+    int8 = config.comm_quantization == "int8"  # the int8 exchange reads any dtype, sums in fp32
+    delta = config.all_gather_quantization != "none"
+    if delta and any(g.packing is not None for g in groups):
+        raise AccoConfigError(
+            f"acco.all_gather_quantization: got {config.all_gather_quantization!r} for rank-major packed "
+            "groups (FSDP2 layouts), whose int8 delta would be taken in another layout than the parameters; "
+            "allowed: 'none'"
+        )
+    publish32 = delta and any(g.flat.dtype != torch.float32 for g in groups)
+    block = config.quantization_block_size
+    out = []
+    for g in groups:
+        packed = g.packing is not None
+        shard32 = torch.zeros(g.layout.shard_numel, dtype=torch.float32, device=device)
+        # the chunked cast (comm != accum, unpacked groups) sums into fp32 itself
+        rs_out = shard32 if comm == torch.float32 or int8 or (comm != accum and not packed) else torch.empty(
+            shard32.numel(), dtype=comm, device=device)
+        comm_scratch = g.layout.new_buffer(g.flat, accum if int8 else comm) if packed else None
+        out.append(GroupBuffers(
+            shard32=shard32,
+            rs_out=rs_out,
+            comm_scratch=comm_scratch,
+            gather_scratch=None if not packed else comm_scratch if comm_scratch.dtype == g.flat.dtype
+            else g.layout.new_buffer(g.flat),
+            cast_rs=None if comm == accum or int8 or packed else ChunkedCastReduceScatter(
+                g.layout.padded_numel, world_size, comm, device),
+            publish_packed=torch.empty(g.layout.shard_numel, dtype=g.flat.dtype, device=device) if packed else None,
+            int8_rs=Int8ReduceScatter(g.layout.padded_numel, world_size, block_size=block,
+                                      error_feedback=config.error_feedback, device=device) if int8 else None,
+            kept=torch.zeros_like(shard32) if config.mode == "acco" else None,
+            delta_ag=Int8DeltaAllGather(g.layout.shard_numel, world_size, block_size=block, device=device)
+            if delta else None,
+            publish32=torch.empty_like(shard32) if publish32 else None,
+        ))
+    return out

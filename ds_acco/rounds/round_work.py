@@ -1,0 +1,209 @@
+"""What one round computes, on the communication thread: counts, reduce-scatter, shard step, all-gather.
+
+The training thread decides *when* a round runs (:mod:`ds_acco.rounds.engine`); this module is
+*what* it does once it runs, in the order of docs/algorithms.md's "Rounds": an all-gather of
+every rank's micro-batch count (with its non-finite flag and its pacing vote), the
+reduce-scatter of the accumulator it was handed into this rank's fp32 shard, the estimate's
+kept shard (acco: the estimate keeps its reduced shard, the commit adds it back), the mean,
+clipping by the global norm, the optimizer's lookahead or step, and the all-gather of the new
+parameters into the landing buffer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from ds_acco.comm.collectives import RoundCollectives
+from ds_acco.comm.comm_thread import RoundHandle
+from ds_acco.config import AccoConfig
+from ds_acco.layout.sharded_group import ShardedGroup
+from ds_acco.numerics.finite import all_finite
+from ds_acco.optim.lr_schedule import LrScheduleClock
+from ds_acco.optim.shard_optimizer import ShardOptimizer
+
+from .group_buffers import GroupBuffers
+from .landing import Landing
+
+ESTIMATE, COMMIT = "estimate", "commit"
+
+
+@dataclass
+class RoundOutcome:
+    """What a finished round hands the swap (and a checkpoint keeps, for a round not yet swapped in)."""
+
+    counts: list[int]
+    round_s: float
+    bytes_sent: int
+    bytes_received: int
+    grad_norm: float
+    skipped: bool
+    lr: float
+
+
+@dataclass
+class KeptEstimate:
+    """What an estimate round leaves for its commit beyond the kept shards: how many micro-batches
+    they sum, and whether any of them was non-finite."""
+
+    count: int = 0
+    nonfinite: bool = False
+
+
+class RoundWork:
+    """The computation of a round, for every group (see the module docstring).
+
+    Args:
+        groups / buffers: the sharded groups and their round buffers (same order).
+        landing: where each round's all-gather lands.
+        coll: the round's collectives.
+        shard_optimizer: steps the master shards.
+        lr_clock: scheduler steps per commit.
+        config: the ``"acco"`` block.
+        clip: global-norm clipping (0: off).
+        on_stage: called as a round enters each stage (tracing, fault-injection tests).
+    """
+
+    def __init__(self, groups: Sequence[ShardedGroup], buffers: Sequence[GroupBuffers], landing: Landing,
+                 coll: RoundCollectives, shard_optimizer: ShardOptimizer, lr_clock: LrScheduleClock,
+                 config: AccoConfig, clip: float, on_stage: Optional[Callable[[int, str], None]] = None):
+        self.groups, self.buffers, self.landing = list(groups), list(buffers), landing
+        self.coll, self.shard_optimizer, self.lr_clock = coll, shard_optimizer, lr_clock
+        self.config, self.clip, self._on_stage = config, clip, on_stage
+        self.kept = KeptEstimate()
+        self.rank, self.device = coll.rank, groups[0].flat.device
+
+    def sends_delta(self, kind: str) -> bool:
+        """Whether a round of this kind all-gathers an int8 delta (acco.all_gather_quantization)."""
+        q = self.config.all_gather_quantization
+        return q == "int8" or (q == "int8_estimate" and kind == ESTIMATE)
+
+    def run(self, handle: RoundHandle, kind: str, mode: str, grads: list[torch.Tensor], bases: list[torch.Tensor],
+            count: int, scale: float) -> RoundOutcome:
+        """One round over the accumulators ``grads``; ``bases`` are the parameters every rank held at launch."""
+        start = time.perf_counter()
+        coll, bufs = self.coll, self.buffers
+        sent0, recv0 = coll.wire.sent, coll.wire.received
+        nonfinite = False
+        if self.config.check_finite:
+            nonfinite = any(not all_finite(b) for b in grads)
+        self._enter_stage(handle, "count all-gather")
+        local = torch.tensor([count, int(nonfinite), coll.pacing_vote()], dtype=torch.int64, device=self.device)
+        per_rank = coll.all_gather_small(local).cpu()
+        coll.adopt_pacing(per_rank[:, 2].tolist())  # piece sizes on gloo (ds_acco.comm.link_pacing)
+        counts = per_rank[:, 0].tolist()
+        total = sum(counts)
+        nonfinite = bool(per_rank[:, 1].any())
+
+        self._enter_stage(handle, "reduce-scatter")
+        for i, (g, buf, b) in enumerate(zip(self.groups, grads, bufs)):
+            send = g.comm_input(buf, b.comm_scratch)
+            if b.int8_rs is not None:
+                b.int8_rs(coll, b.rs_out, send)
+            elif b.cast_rs is not None:
+                b.cast_rs(coll, b.rs_out, send)
+            else:
+                coll.reduce_scatter_sum(b.rs_out, send)
+            if self.landing.round_zeroes(i):
+                buf.zero_()  # "local grads reset"; otherwise the all-gather lands here and the swap zeroes
+            if b.rs_out is not b.shard32:
+                b.shard32.copy_(b.rs_out)
+            if scale != 1.0:
+                b.shard32.mul_(1.0 / scale)  # unscaled sums, so an estimate and a commit made under
+                # different loss scales add up correctly
+        if kind == ESTIMATE:
+            for b in bufs:
+                b.kept.copy_(b.shard32)
+            self.kept = KeptEstimate(total, nonfinite)
+        elif mode == "acco":
+            for b in bufs:
+                b.shard32.add_(b.kept)
+            total += self.kept.count
+            nonfinite = nonfinite or self.kept.nonfinite
+
+        self._enter_stage(handle, "shard step")
+        delta = self.sends_delta(kind)
+        landing = self.landing.targets(grads)
+        shards = [b.shard32 for b in bufs]
+        # this rank's new shard goes straight into its slice of the all-gather destination
+        publish = [b.publish32 for b in bufs] if delta and bufs[0].publish32 is not None else [
+            b.publish_packed if b.publish_packed is not None else g.layout.shard(full, self.rank)
+            for g, full, b in zip(self.groups, landing, bufs)]
+        skipped = (self.config.check_finite and nonfinite) or total == 0
+        grad_norm = float("nan")
+        if skipped:
+            if kind == COMMIT:
+                self.shard_optimizer.skip()
+            self.publish_masters(publish)
+        else:
+            for shard in shards:
+                shard.div_(total)
+            if self.clip > 0:
+                grad_norm = self._clip_global_norm(shards)
+            if kind == ESTIMATE:
+                self.publish_masters(publish)  # padding beyond a master's own elements comes from here
+                self.shard_optimizer.lookahead(shards, publish)
+            else:
+                self.shard_optimizer.commit(shards, scheduler_steps=self.lr_clock.advances(total))
+                self.publish_masters(publish)
+
+        self._enter_stage(handle, "all-gather")
+        for i, (full, part) in enumerate(zip(landing, publish)):
+            if delta:
+                bufs[i].delta_ag(coll, full, bases[i], part)
+            else:
+                self.all_gather_compute(i, full, part)
+        self._enter_stage(handle, "done")
+        return RoundOutcome(
+            counts=[int(c) for c in counts],
+            round_s=time.perf_counter() - start,
+            bytes_sent=coll.wire.sent - sent0,
+            bytes_received=coll.wire.received - recv0,
+            grad_norm=grad_norm,
+            skipped=skipped,
+            lr=self.shard_optimizer.lr,
+        )
+
+    def _enter_stage(self, handle: RoundHandle, stage: str) -> None:
+        handle.enter_stage(stage)
+        if self._on_stage is not None:
+            self._on_stage(handle.index, stage)
+
+    def publish_masters(self, publish: list[torch.Tensor]) -> None:
+        for part, g in zip(publish, self.groups):
+            g.read_master(part)
+
+    def all_gather_masters(self, i: int, full: torch.Tensor) -> None:
+        """All-gather every rank's master shard of group ``i`` into ``full``, in its dtype (collective)."""
+        g = self.groups[i]
+        part = torch.empty(g.layout.shard_numel, dtype=full.dtype, device=full.device)
+        g.read_master(part)
+        self.all_gather_compute(i, full, part)
+
+    def all_gather_compute(self, i: int, full: torch.Tensor, part: torch.Tensor) -> None:
+        """All-gather every rank's shard ``part`` of group ``i`` into the compute buffer ``full`` (collective)."""
+        g = self.groups[i]
+        if g.packing is None:
+            self.coll.all_gather(full, part)
+        else:
+            scratch = self.buffers[i].gather_scratch
+            self.coll.all_gather(scratch, part)
+            g.packing.unpack(scratch, full)
+
+    def _clip_global_norm(self, shards: list[torch.Tensor]) -> float:
+        """Clip the mean gradient shards in place by the norm over every rank's shards."""
+        sq = torch.zeros(1, dtype=torch.float64, device=self.device)
+        for shard in shards:
+            # vector_norm reduces without a shard-sized temporary (a .double() copy cost 8 B/element)
+            sq += torch.linalg.vector_norm(shard).double() ** 2
+        self.coll.all_reduce_sum(sq)
+        norm = math.sqrt(float(sq.item()))
+        coef = self.clip / (norm + 1e-6)
+        if coef < 1.0:
+            for shard in shards:
+                shard.mul_(coef)
+        return norm

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         raise SystemExit(0 if argv else 2)
-    from . import patch_deepspeed
+    from ds_acco.deepspeed.initialize import patch_deepspeed
 
     patch_deepspeed()
     if argv[0] == "-m":

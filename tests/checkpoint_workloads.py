@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ds_acco.checkpoint.manifest import MANIFEST
-from ds_acco.checkpoint.verify import CheckpointError
+from ds_acco.errors import CheckpointError
 from tests import ds_workloads as D
 from tests import workloads as W
 

@@ -11,7 +11,8 @@ rename and ``latest`` are flushed to stable storage in that order, so that stays
 after a node crash or a power loss. Stock DeepSpeed writes into ``<tag>`` directly and updates ``latest`` as it
 goes, so a job killed mid-save can resume from a half-written tag. What a crashed save
 left behind (``*.partial``) is reported and removed by the next save.
-Assumes ``save_dir`` is one shared filesystem, as DeepSpeed's own ``latest`` does.
+Assumes ``save_dir`` is one shared filesystem, as DeepSpeed's own ``latest`` does. The ranks meet at
+barriers of the default process group (DeepSpeed's ``comm.barrier`` is that barrier).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import shutil
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-from deepspeed import comm as ds_dist
+import torch.distributed as dist
 
 from .files import FileFinisher
 from .manifest import clean_partials, fsync_path, write_manifest
@@ -62,7 +63,7 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str]
     partial = f"{tag}.partial"
     if global_rank == 0:
         clean_partials(save_dir)  # debris of crashed saves: reported, never loaded
-    ds_dist.barrier()
+    dist.barrier()
     folder = os.path.join(save_dir, partial)
     finisher = FileFinisher(folder, fsync)
     try:
@@ -73,7 +74,7 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str]
                 finisher.add(os.path.join(folder, name))
     finally:
         hashed = finisher.finish()
-    ds_dist.barrier()
+    dist.barrier()
     non_finite = write_manifest(folder, writer=writer, tag=tag, claim=claim, hashed=hashed, fsync=fsync,
                                 non_finite=finite.local_result() if finite is not None else None)
     if global_rank == 0:
@@ -98,7 +99,7 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str]
             os.replace(latest_tmp, os.path.join(save_dir, "latest"))
             if fsync:
                 fsync_path(save_dir)
-    ds_dist.barrier()
+    dist.barrier()
     return result
 
 

@@ -39,7 +39,8 @@ from typing import Any, Callable, Iterator, Optional
 import torch.distributed as dist
 
 from .files import replaced
-from .verify import CheckpointError, Verdict, in_background
+from .verify import Verdict, in_background
+from ds_acco.errors import CheckpointError
 
 
 def verification_group(owner: dict, group, timeout_s: float):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ds_acco.config.schema import AccoConfig, AccoConfigError
+from ds_acco.config.schema import AccoConfig
+from ds_acco.errors import AccoConfigError
 
 SUPPORTED_DEEPSPEED = ((0, 19, 0), (0, 20, 0))  # [min, max) checked against the installed release
 

@@ -13,12 +13,16 @@ exactly the weights it was saved with.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
+import logging
 import os
-from typing import Iterator
+from typing import Callable
 
 import torch
+from deepspeed import comm as ds_dist
+
+from . import _internals as internals
+
+logger = logging.getLogger("ds_acco")
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
 DONE_MARKER = "ds_acco_conversion_complete"
@@ -39,27 +43,39 @@ def universal_dir(load_dir: str, tag: str) -> str:
 
 def convert_to_universal(load_dir: str, tag: str) -> str:
     """Convert ``<load_dir>/<tag>`` once; returns the folder to load with ``load_universal``."""
-    from deepspeed.checkpoint import ds_to_universal
-
     root = universal_dir(load_dir, tag)
     if os.path.exists(os.path.join(root, DONE_MARKER)):
         return root
-    args = argparse.Namespace(
-        input_folder=os.path.join(load_dir, tag), output_folder=os.path.join(root, tag),
-        num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True,
-        inject_missing_state=True,
-    )
-    ds_to_universal.main(args)
+    internals.convert_to_universal(os.path.join(load_dir, tag), os.path.join(root, tag))
     with open(os.path.join(root, DONE_MARKER), "w", encoding="utf-8") as f:
         f.write(tag)
     return root
 
 
-@contextlib.contextmanager
-def universal_loading(engine) -> Iterator[None]:
-    saved = engine._config.load_universal_checkpoint
-    engine._config.load_universal_checkpoint = True
+def load_resharded(engine, stock_load: Callable, load_dir: str, tag: str, strict: bool, load_optimizer_states: bool,
+                   load_lr_scheduler_states: bool, saved_dp: int) -> tuple:
+    """Load ``load_dir/tag`` (saved with ``saved_dp`` ranks) into ``engine`` through a universal checkpoint.
+
+    ``stock_load`` is DeepSpeed's own ``load_checkpoint`` of the engine. Collective: every rank calls it.
+    """
+    dp = engine._acco_dp()[1]
+    if engine.global_rank == 0:
+        logger.info("ds_acco: %s/%s was saved with dp=%d; re-partitioning through a universal checkpoint",
+                    load_dir, tag, saved_dp)
+        convert_to_universal(load_dir, tag)
+    ds_dist.barrier()
     try:
-        yield
-    finally:
-        engine._config.load_universal_checkpoint = saved
+        with internals.universal_loading(engine):
+            path, client_state = stock_load(universal_dir(load_dir, tag), tag, strict, load_optimizer_states,
+                                            load_lr_scheduler_states)
+    except IndexError as exc:
+        raise RuntimeError(
+            f"DeepSpeed's universal-checkpoint loader could not re-partition {load_dir}/{tag} for dp={dp}: "
+            "a parameter group is so small that some rank would own only padding. Load with the saved "
+            "world size, or merge small parameter groups."
+        ) from exc
+    # The universal loader sets the compute parameters from the fp32 masters; restore the
+    # weights the model actually had when it was saved (an ACCO estimate, possibly).
+    engine.module.load_state_dict(saved_module_state(load_dir, tag), strict=strict)
+    engine.acco.reset_rounds(commits=engine.global_steps, compute_committed=False)  # maybe an estimate
+    return path, client_state

@@ -8,20 +8,22 @@ then takes over the gradient path and leaves DeepSpeed's code unforked:
   (``enable_backward_allreduce = False``), so backward only accumulates into
   the round engine's buffers;
 * each ``bit16_groups_flat[i]`` with its ``single_partition_of_fp32_groups[i]``
-  becomes one :class:`~ds_acco.layout.flat_buffer.ShardedGroup`, and the wrapped torch
+  becomes one :class:`~ds_acco.layout.sharded_group.ShardedGroup`, and the wrapped torch
   optimizer steps the same fp32 partitions DeepSpeed would have stepped;
 * every backward ends with ``RoundEngine.after_micro_batch()`` (hooked into
   ``_backward_epilogue``, which both ``engine.backward(loss)`` and a direct
   ``loss.backward()`` reach), so ``step()`` only keeps DeepSpeed's counters;
 * checkpoints keep DeepSpeed's layout, plus one small file per rank,
-  ``acco_round_state_dp_rank_<r>.pt``, holding the round state.
+  ``acco_round_state_dp_rank_<r>.pt``, holding the round state
+  (:mod:`ds_acco.deepspeed.checkpoint_io`).
+
+Every DeepSpeed internal used here goes through :mod:`ds_acco.deepspeed._internals`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from typing import Any, Optional
 
 import torch
@@ -29,27 +31,30 @@ from deepspeed import comm as ds_dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
-from . import elastic
-from ds_acco.rounds.committed import CommittedStateDict, committed_parameters
-from ds_acco.checkpoint.atomic import atomic_save, atomic_torch_save, latest_tag
-from ds_acco.config.schema import AccoConfig, AccoConfigError
-from ds_acco.checkpoint.gate import destroy_verification_group, verification_group
-from ds_acco.checkpoint.verify import FiniteCheck, finite_at_save, optimizer_tensors
-from .verify import (MODEL_FILE, OPTIM_FILE, refuse_if_written_by_ds_acco, refuse_non_finite,
-                               start_verify_tag)
-from ds_acco.layout.flat_buffer import FlatLayout, ShardedGroup, rebind_params
-from ds_acco.rounds.engine import COMMIT, RoundEngine
+from ds_acco.checkpoint.verify import finite_at_save, optimizer_tensors
+from ds_acco.config import AccoConfig
+from ds_acco.errors import AccoConfigError
+from ds_acco.layout.flat_buffer import FlatLayout, rebind_params
+from ds_acco.layout.sharded_group import ShardedGroup
 from ds_acco.optim.shard_optimizer import ShardOptimizer
-from ds_acco.telemetry.startup_line import announce, round_fields
+from ds_acco.rounds.committed import CommittedStateDict, committed_parameters
+from ds_acco.rounds.engine import RoundEngine
+from ds_acco.rounds.round_work import COMMIT
 from ds_acco.telemetry.records import RoundRecord
+
+from . import _internals as internals
+from . import elastic
+from .checkpoint_io import VerifiedCheckpoints
+from .verify import MODEL_FILE, OPTIM_FILE
 
 logger = logging.getLogger("ds_acco")
 
-ROUND_STATE_FILE = "acco_round_state_dp_rank_{rank}.pt"
 
-
-class AccoDeepSpeedEngine(DeepSpeedEngine):
+class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
     """A ``DeepSpeedEngine`` whose ZeRO-1 reduce/step/all-gather run as background ACCO rounds."""
+
+    STATE_FILE = "acco_round_state_dp_rank_{rank}.pt"
+    RESTART_NOTE = "the rounds bootstrap afresh"
 
     def __init__(self, *args: Any, acco_config: AccoConfig, **kwargs: Any):
         # nn.Module.__setattr__ is not ready yet, and DeepSpeedEngine.__getattr__ forwards
@@ -72,32 +77,23 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
             )
         if getattr(opt, "has_moe_layers", False):
             raise AccoConfigError("model: mixture-of-experts layers are not supported with ACCO")
-        for hook in opt._grad_acc_hooks:
-            hook.remove()
-        opt._grad_acc_hooks = []
+        internals.check(self, opt)
+        internals.remove_gradient_hooks(opt)
         self.enable_backward_allreduce = False
 
-        dp_group = opt.real_dp_process_group[0]
+        dp_group = internals.dp_group(opt)
         world = ds_dist.get_world_size(group=dp_group)
         groups = []
-        for i, flat in enumerate(opt.bit16_groups_flat):
-            params = list(opt.round_robin_bit16_groups[i])
+        for i, (params, offsets, flat, master) in enumerate(internals.zero1_groups(opt)):
             numels = tuple(p.numel() for p in params)
-            layout = FlatLayout(
-                numels=numels,
-                shapes=tuple(p.shape for p in params),
-                offsets=tuple(int(o) for o in opt.round_robin_bit16_offsets[i]),
-                numel=sum(numels),
-                padded_numel=flat.numel(),
-                world_size=world,
-            )
-            master = opt.single_partition_of_fp32_groups[i]
+            layout = FlatLayout(numels=numels, shapes=tuple(p.shape for p in params), offsets=offsets,
+                                numel=sum(numels), padded_numel=flat.numel(), world_size=world)
             if flat.numel() % world or master.numel() != layout.shard_numel:
                 raise RuntimeError(
                     f"unexpected DeepSpeed ZeRO-1 layout in group {i}: flat {flat.numel()} elements, "
                     f"fp32 partition {master.numel()}, world {world} (is deepspeed a supported release?)"
                 )
-            groups.append(ShardedGroup(params, layout, flat, master, rebind=self._acco_rebinder(i, layout)))
+            groups.append(ShardedGroup(params, layout, flat, master, rebind=self._acco_rebinder(i, params, layout)))
         shard_opt = ShardOptimizer(opt.optimizer, [g.master for g in groups], self.lr_scheduler)
         G = self.gradient_accumulation_steps()
         self.acco = RoundEngine(
@@ -117,17 +113,14 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
         self.acco.commits = self.global_steps
         # Exports (module.state_dict(), save_16bit_model, HF save_model) give the committed parameters.
         self._acco_export = CommittedStateDict(self.module, self.acco)
-        announce(f"DeepSpeed ZeRO-1, {len(groups)} group(s)", self.global_rank, round_fields(self.acco))
+        self.acco.announce(f"DeepSpeed ZeRO-1, {len(groups)} group(s)")
 
-    def _acco_rebinder(self, i: int, layout: FlatLayout):
-        opt = self.optimizer
-
+    def _acco_rebinder(self, i: int, params: list, layout: FlatLayout):
         def rebind(flat: torch.Tensor) -> None:
             # Keep DeepSpeed's own references (checkpointing, zero_to_fp32 shapes, get_lr...) on
             # the buffer the model now reads.
-            rebind_params(opt.round_robin_bit16_groups[i], layout, flat)
-            opt.bit16_groups_flat[i] = flat
-            opt.parallel_partitioned_bit16_groups[i] = opt.get_data_parallel_partitions(flat, i)
+            rebind_params(params, layout, flat)
+            internals.point_at(self.optimizer, i, flat)
 
         return rebind
 
@@ -138,8 +131,7 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
         self.global_steps += 1
         self.global_samples += self._acco_samples
         self._acco_samples = 0
-        self._global_grad_norm = record.grad_norm
-        self._step_applied = not record.skipped
+        internals.record_step(self, record.grad_norm, not record.skipped)
         if record.skipped:
             self.skipped_steps += 1
         if self.fp16_enabled() and self.dynamic_loss_scale():
@@ -188,128 +180,59 @@ class AccoDeepSpeedEngine(DeepSpeedEngine):
         if self.__dict__.get("acco") is not None:
             self.acco.close(drain=False)
             self.__dict__["acco"] = None
-        destroy_verification_group(self.__dict__)
+        self._acco_destroy_checkpoint_group()
         super().destroy()
 
-    # ------------------------------------------------------------ checkpoints
-    def _acco_dp_rank(self) -> int:
-        return ds_dist.get_rank(group=self.optimizer.real_dp_process_group[0])
+    # ------------------------------------------------------------ checkpoint hooks (see checkpoint_io)
+    def _acco_dp(self) -> tuple[int, int, Any]:
+        group = internals.dp_group(self.optimizer)
+        return ds_dist.get_rank(group=group), ds_dist.get_world_size(group=group), group
 
-    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):
-        """DeepSpeed's checkpoint plus the round state, written atomically (see :mod:`ds_acco.checkpoint.atomic`)."""
-        if self.acco is None:
-            return super().save_checkpoint(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
-        rounds = self.acco.state_dict()  # waits for the round in flight; nothing is swapped early
-        tag = str(tag if tag is not None else f"global_step{self.global_steps}")
-        client_state = dict(client_state or {})
-        client_state["ds_acco"] = {"mode": self.acco.config.mode, "policy": self.acco.config.policy,
-                                   "commits": self.acco.commits}
+    def _acco_own_state(self) -> dict:
+        return {"rounds": self.acco.state_dict(), "samples": self._acco_samples}  # waits; nothing swapped early
 
-        def write(partial: str) -> bool:
-            with self._acco_export.suspended():  # the model file holds the compute parameters: exact resume
-                ok = super(AccoDeepSpeedEngine, self).save_checkpoint(save_dir, partial, client_state, False,
-                                                                      exclude_frozen_parameters)
-            atomic_torch_save({"rounds": rounds, "samples": self._acco_samples},
-                              os.path.join(save_dir, partial, ROUND_STATE_FILE.format(rank=self._acco_dp_rank())))
-            return ok
+    def _acco_client_entry(self) -> dict:
+        return {"mode": self.acco.config.mode, "policy": self.acco.config.policy, "commits": self.acco.commits}
 
-        dp = self._acco_dp_rank()
-        claim = [ROUND_STATE_FILE.format(rank=dp), OPTIM_FILE.format(rank=dp)] + [MODEL_FILE] * (dp == 0)
-        # summed while the files are written; the manifest records the outcome, which spares the load its sums
-        finite = FiniteCheck(self._acco_master_tensors())
-        return atomic_save(save_dir, tag, self.global_rank, write, save_latest, self.checkpoint_engine,
-                           self._acco_config.checkpoint.fsync, claim=claim, finite=finite)
+    def _acco_claim(self) -> list[str]:
+        dp = self._acco_dp()[0]
+        return [self.STATE_FILE.format(rank=dp), OPTIM_FILE.format(rank=dp)] + [MODEL_FILE] * (dp == 0)
 
-    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
-                        load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
-        """DeepSpeed's load plus the round state; nothing loaded is used before every rank verified every file.
-
-        The files are hashed while DeepSpeed parses them, and no state dict reaches the engine
-        before the ranks agreed (:mod:`ds_acco.checkpoint.gate`). The loaded masters and
-        moments are checked finite: by the save's record in the verified manifest when they
-        are the saved tensors, else by sums that run while the round state loads.
-        """
-        if self.acco is None:
-            return super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
-                                           load_lr_scheduler_states, load_module_only, custom_load_fn)
-        self.acco.reset_rounds()
-        if tag is None:
-            tag = latest_tag(load_dir)
-            if tag is None:
-                return super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
-                                               load_lr_scheduler_states, load_module_only, custom_load_fn)
-        tag = str(tag)
-        timeout_s = self._acco_config.timeout_s
-        dp = ds_dist.get_world_size(group=self.optimizer.real_dp_process_group[0])
-        pending = start_verify_tag(load_dir, tag, state_file=ROUND_STATE_FILE, dp_rank=self._acco_dp_rank(),
-                                   dp_world=dp, salvage=self._acco_config.checkpoint.salvage, timeout_s=timeout_s,
-                                   group=verification_group(self.__dict__, None, timeout_s))
-        manifest = pending.verdict().manifest if pending.up_front else pending.manifest
-        # the manifest says how many ranks saved; only a checkpoint without one needs its model file read for it
-        saved_dp = manifest["world_size"] if manifest else elastic.saved_dp_world_size(load_dir, tag)
-        if not load_module_only and saved_dp != dp:
-            out = self._acco_load_resharded(load_dir, tag, load_module_strict, load_optimizer_states,
-                                            load_lr_scheduler_states)
-            refuse_non_finite(load_dir, tag, self._acco_master_tensors())
-            return out
-        with pending.gating(self.checkpoint_engine):
-            path, client_state = super().load_checkpoint(load_dir, tag, load_module_strict, load_optimizer_states,
-                                                         load_lr_scheduler_states, load_module_only, custom_load_fn)
-        verdict = pending.verdict()  # in already, unless DeepSpeed loaded no file
-        if path is None:
-            return path, client_state
-        if verdict.stock:
-            refuse_if_written_by_ds_acco(load_dir, tag, client_state)
-        # the masters and moments just loaded are the saved ones, which the save found finite: nothing to sum
-        proven = (finite_at_save(verdict.manifest) and load_optimizer_states and not load_module_only
-                  and self.zero_load_from_fp32_weights())
-        finite = None if proven else FiniteCheck(self._acco_master_tensors())  # sums while the round state loads
-        state_file = os.path.join(load_dir, tag, ROUND_STATE_FILE.format(rank=self._acco_dp_rank()))
-        resumable = (load_optimizer_states and not load_module_only and os.path.exists(state_file)
-                     and not verdict.dropped)
-        found = torch.tensor([int(resumable)])
-        ds_dist.all_reduce(found, op=ds_dist.ReduceOp.MIN)
-        saved = torch.load(state_file, map_location="cpu", weights_only=False) if bool(found.item()) else None
-        if finite is not None:
-            finite.settle(os.path.join(load_dir, tag))
-        if saved is not None:
-            self.acco.load_state_dict(saved["rounds"])
-            self._acco_samples = saved["samples"]
-        else:
-            if self.global_rank == 0 and not verdict.dropped:
-                logger.warning("ds_acco: %s/%s has no ACCO round state for every rank (a checkpoint no ds_acco run "
-                               "wrote, or a module-only load): its files were not verified, and rounds bootstrap "
-                               "afresh at step %d, so the run from here is not the trajectory an uninterrupted "
-                               "ds_acco run would take", load_dir, tag, self.global_steps)
-            self.acco.reset_rounds(commits=self.global_steps)
-        return path, client_state
-
-    def _acco_master_tensors(self) -> list:
+    def _acco_finite_tensors(self) -> list:
         """The fp32 master partitions and their optimizer moments: what a save writes and a load must find finite."""
-        masters = self.optimizer.single_partition_of_fp32_groups
-        named = [(f"fp32 partition of group {i}", t) for i, t in enumerate(masters)]
+        named = [(f"fp32 partition of group {i}", t) for i, t in enumerate(internals.master_partitions(self.optimizer))]
         return named + optimizer_tensors(self.optimizer.optimizer)
 
-    def _acco_load_resharded(self, load_dir, tag, strict, load_optimizer_states, load_lr_scheduler_states):
-        """Load a checkpoint saved with another DP world size (see ds_acco.deepspeed.elastic)."""
-        dp = ds_dist.get_world_size(group=self.optimizer.real_dp_process_group[0])
-        if self.global_rank == 0:
-            logger.info("ds_acco: %s/%s was saved with dp=%d; re-partitioning through a universal checkpoint",
-                        load_dir, tag, elastic.saved_dp_world_size(load_dir, tag))
-            elastic.convert_to_universal(load_dir, tag)
-        ds_dist.barrier()
-        try:
-            with elastic.universal_loading(self):
-                path, client_state = super().load_checkpoint(
-                    elastic.universal_dir(load_dir, tag), tag, strict, load_optimizer_states, load_lr_scheduler_states)
-        except IndexError as exc:
-            raise RuntimeError(
-                f"DeepSpeed's universal-checkpoint loader could not re-partition {load_dir}/{tag} for dp={dp}: "
-                "a parameter group is so small that some rank would own only padding. Load with the saved "
-                "world size, or merge small parameter groups."
-            ) from exc
-        # The universal loader sets the compute parameters from the fp32 masters; restore the
-        # weights the model actually had when it was saved (an ACCO estimate, possibly).
-        self.module.load_state_dict(elastic.saved_module_state(load_dir, tag), strict=strict)
-        self.acco.reset_rounds(commits=self.global_steps, compute_committed=False)  # maybe an estimate
-        return path, client_state
+    def _acco_saving(self):
+        return self._acco_export.suspended()  # the model file holds the compute parameters: exact resume
+
+    def _acco_before_load(self) -> None:
+        self.acco.reset_rounds()
+
+    def _acco_load_other_world(self, load_dir, tag, manifest, pending, args) -> Optional[tuple]:
+        """Another data-parallel world size: re-partition through a universal checkpoint (:mod:`.elastic`)."""
+        strict, load_optimizer_states, load_lr_scheduler_states, load_module_only, _ = args
+        # the manifest says how many ranks saved; only a checkpoint without one needs its model file read for it
+        saved_dp = manifest["world_size"] if manifest else elastic.saved_dp_world_size(load_dir, tag)
+        if load_module_only or saved_dp == self._acco_dp()[1]:
+            return None
+        out = elastic.load_resharded(self, super(VerifiedCheckpoints, self).load_checkpoint, load_dir, tag, strict,
+                                     load_optimizer_states, load_lr_scheduler_states, saved_dp)
+        self._acco_check_finite(load_dir, tag, None, False, args)
+        return out
+
+    def _acco_load_resharded_state(self, load_dir, tag, strict) -> bool:
+        return False  # the round state does not survive a world-size change: _acco_load_other_world handled it
+
+    def _acco_load_own_state(self, load_dir, tag, path, strict) -> None:
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+        self.acco.load_state_dict(saved["rounds"])
+        self._acco_samples = saved["samples"]
+
+    def _acco_reset_own_state(self) -> None:
+        self.acco.reset_rounds(commits=self.global_steps)
+
+    def _acco_proven_finite(self, manifest, from_state, load_optimizer_states, load_module_only) -> bool:
+        # the masters and moments just loaded are the saved ones, which the save found finite: nothing to sum
+        return (finite_at_save(manifest) and load_optimizer_states and not load_module_only
+                and self.zero_load_from_fp32_weights())

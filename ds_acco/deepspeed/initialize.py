@@ -16,13 +16,13 @@ call time) gets ACCO from its config file alone.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import deepspeed
 
 from ds_acco.config.schema import AccoConfig, parse_acco_config
+from . import _internals as internals
 from .checks import check_deepspeed_version, check_ds_config, check_model
 from .shm import release_shm_names
 from .hf_trainer import install_trainer_hook
@@ -38,9 +38,7 @@ def _raw_config(args: Any, config: Any, config_params: Any) -> Any:
         config = from_args
     if config is None or isinstance(config, Mapping):
         return config
-    from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config
-
-    return load_ds_config(config)
+    return internals.load_ds_config(config)
 
 
 def acco_config_of(args: Any = None, config: Any = None, config_params: Any = None) -> AccoConfig:
@@ -50,16 +48,6 @@ def acco_config_of(args: Any = None, config: Any = None, config_params: Any = No
     if acco.enabled:
         check_ds_config(raw, acco)
     return acco
-
-
-@contextlib.contextmanager
-def _engine_class(factory: Any) -> Iterator[None]:
-    saved = deepspeed.DeepSpeedEngine
-    deepspeed.DeepSpeedEngine = factory
-    try:
-        yield
-    finally:
-        deepspeed.DeepSpeedEngine = saved
 
 
 def initialize(
@@ -93,7 +81,7 @@ def initialize(
         from .engine import AccoDeepSpeedEngine as engine_class
 
     install_trainer_hook()
-    with _engine_class(functools.partial(engine_class, acco_config=acco)):
+    with internals.engine_class(functools.partial(engine_class, acco_config=acco)):
         out = _STOCK_INITIALIZE(**kwargs)
     release_shm_names()  # DeepSpeed's CPU shared-memory segments would outlive the job
     return out

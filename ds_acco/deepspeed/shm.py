@@ -36,10 +36,10 @@ def release_shm_names() -> Optional[str]:
         on several nodes, no local launcher).
     """
     from deepspeed import comm as ds_comm
-    from deepspeed.comm import comm as ds_comm_state  # the live backend (the package re-exports a stale None)
 
-    backend = getattr(ds_comm_state, "cdb", None)
-    if getattr(backend, "shm_comm_op", None) is None or not ds_comm.is_initialized():
+    from . import _internals as internals
+
+    if not internals.shm_segments_made() or not ds_comm.is_initialized():
         return None
     if os.environ.get("LOCAL_SIZE") != str(ds_comm.get_world_size()):  # DeepSpeed's own condition
         return None

@@ -18,11 +18,13 @@ makes it a Streaming DiLoCo worker and leaves DeepSpeed's code unforked:
 * checkpoints keep DeepSpeed's layout (its model file holds rank 0's replica) plus
   one file per rank, ``acco_streaming_state_dp_rank_<r>.pt``: that rank's replica,
   inner optimizer and streaming state (global fragment shard, outer momentum,
-  int8 residuals, a round waiting to be merged), written atomically.
+  int8 residuals, a round waiting to be merged), written atomically
+  (:mod:`ds_acco.deepspeed.checkpoint_io`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
@@ -32,21 +34,24 @@ import torch
 from deepspeed import comm as ds_dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-from ds_acco.config.schema import AccoConfig, AccoConfigError
-from ds_acco.checkpoint.atomic import atomic_save, atomic_torch_save, latest_tag
-from ds_acco.checkpoint.verify import FiniteCheck, finite_at_save, optimizer_tensors
-from ds_acco.checkpoint.gate import destroy_verification_group, verification_group
-from .verify import MODEL_FILE, refuse_if_written_by_ds_acco, refuse_non_finite, start_verify_tag
-from ds_acco.telemetry.startup_line import announce, streaming_fields
-from ds_acco.streaming.engine import StreamingEngine, fragments_of
+from ds_acco.checkpoint.verify import finite_at_save, optimizer_tensors
+from ds_acco.config import AccoConfig
+from ds_acco.errors import AccoConfigError
+from ds_acco.streaming import StreamingEngine, fragments_of
+
+from . import _internals as internals
+from .checkpoint_io import VerifiedCheckpoints
+from .verify import MODEL_FILE
 
 logger = logging.getLogger("ds_acco")
 
-STREAMING_STATE_FILE = "acco_streaming_state_dp_rank_{rank}.pt"
 
-
-class StreamingDeepSpeedEngine(DeepSpeedEngine):
+class StreamingDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
     """A stage-0 ``DeepSpeedEngine`` whose ranks train replicas and sync one fragment at a time."""
+
+    STATE_FILE = "acco_streaming_state_dp_rank_{rank}.pt"
+    RESTART_NOTE = "replicas take rank 0's weights and the global fragments restart"
+    FINITE_AFTER_OWN_STATE = True  # the replicas and inner optimizers come from the state files
 
     def __init__(self, *args: Any, acco_config: AccoConfig, **kwargs: Any):
         # DeepSpeedEngine.__getattr__ forwards unknown names to the model: keep ours in __dict__.
@@ -68,6 +73,7 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
             )
         if self.has_moe_layers:
             raise AccoConfigError("model: mixture-of-experts layers are not supported with acco.mode 'streaming'")
+        internals.check(self)
         self.enable_backward_allreduce = False
         try:
             fragments = fragments_of(self.module, self._acco_config)
@@ -77,13 +83,13 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
                                     process_group=self.data_parallel_group)
         self.acco.inner_steps = self.global_steps
         sizes = "/".join(str(f.layout.numel) for f in self.acco.fragments)
-        announce(f"DeepSpeed stage 0, fragments of {sizes} params", self.global_rank, streaming_fields(self.acco))
+        self.acco.announce(f"DeepSpeed stage 0, fragments of {sizes} params")
 
     # ------------------------------------------------------------ training loop
     def clip_fp32_gradients(self) -> None:
         """Clip by this replica's own gradient norm (no collective: inner steps are local)."""
         norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm=self.gradient_clipping())
-        self._global_grad_norm = float(norm)
+        internals.record_grad_norm(self, float(norm))
 
     def _take_model_step(self, lr_kwargs: Optional[dict]) -> None:
         super()._take_model_step(lr_kwargs)
@@ -104,121 +110,51 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
         if self.__dict__.get("acco") is not None:
             self.acco.close(drain=False)
             self.__dict__["acco"] = None
-        destroy_verification_group(self.__dict__)
+        self._acco_destroy_checkpoint_group()
         super().destroy()
 
-    # ------------------------------------------------------------ checkpoints
-    def _dp_rank(self) -> int:
-        return ds_dist.get_rank(group=self.data_parallel_group)
+    # ------------------------------------------------------------ checkpoint hooks (see checkpoint_io)
+    def _acco_dp(self) -> tuple[int, int, Any]:
+        group = self.data_parallel_group
+        return ds_dist.get_rank(group=group), ds_dist.get_world_size(group=group), group
 
-    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):
-        """DeepSpeed's checkpoint plus every rank's replica and streaming state, written atomically.
+    def _acco_own_state(self) -> dict:
+        """A fragment round in flight is waited for but not merged early: saving does not change the trajectory."""
+        return {"streaming": self.acco.state_dict(), "module": self.module.state_dict(),
+                "optimizer": self.optimizer.state_dict()}
 
-        A fragment round in flight is waited for but not merged early, so saving does not
-        change the trajectory.
-        """
-        if self.acco is None:
-            return super().save_checkpoint(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
-        streaming = self.acco.state_dict()
-        tag = str(tag if tag is not None else f"global_step{self.global_steps}")
-        client_state = dict(client_state or {})
-        client_state["ds_acco"] = {"mode": "streaming", "inner_steps": self.acco.inner_steps,
-                                   "world_size": self.acco.world_size}
-        per_rank = {"streaming": streaming, "module": self.module.state_dict(),
-                    "optimizer": self.optimizer.state_dict()}
+    def _acco_client_entry(self) -> dict:
+        return {"mode": "streaming", "inner_steps": self.acco.inner_steps, "world_size": self.acco.world_size}
 
-        def write(partial: str) -> bool:
-            ok = super(StreamingDeepSpeedEngine, self).save_checkpoint(save_dir, partial, client_state, False,
-                                                                       exclude_frozen_parameters)
-            atomic_torch_save(per_rank, os.path.join(save_dir, partial, STREAMING_STATE_FILE.format(rank=self._dp_rank())))
-            return ok
+    def _acco_claim(self) -> list[str]:
+        dp = self._acco_dp()[0]
+        return [self.STATE_FILE.format(rank=dp)] + [MODEL_FILE] * (dp == 0)
 
-        claim = [STREAMING_STATE_FILE.format(rank=self._dp_rank())] + [MODEL_FILE] * (self._dp_rank() == 0)
-        finite = FiniteCheck(self._replica_tensors())  # recorded in the manifest; spares the load its sums
-        return atomic_save(save_dir, tag, self.global_rank, write, save_latest, self.checkpoint_engine,
-                           self._acco_config.checkpoint.fsync, claim=claim, finite=finite)
-
-    def _replica_tensors(self) -> list:
+    def _acco_finite_tensors(self) -> list:
         """This rank's replica and inner optimizer state: what its streaming state file holds."""
         return list(self.module.named_parameters()) + optimizer_tensors(self.optimizer)
 
-    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
-                        load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
-        """Load DeepSpeed's checkpoint, then this rank's replica and streaming state.
+    def _acco_saving(self):
+        return contextlib.nullcontext()
 
-        Without per-rank streaming state (a stock stage-0 checkpoint, ``load_module_only``,
-        ``load_optimizer_states=False``) every replica takes rank 0's weights and the
-        global fragments start afresh from them.
-
-        With another number of ranks than at the save, rank ``r`` continues saved rank
-        ``r mod N_saved``'s replica and inner optimizer, and the global fragments and outer
-        momentum are re-sharded exactly (see :meth:`StreamingEngine.load_resharded`).
-        """
-        stock = (load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
-                 load_module_only, custom_load_fn)
-        if self.acco is None:
-            return super().load_checkpoint(*stock)
-        tag = tag if tag is not None else latest_tag(load_dir)
-        if tag is None:
-            return super().load_checkpoint(*stock)
-        tag = str(tag)
+    def _acco_before_load(self) -> None:
         self.acco.finish()  # nothing may be in flight while the buffers are overwritten
-        timeout_s = self._acco_config.timeout_s
-        pending = start_verify_tag(load_dir, tag, state_file=STREAMING_STATE_FILE, dp_rank=self._dp_rank(),
-                                   dp_world=self.acco.world_size, salvage=self._acco_config.checkpoint.salvage,
-                                   timeout_s=timeout_s,
-                                   group=verification_group(self.__dict__, self.data_parallel_group, timeout_s))
-        if pending.up_front:  # another world size, salvage, no usable manifest, a file missing or resized
-            pending.verdict()
-        saved_world = len(glob.glob(os.path.join(load_dir, tag, STREAMING_STATE_FILE.format(rank="*"))))
-        with pending.gating(self.checkpoint_engine):  # files hashed while DeepSpeed parses; used after the verdict
-            path, client_state = super().load_checkpoint(load_dir, tag, *stock[2:])
-        verdict = pending.verdict()
-        wanted = load_optimizer_states and not load_module_only and not verdict.dropped
-        if path is None:
-            return path, client_state
-        if verdict.stock:
-            refuse_if_written_by_ds_acco(load_dir, tag, client_state)
-        from_state = self._load_streaming_state(load_dir, tag, wanted, saved_world, load_module_strict, verdict)
-        if not (from_state and finite_at_save(verdict.manifest)):  # else: the saved values, found finite at the save
-            refuse_non_finite(load_dir, tag, self._replica_tensors(), group=self.data_parallel_group)
-        return path, client_state
 
-    def _load_streaming_state(self, load_dir, tag, wanted, saved_world, load_module_strict, verdict) -> bool:
-        """True when every replica and inner optimizer now holds values from the streaming state files."""
-        if wanted and saved_world and saved_world != self.acco.world_size:
-            self._load_resharded(load_dir, tag, saved_world, load_module_strict)
-            return True
-        state_file = os.path.join(load_dir, tag, STREAMING_STATE_FILE.format(rank=self._dp_rank()))
-        found = torch.tensor([int(wanted and os.path.exists(state_file))])
-        ds_dist.all_reduce(found, op=ds_dist.ReduceOp.MIN, group=self.data_parallel_group)
-        if bool(found.item()):
-            saved = torch.load(state_file, map_location=self.device, weights_only=False)
-            self.module.load_state_dict(saved["module"], strict=load_module_strict)  # copies into the fragment views
-            self.optimizer.load_state_dict(saved["optimizer"])
-            self.acco.load_state_dict(saved["streaming"])
-            if self.acco.inner_steps != self.global_steps:
-                raise RuntimeError(f"{state_file}: streaming state at inner step {self.acco.inner_steps}, "
-                                   f"DeepSpeed's at global step {self.global_steps}; the checkpoint is inconsistent")
-            return True
-        else:
-            if self.global_rank == 0 and not verdict.dropped:
-                logger.warning("ds_acco: %s/%s has no streaming state for every rank (a checkpoint no ds_acco run "
-                               "wrote, or a module-only load): its files were not verified; replicas take rank 0's "
-                               "weights and global fragments restart at step %d, so the run from here is not the "
-                               "trajectory an uninterrupted ds_acco run would take", load_dir, tag, self.global_steps)
-            self.acco.reset(inner_steps=self.global_steps)
-        return False
+    def _acco_load_other_world(self, load_dir, tag, manifest, pending, args) -> Optional[tuple]:
+        return None  # stage 0 loads DeepSpeed's files on any world size; the state files follow
 
-    def _load_resharded(self, load_dir: str, tag: str, saved_world: int, strict: bool) -> None:
-        """Resume a checkpoint of ``saved_world`` ranks: rank r takes saved rank ``r mod saved_world``'s
+    def _acco_load_resharded_state(self, load_dir: str, tag: str, strict: bool) -> bool:
+        """Resume a checkpoint of another number of ranks: rank r takes saved rank ``r mod N_saved``'s
         replica and inner optimizer; the global fragments and outer momentum are re-sharded exactly."""
-        files = [os.path.join(load_dir, tag, STREAMING_STATE_FILE.format(rank=r)) for r in range(saved_world)]
+        saved_world = len(glob.glob(os.path.join(load_dir, tag, self.STATE_FILE.format(rank="*"))))
+        if not saved_world or saved_world == self.acco.world_size:
+            return False
+        files = [os.path.join(load_dir, tag, self.STATE_FILE.format(rank=r)) for r in range(saved_world)]
         missing = [f for f in files if not os.path.exists(f)]
         if missing:
             raise AccoConfigError(f"{load_dir}/{tag}: streaming state files missing: {missing}")
         saved = [torch.load(f, map_location="cpu", weights_only=False, mmap=True) for f in files]
-        mine = saved[self._dp_rank() % saved_world]
+        mine = saved[self._acco_dp()[0] % saved_world]
         self.module.load_state_dict(mine["module"], strict=strict)
         self.optimizer.load_state_dict(mine["optimizer"])
         self.acco.load_resharded([s["streaming"] for s in saved])
@@ -226,3 +162,19 @@ class StreamingDeepSpeedEngine(DeepSpeedEngine):
             logger.info("ds_acco: %s/%s was saved by %d ranks; streaming state re-sharded for %d (int8 residuals "
                         "restart at zero, a pending merge was applied at load)", load_dir, tag, saved_world,
                         self.acco.world_size)
+        return True
+
+    def _acco_load_own_state(self, load_dir, tag, path, strict) -> None:
+        saved = torch.load(path, map_location=self.device, weights_only=False)
+        self.module.load_state_dict(saved["module"], strict=strict)  # copies into the fragment views
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.acco.load_state_dict(saved["streaming"])
+        if self.acco.inner_steps != self.global_steps:
+            raise RuntimeError(f"{path}: streaming state at inner step {self.acco.inner_steps}, "
+                               f"DeepSpeed's at global step {self.global_steps}; the checkpoint is inconsistent")
+
+    def _acco_reset_own_state(self) -> None:
+        self.acco.reset(inner_steps=self.global_steps)
+
+    def _acco_proven_finite(self, manifest, from_state, load_optimizer_states, load_module_only) -> bool:
+        return from_state and finite_at_save(manifest)  # else: not the saved values, or not found finite then

@@ -20,7 +20,8 @@ from typing import Any, Iterable, Optional
 
 from ds_acco.checkpoint.manifest import read_manifest, tag_files
 from ds_acco.checkpoint.gate import PendingVerdict
-from ds_acco.checkpoint.verify import CheckpointError, describe, refuse_unless_finite, size_problems, verify_for_load
+from ds_acco.checkpoint.verify import describe, refuse_unless_finite, size_problems, verify_for_load
+from ds_acco.errors import CheckpointError
 
 logger = logging.getLogger("ds_acco")
 

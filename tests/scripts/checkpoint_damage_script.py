@@ -22,7 +22,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from ds_acco.checkpoint.verify import CheckpointError
+from ds_acco.errors import CheckpointError
 from tests.checkpoint_workloads import (ACCO, MODEL, OPTIM, ROUND, SAVES, STEPS, STREAM, STREAMING,
                                         counting_finite_sums, damage_cases, empty, engine_of, make_copies, refusals,
                                         resume_is_exact, train)

@@ -1,0 +1,193 @@
+"""One save and one load for both DeepSpeed engines: DeepSpeed's files plus a ds_acco state file per rank.
+
+Both engines (ACCO rounds on ZeRO-1, Streaming DiLoCo on stage 0) checkpoint the same way and
+differ only in what their per-rank state file holds, which tensors must be finite, and how
+another world size is handled. So the steps live here once, and each engine answers the
+hooks of :class:`VerifiedCheckpoints`:
+
+save
+    wait for the round in flight (nothing is swapped early, so saving never changes the
+    trajectory), add a ``ds_acco`` entry to the client state, let DeepSpeed write its files into
+    ``<tag>.partial`` and the engine its state file, sum the masters and moments in the
+    background meanwhile, then publish the tag atomically with its manifest
+    (:func:`ds_acco.checkpoint.atomic.atomic_save`).
+load
+    resolve the tag, verify every file on every rank (in the background while DeepSpeed parses,
+    or up front when the load cannot start without the verdict: :mod:`ds_acco.checkpoint.gate`),
+    let the engine re-partition another world size, load DeepSpeed's files with nothing reaching
+    the engine before the ranks agree, refuse a tag that says ds_acco wrote it but lost ds_acco's
+    files, load the state file on every rank or on none, and refuse non-finite masters or
+    moments (unless the verified manifest proves them finite at the save).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Optional
+
+import torch
+from deepspeed import comm as ds_dist
+
+from ds_acco.checkpoint.atomic import atomic_save, atomic_torch_save, latest_tag
+from ds_acco.checkpoint.gate import destroy_verification_group, verification_group
+from ds_acco.checkpoint.verify import FiniteCheck, finite_at_save
+
+from .verify import refuse_if_written_by_ds_acco, start_verify_tag
+
+logger = logging.getLogger("ds_acco")
+
+
+class VerifiedCheckpoints:
+    """``save_checkpoint`` / ``load_checkpoint`` of a ds_acco DeepSpeed engine (mixed in before DeepSpeedEngine).
+
+    Hooks the engine implements (each documented below): :attr:`STATE_FILE`, :meth:`_acco_dp`,
+    :meth:`_acco_own_state`, :meth:`_acco_client_entry`, :meth:`_acco_claim`, :meth:`_acco_finite_tensors`,
+    :meth:`_acco_saving`, :meth:`_acco_before_load`, :meth:`_acco_load_other_world`,
+    :meth:`_acco_load_own_state`, :meth:`_acco_reset_own_state`, :meth:`_acco_proven_finite`.
+    """
+
+    STATE_FILE = ""
+    """The per-rank state file's name, with a ``{rank}`` field."""
+    FINITE_AFTER_OWN_STATE = False
+    """True when the tensors to check come from the state file (check after loading it); False when
+    DeepSpeed's files hold them (checked before the state file is applied)."""
+    RESTART_NOTE = ""
+    """What starts afresh when some rank has no state file, for the WARNING."""
+
+    # ------------------------------------------------------------ hooks
+    def _acco_dp(self) -> tuple[int, int, Any]:
+        """``(rank, world size, process group)`` of data parallelism."""
+        raise NotImplementedError
+
+    def _acco_own_state(self) -> dict:
+        """This rank's state file contents, taken before the save (waits for the round in flight)."""
+        raise NotImplementedError
+
+    def _acco_client_entry(self) -> dict:
+        """The ``ds_acco`` entry of DeepSpeed's client state (read back to refuse a stripped tag)."""
+        raise NotImplementedError
+
+    def _acco_claim(self) -> list[str]:
+        """The files of the tag this rank writes (it hashes them for the manifest)."""
+        raise NotImplementedError
+
+    def _acco_finite_tensors(self) -> list:
+        """``(name, tensor)`` of what a save writes and a load must find finite."""
+        raise NotImplementedError
+
+    def _acco_saving(self):
+        """A context manager around DeepSpeed's save (e.g. exports suspended)."""
+        raise NotImplementedError
+
+    def _acco_before_load(self) -> None:
+        """Make the engine idle before its buffers are overwritten."""
+        raise NotImplementedError
+
+    def _acco_load_other_world(self, load_dir: str, tag: str, manifest: Optional[dict], pending: Any,
+                               args: tuple) -> Optional[tuple]:
+        """Load a checkpoint saved with another world size instead of DeepSpeed's own load; None: not needed
+        (or done later, in :meth:`_acco_load_own_state`)."""
+        raise NotImplementedError
+
+    def _acco_load_resharded_state(self, load_dir: str, tag: str, strict: bool) -> bool:
+        """After DeepSpeed's load: restore state files saved by another number of ranks; False: not the case."""
+        raise NotImplementedError
+
+    def _acco_load_own_state(self, load_dir: str, tag: str, path: str, strict: bool) -> None:
+        """Restore the state file at ``path`` (every rank found one)."""
+        raise NotImplementedError
+
+    def _acco_reset_own_state(self) -> None:
+        """No state file on some rank (a stock checkpoint, a module-only load): start the rounds afresh."""
+        raise NotImplementedError
+
+    def _acco_proven_finite(self, manifest: Optional[dict], from_state: bool, load_optimizer_states: bool,
+                            load_module_only: bool) -> bool:
+        """True when the loaded tensors are the saved ones the verified manifest says were finite."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ save
+    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True, exclude_frozen_parameters=False):
+        """DeepSpeed's checkpoint plus this engine's state file, written atomically, with a manifest."""
+        if self.acco is None:
+            return super().save_checkpoint(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
+        own = self._acco_own_state()
+        tag = str(tag if tag is not None else f"global_step{self.global_steps}")
+        client_state = dict(client_state or {})
+        client_state["ds_acco"] = self._acco_client_entry()
+        parent = super().save_checkpoint
+        path = os.path.join(save_dir, "{partial}", self.STATE_FILE.format(rank=self._acco_dp()[0]))
+
+        def write(partial: str) -> bool:
+            with self._acco_saving():
+                ok = parent(save_dir, partial, client_state, False, exclude_frozen_parameters)
+            atomic_torch_save(own, path.format(partial=partial))
+            return ok
+
+        # summed while the files are written; the manifest records the outcome, which spares the load its sums
+        finite = FiniteCheck(self._acco_finite_tensors())
+        return atomic_save(save_dir, tag, self.global_rank, write, save_latest, self.checkpoint_engine,
+                           self._acco_config.checkpoint.fsync, claim=self._acco_claim(), finite=finite)
+
+    # ------------------------------------------------------------ load
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                        load_lr_scheduler_states=True, load_module_only=False, custom_load_fn=None):
+        """DeepSpeed's load plus this engine's state; nothing loaded is used before every rank verified every file."""
+        args = (load_module_strict, load_optimizer_states, load_lr_scheduler_states, load_module_only, custom_load_fn)
+        parent: Callable = super().load_checkpoint
+        if self.acco is None:
+            return parent(load_dir, tag, *args)
+        self._acco_before_load()
+        tag = tag if tag is not None else latest_tag(load_dir)
+        if tag is None:
+            return parent(load_dir, tag, *args)
+        tag = str(tag)
+        dp_rank, dp_world, group = self._acco_dp()
+        timeout_s = self._acco_config.timeout_s
+        pending = start_verify_tag(load_dir, tag, state_file=self.STATE_FILE, dp_rank=dp_rank, dp_world=dp_world,
+                                   salvage=self._acco_config.checkpoint.salvage, timeout_s=timeout_s,
+                                   group=verification_group(self.__dict__, group, timeout_s))
+        manifest = pending.verdict().manifest if pending.up_front else pending.manifest
+        resharded = self._acco_load_other_world(load_dir, tag, manifest, pending, args)
+        if resharded is not None:
+            return resharded
+        with pending.gating(self.checkpoint_engine):  # files hashed while DeepSpeed parses; used after the verdict
+            path, client_state = parent(load_dir, tag, *args)
+        verdict = pending.verdict()  # in already, unless DeepSpeed loaded no file
+        if path is None:
+            return path, client_state
+        if verdict.stock:
+            refuse_if_written_by_ds_acco(load_dir, tag, client_state)
+        wanted = load_optimizer_states and not load_module_only and not verdict.dropped
+        if wanted and self._acco_load_resharded_state(load_dir, tag, load_module_strict):
+            from_state = True
+        else:
+            state_file = os.path.join(load_dir, tag, self.STATE_FILE.format(rank=dp_rank))
+            found = torch.tensor([int(wanted and os.path.exists(state_file))])
+            ds_dist.all_reduce(found, op=ds_dist.ReduceOp.MIN, group=group)
+            from_state = bool(found.item())
+            if not self.FINITE_AFTER_OWN_STATE:
+                self._acco_check_finite(load_dir, tag, verdict.manifest, from_state, args)
+            if from_state:
+                self._acco_load_own_state(load_dir, tag, state_file, load_module_strict)
+            else:
+                if self.global_rank == 0 and not verdict.dropped:
+                    logger.warning("ds_acco: %s/%s has no ds_acco state for every rank (a checkpoint no ds_acco "
+                                   "run wrote, or a module-only load): its files were not verified; %s at step %d, "
+                                   "so the run from here is not the trajectory an uninterrupted ds_acco run would "
+                                   "take", load_dir, tag, self.RESTART_NOTE, self.global_steps)
+                self._acco_reset_own_state()
+        if self.FINITE_AFTER_OWN_STATE:
+            self._acco_check_finite(load_dir, tag, verdict.manifest, from_state, args)
+        return path, client_state
+
+    def _acco_check_finite(self, load_dir: str, tag: str, manifest: Optional[dict], from_state: bool,
+                           args: tuple) -> None:
+        """Refuse non-finite loaded masters or moments on every rank, unless the manifest proves them finite."""
+        if not self._acco_proven_finite(manifest, from_state, args[1], args[3]):
+            FiniteCheck(self._acco_finite_tensors(), background=False).settle(os.path.join(load_dir, tag),
+                                                                              group=self._acco_dp()[2])
+
+    def _acco_destroy_checkpoint_group(self) -> None:
+        destroy_verification_group(self.__dict__)

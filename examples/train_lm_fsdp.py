@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     from examples.train_metrics import StepMeter, all_gather_ints, all_reduce_max, all_reduce_sum
     from examples.train_metrics import distributed_validation_loss
     from ds_acco.fsdp import acco_fully_shard
-    from ds_acco.fsdp.job_config import load_job_config
+    from ds_acco.fsdp import load_job_config
 
     job = load_job_config(args.config)  # a wrong config fails before any process group exists
     if args.stock:

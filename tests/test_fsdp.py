@@ -20,7 +20,8 @@ import sys
 import pytest
 import torch
 
-from ds_acco.config import AccoConfig, AccoConfigError
+from ds_acco.config import AccoConfig
+from ds_acco.errors import AccoConfigError
 from tests import fsdp_workloads as F
 from tests.dist_harness import run_distributed
 from tests.test_exactness import assert_trajectories_equal, reference
@@ -204,7 +205,7 @@ def test_gpt_trains_under_torchrun(tmp_path):
 
 
 def test_backend_is_read_from_the_acco_block():
-    from ds_acco.fsdp.acco_fsdp import _fsdp_config, split_backend
+    from ds_acco.fsdp.options import fsdp_config as _fsdp_config, split_backend
 
     assert split_backend({"mode": "acco"}) == ("deepspeed", {"mode": "acco"})
     assert split_backend({"backend": "fsdp", "mode": "dpu"}) == ("fsdp", {"mode": "dpu"})
@@ -240,7 +241,7 @@ def test_torch_range_is_checked():
 def test_reduce_dtype_becomes_grad_accum_dtype():
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from ds_acco.fsdp.acco_fsdp import _translate_mp_policy
+    from ds_acco.fsdp.options import translate_mp_policy as _translate_mp_policy
 
     model = F.W.make_model()
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -255,7 +256,7 @@ def test_reduce_dtype_becomes_grad_accum_dtype():
 def test_json_config_means_what_it_means_to_deepspeed():
     from deepspeed.runtime.lr_schedules import WarmupLR
 
-    from ds_acco.fsdp.job_config import load_job_config, warmup_lr
+    from ds_acco.fsdp.options import load_job_config, warmup_lr
 
     job = load_job_config(os.path.join(REPO, "ds_configs", "fsdp_acco.json"))
     assert (job.micro_batch_size, job.gradient_accumulation_steps, job.clip_grad_norm) == (4, 4, 1.0)

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from ds_acco.config import AccoConfigError, parse_acco_config
+from ds_acco.config import parse_acco_config
+from ds_acco.errors import AccoConfigError
 from ds_acco.numerics.quantization import block_absmax
 from tests import lowbit_workers as L
 
@@ -237,7 +238,7 @@ def test_bad_low_bit_config_names_field_value_and_allowed(block, message):
 
 
 def test_fsdp_front_end_refuses_low_bit_all_gather():
-    from ds_acco.fsdp.acco_fsdp import _fsdp_config
+    from ds_acco.fsdp.options import fsdp_config as _fsdp_config
 
     with pytest.raises(AccoConfigError, match="acco.all_gather_quantization: got 'int8'; the FSDP front end"):
         _fsdp_config({"backend": "fsdp", "mode": "acco", "all_gather_quantization": "int8"})

@@ -54,7 +54,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ds_acco.config.schema import AccoConfigError
+from ds_acco.errors import AccoConfigError
 
 TORCH_RANGE = ((2, 13), (2, 15))
 """``[low, high)`` (major, minor) of the torch releases this module was tested with (others: a warning):

@@ -42,27 +42,25 @@ from __future__ import annotations
 import io
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
 from ds_acco.checkpoint.manifest import remove_manifest, write_manifest
-from ds_acco.checkpoint.verify import FiniteCheck, finite_at_save, optimizer_tensors, refuse_unless_finite, verify_for_load
-from ds_acco.config.schema import AccoConfigError
+from ds_acco.checkpoint.verify import FiniteCheck, finite_at_save, verify_for_load
+from ds_acco.errors import AccoConfigError
 
-if TYPE_CHECKING:
-    from .acco_fsdp import AccoFSDP, StockFSDP
+from .restore import META_KEY, RANK_KEY_PREFIX, check_loaded, loaded_tensors, restart, written_by_ds_acco
+from .stock_checkpoint import load_stock
 
 logger = logging.getLogger("ds_acco")
 
 FORMAT = 1
-META_KEY = "acco"
 EXTRA_KEY = "extra"
-Trainer = Union["AccoFSDP", "StockFSDP"]
-
-
-RANK_KEY_PREFIX = "acco_rank"
+Trainer = Any
+"""An :class:`~ds_acco.fsdp.acco_fsdp.AccoFSDP` or :class:`~ds_acco.fsdp.stock_fsdp.StockFSDP` (see
+:mod:`ds_acco.fsdp.restore` for what is used of it)."""
 
 
 def rank_key(rank: int) -> str:
@@ -150,7 +148,7 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
             state["optim"] = optim_sd
         if extra is not None:
             state[EXTRA_KEY] = _blob(extra)
-        finite = FiniteCheck(_loaded_tensors(trainer))  # recorded in the manifest; spares the load its sums
+        finite = FiniteCheck(loaded_tensors(trainer))  # recorded in the manifest; spares the load its sums
         # DCP flushes its files itself (sync_files), before the manifest that vouches for them
         dcp.save(state, checkpoint_id=checkpoint_id, storage_writer=dcp.FileSystemWriter(folder, sync_files=fsync))
     finally:
@@ -181,8 +179,6 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
     verdict = verify_for_load(folder, reads=_dcp_files_of(dist.get_rank(group)), ours=written_by_ds_acco(folder),
                               group=group, salvage=bool(engine) and engine.config.checkpoint.salvage)
     if verdict.stock:
-        from .stock_checkpoint import load_stock
-
         load_stock(trainer, folder)
         return None
     probe: dict = {META_KEY: None}
@@ -243,54 +239,3 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
                 "loaded onto %d ranks (%s), rounds bootstrap afresh at step %d", checkpoint_id, meta["world_size"],
                 meta["mode"], meta["policy"], engine.world_size, engine.config.mode, engine.commits)
     return _unblob(state.get(EXTRA_KEY))
-
-
-def saved_keys(folder: str) -> Optional[set]:
-    """The entries of a DCP checkpoint (from its ``.metadata``), or None when that cannot be read."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    try:
-        return set(FileSystemReader(folder).read_metadata().state_dict_metadata)
-    except Exception:  # noqa: BLE001 - missing or damaged: not provably stock
-        return None
-
-
-def written_by_ds_acco(folder: str) -> bool:
-    """False only for a readable DCP checkpoint without ds_acco's entries (a stock FSDP2 job wrote it)."""
-    keys = saved_keys(folder)
-    return keys is None or any(k == META_KEY or k.startswith(RANK_KEY_PREFIX) for k in keys)
-
-
-def _loaded_tensors(trainer: Trainer) -> list:
-    """The master shards and optimizer moments: what a save writes and a load must find finite."""
-    return [(f"master {p.fqn}", p.master) for p in trainer.fsdp.params] + optimizer_tensors(trainer.optimizer)
-
-
-def check_loaded(trainer: Trainer, folder: str, finite_when_saved: bool = False) -> None:
-    """The loaded values landed in the master shards, and they and the optimizer moments are finite.
-
-    Args:
-        finite_when_saved: the verified manifest says the save found them finite (see
-            :func:`ds_acco.checkpoint.verify.finite_at_save`; DCP re-shards the saved values
-            exactly, at any world size): no sums needed.
-    """
-    for p in trainer.fsdp.params:
-        with torch.no_grad():
-            local = p.sharded.to_local()
-        if local.numel() and local.data_ptr() != p.master.data_ptr():
-            raise RuntimeError(f"ds_acco.fsdp: loading replaced the sharded parameter {p.fqn}; master shard lost")
-    if not finite_when_saved:
-        refuse_unless_finite(folder, _loaded_tensors(trainer), group=trainer.fsdp.process_group)
-
-
-def restart(trainer: Trainer, commits: int, micro_batches: int) -> None:
-    """Continue from loaded masters without round state: compute parameters = masters, rounds afresh."""
-    engine = getattr(trainer, "engine", None)
-    if not engine:
-        trainer._restart(commits, micro_batches)
-        return
-    with torch.no_grad():
-        for i, g in enumerate(engine.groups):  # compute parameters = the loaded masters, as after a commit
-            engine.all_gather_masters(i, g.flat)
-    engine.reset_rounds(commits=commits)
-    engine.micro_batches = micro_batches

@@ -5,7 +5,7 @@ Why: a job that moves to ds_acco starts from what its stock FSDP2 job saved with
 round state, so its files cannot be verified and the rounds cannot continue where they
 were: it loads, with one WARNING (rank 0) saying what that means for the trajectory.
 A folder whose DCP metadata holds any ds_acco entry is ds_acco's own, and a missing
-manifest there stays an error (:func:`ds_acco.fsdp.checkpoint.written_by_ds_acco`).
+manifest there stays an error (:func:`ds_acco.fsdp.restore.written_by_ds_acco`).
 
 Stock jobs nest their state dicts differently, so where the model and the optimizer sit
 is read from the DCP metadata: the entry of the first parameter gives the model's prefix
@@ -18,16 +18,14 @@ from is the optimizer's own step count (0 without an optimizer).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
-from ds_acco.config.schema import AccoConfigError
-from .checkpoint import check_loaded, restart, saved_keys
+from ds_acco.errors import AccoConfigError
 
-if TYPE_CHECKING:
-    from .checkpoint import Trainer
+from .restore import check_loaded, restart, saved_keys
 
 logger = logging.getLogger("ds_acco")
 
@@ -75,7 +73,7 @@ def _require_tensors(folder: str, keys: set, model_at: str, model_sd: dict, opti
                               f"model and optimizer need, e.g. {missing[:4]}")
 
 
-def load_stock(trainer: "Trainer", folder: str) -> None:
+def load_stock(trainer: Any, folder: str) -> None:
     """Load the model (and the optimizer, if saved) of a stock FSDP2 checkpoint; collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner

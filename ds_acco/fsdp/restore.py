@@ -1,0 +1,81 @@
+"""What every FSDP checkpoint load shares: telling ds_acco's folders from stock ones, checking the loaded
+masters, and restarting the rounds from them when the round state cannot continue.
+
+Both the ds_acco load (another world size, another block) and the stock-FSDP2 load end the
+same way: the masters are FSDP2's sharded parameters (checked to be the very tensors the
+rounds step, and finite), the compute parameters are all-gathered from them, and the rounds
+bootstrap afresh at the step the checkpoint reached.
+
+A trainer is an :class:`~ds_acco.fsdp.acco_fsdp.AccoFSDP` or a
+:class:`~ds_acco.fsdp.stock_fsdp.StockFSDP`; what is used of it: ``fsdp``, ``module``,
+``optimizer``, ``lr_scheduler``, ``engine`` (AccoFSDP only), ``commits``, ``micro_batches``,
+``G`` and ``_restart`` (StockFSDP only).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from ds_acco.checkpoint.verify import optimizer_tensors, refuse_unless_finite
+
+META_KEY = "acco"
+RANK_KEY_PREFIX = "acco_rank"
+
+
+def saved_keys(folder: str) -> Optional[set]:
+    """The entries of a DCP checkpoint (from its ``.metadata``), or None when that cannot be read."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        return set(FileSystemReader(folder).read_metadata().state_dict_metadata)
+    except Exception:  # noqa: BLE001 - missing or damaged: not provably stock
+        return None
+
+
+def written_by_ds_acco(folder: str) -> bool:
+    """False only for a readable DCP checkpoint without ds_acco's entries (a stock FSDP2 job wrote it)."""
+    keys = saved_keys(folder)
+    return keys is None or any(k == META_KEY or k.startswith(RANK_KEY_PREFIX) for k in keys)
+
+
+def written_by_ds_acco(folder: str) -> bool:
+    """False only for a readable DCP checkpoint without ds_acco's entries (a stock FSDP2 job wrote it)."""
+    keys = saved_keys(folder)
+    return keys is None or any(k == META_KEY or k.startswith(RANK_KEY_PREFIX) for k in keys)
+
+
+def loaded_tensors(trainer: Any) -> list:
+    """The master shards and optimizer moments: what a save writes and a load must find finite."""
+    return [(f"master {p.fqn}", p.master) for p in trainer.fsdp.params] + optimizer_tensors(trainer.optimizer)
+
+
+def check_loaded(trainer: Any, folder: str, finite_when_saved: bool = False) -> None:
+    """The loaded values landed in the master shards, and they and the optimizer moments are finite.
+
+    Args:
+        finite_when_saved: the verified manifest says the save found them finite (see
+            :func:`ds_acco.checkpoint.verify.finite_at_save`; DCP re-shards the saved values
+            exactly, at any world size): no sums needed.
+    """
+    for p in trainer.fsdp.params:
+        with torch.no_grad():
+            local = p.sharded.to_local()
+        if local.numel() and local.data_ptr() != p.master.data_ptr():
+            raise RuntimeError(f"ds_acco.fsdp: loading replaced the sharded parameter {p.fqn}; master shard lost")
+    if not finite_when_saved:
+        refuse_unless_finite(folder, loaded_tensors(trainer), group=trainer.fsdp.process_group)
+
+
+def restart(trainer: Any, commits: int, micro_batches: int) -> None:
+    """Continue from loaded masters without round state: compute parameters = masters, rounds afresh."""
+    engine = getattr(trainer, "engine", None)
+    if not engine:
+        trainer._restart(commits, micro_batches)
+        return
+    with torch.no_grad():
+        for i, g in enumerate(engine.groups):  # compute parameters = the loaded masters, as after a commit
+            engine.all_gather_masters(i, g.flat)
+    engine.reset_rounds(commits=commits)
+    engine.micro_batches = micro_batches

@@ -1,11 +1,10 @@
-"""Benchmarks of ds_acco against stock DeepSpeed ZeRO-1 on an emulated cluster (``python -m benchmarks``).
+"""Benchmarks of ds_acco on an emulated cluster: ``python -m benchmarks --help``.
 
-Modules: :mod:`~benchmarks.cluster` (network namespaces, tc shaping, cgroup CPU
-quotas; also ``launchers/local_cluster.py``; helpers in ``cluster_units`` and
-``cluster_system``, which import nothing outside this folder), :mod:`~benchmarks.worker`
-(train_lm plus memory and interface counters), :mod:`~benchmarks.configs` (the compared
-DeepSpeed configs), :mod:`~benchmarks.runner` (sweeps), :mod:`~benchmarks.parse`
-(result rows), :mod:`~benchmarks.analysis` (derived figures and targets),
-:mod:`~benchmarks.streaming_report` (the streaming comparison),
-:mod:`~benchmarks.memory` (analytic memory model), :mod:`~benchmarks.plots` (PNGs).
+Not part of the installed package (``pip install .`` ships ``ds_acco`` alone); run from a
+checkout. Folders: ``cluster/`` (emulated hosts: network namespaces, tc-shaped links, cgroup CPU
+quotas; also ``launchers/local_cluster.py``), ``sweep/`` (what runs: configs, workloads, the one
+sweep driver for the DeepSpeed and FSDP2 front ends, parsing a run's files), ``report/`` (derived
+figures, targets, tables and plots), ``memory/`` (the analytic memory model and its
+measurements); ``checkpoint_cost.py`` and ``soak.py`` are benchmarks of their own. May import
+``ds_acco`` and ``examples``; nothing imports it but its own CLI and the tests.
 """

@@ -79,7 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compute-delay-ms", type=float, default=0.0,
                    help="sleep per micro-batch, standing in for a slower accelerator's forward/backward")
     p.add_argument("--metrics-out", default=None,
-                   help="folder for per-rank timing, interface bytes and collective counts (benchmarks.fsdp_record)")
+                   help="folder for per-rank timing, interface bytes and collective counts (examples.run_record)")
     p.add_argument("--distributed-port", type=int, default=int(os.environ.get("MASTER_PORT", 29500)),
                    help="rendezvous port when ranks come from mpiexec (default: $MASTER_PORT or 29500)")
     args = p.parse_args(argv)
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
         kwargs["bucket_cap_mb"] = args.bucket_cap_mb
     recorder = None
     if args.metrics_out:
-        from benchmarks.fsdp_record import RunRecorder
+        from examples.run_record import RunRecorder
 
         recorder = RunRecorder(args.metrics_out, rank)  # before FSDP2 exists: it counts FSDP2's collectives too
     if args.shard_blocks:  # the caller shards; acco_fully_shard then takes the model as it is

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run a distributed command on N emulated hosts on this machine; see benchmarks/cluster.py.
+"""Run a distributed command on N emulated hosts on this machine; see benchmarks/cluster/.
 
     python launchers/local_cluster.py --hosts 2 --rate 100mbit [--delay 1ms] [--cpu-quota host1=50] \
         -- python -m examples.train_lm --deepspeed_config ds_configs/acco_adaptive.json --steps 20
@@ -19,6 +19,6 @@ import sys
 if __name__ == "__main__":
     # The cluster modules import nothing outside benchmarks/ (not torch: seconds saved per launch).
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from benchmarks import cluster
+    from benchmarks.cluster import cli
 
-    sys.exit(cluster.main())
+    sys.exit(cli.main())

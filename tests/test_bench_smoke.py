@@ -22,12 +22,16 @@ import time
 
 import pytest
 
-from benchmarks import cluster, configs, memory, plots, runner
+from benchmarks.cluster import cli, hosts, system, units
+from benchmarks.sweep import configs
+from benchmarks.memory import model as memory
+from benchmarks.report import plots
+from benchmarks.sweep import plans
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO, "launchers", "local_cluster.py")
-NETNS = cluster.netns_available()
-CGROUP = NETNS and os.path.isfile(os.path.join(cluster.CPU_CGROUP_ROOT, "cpu.cfs_quota_us"))
+NETNS = system.netns_available()
+CGROUP = NETNS and os.path.isfile(os.path.join(system.CPU_CGROUP_ROOT, "cpu.cfs_quota_us"))
 needs_netns = pytest.mark.skipif(not NETNS, reason="needs root and iproute2 (ip, tc)")
 
 # Rank 1 streams NBYTES to rank 0 over the emulated link; rank 0 prints the rate it received.
@@ -53,11 +57,11 @@ else:
 
 
 def _leftovers(pid: int) -> list[str]:
-    tag = f"{cluster.PREFIX}_{pid}_"
+    tag = f"{system.PREFIX}_{pid}_"
     names = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
              if n.startswith(tag)]
-    if os.path.isdir(cluster.CPU_CGROUP_ROOT):
-        names += [n for n in os.listdir(cluster.CPU_CGROUP_ROOT) if n.startswith(tag)]
+    if os.path.isdir(system.CPU_CGROUP_ROOT):
+        names += [n for n in os.listdir(system.CPU_CGROUP_ROOT) if n.startswith(tag)]
     return names
 
 
@@ -65,23 +69,23 @@ def _leftovers(pid: int) -> list[str]:
 
 
 def test_parsers_and_errors():
-    assert cluster.parse_rate("100mbit") == 1e8 and cluster.parse_rate("1gbit") == 1e9
-    assert cluster.parse_rate("2mbps") == 16e6 and cluster.parse_rate("unshaped") is None
-    assert cluster.parse_delay("1ms") == pytest.approx(1e-3) and cluster.parse_delay(None) is None
-    assert cluster.parse_host_map(["host1=50"], 2, "q") == {1: 50.0}
-    assert cluster.parse_host_map(["host0=0:1,host1=1"], 2, "c", cluster.parse_cpu_list) == {0: (0, 1), 1: (1,)}
+    assert units.parse_rate("100mbit") == 1e8 and units.parse_rate("1gbit") == 1e9
+    assert units.parse_rate("2mbps") == 16e6 and units.parse_rate("unshaped") is None
+    assert units.parse_delay("1ms") == pytest.approx(1e-3) and units.parse_delay(None) is None
+    assert units.parse_host_map(["host1=50"], 2, "q") == {1: 50.0}
+    assert units.parse_host_map(["host0=0:1,host1=1"], 2, "c", units.parse_cpu_list) == {0: (0, 1), 1: (1,)}
     for bad in ("fast", "-3mbit", "10 parsecs"):
         with pytest.raises(ValueError, match="rate"):
-            cluster.parse_rate(bad)
+            units.parse_rate(bad)
     with pytest.raises(ValueError, match="host2 does not exist"):
-        cluster.parse_host_map(["host2=50"], 2, "--cpu-quota")
+        units.parse_host_map(["host2=50"], 2, "--cpu-quota")
     with pytest.raises(ValueError, match="loopback"):
-        cluster.LocalCluster(2, rate=1e8, netns=False)
+        hosts.LocalCluster(2, rate=1e8, netns=False)
 
 
 def test_not_root_is_refused(monkeypatch, capsys):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    assert cluster.main(["--hosts", "2", "--", "true"]) == 2
+    assert cli.main(["--hosts", "2", "--", "true"]) == 2
     assert "root is required" in capsys.readouterr().err
 
 
@@ -148,7 +152,7 @@ def test_timeline_reconstruction():
 
 
 def test_loopback_sweep_has_no_shaped_runs():
-    sweep = runner.build_sweep("full", netns=False, root=False, rates=["unshaped", "10mbit"])
+    sweep = plans.build_sweep("full", netns=False, root=False, rates=["unshaped", "10mbit"])
     assert {r.rate for r in sweep.runs if r.scenario == "bandwidth"} == {"unshaped"}
     assert {r.config for r in sweep.runs if r.scenario == "bandwidth"} == set(configs.DEFAULT_CONFIGS)
     streaming = [r for r in sweep.runs if r.scenario == "streaming"]
@@ -227,10 +231,11 @@ def test_bench_smoke_sweep(tmp_path):
     runs = {r["id"]: r for r in result["runs"]}
     expected = {("bandwidth", "zero1", 2), ("bandwidth", "acco_adaptive", 2), ("slow_host", "acco_adaptive", 2),
                 ("alone", "zero1", 1), ("streaming", "zero1", 2), ("streaming", "streaming_int8", 2),
-                ("time_to_loss", "zero1", 2), ("time_to_loss", "acco_lowbit_adaptive", 2)}
+                ("time_to_loss", "zero1", 2), ("time_to_loss", "acco_lowbit_adaptive", 2),
+                ("fsdp", "fsdp_stock", 2), ("fsdp", "fsdp_acco_adaptive", 2)}
     assert {(r["scenario"], r["config"], r["hosts"]) for r in runs.values()} == expected
-    assert len(runs) == 9 and all(r["ok"] for r in runs.values()), [r.get("error_tail") for r in runs.values()]
-    for r in (r for r in runs.values() if r["scenario"] != "time_to_loss"):
+    assert len(runs) == 11 and all(r["ok"] for r in runs.values()), [r.get("error_tail") for r in runs.values()]
+    for r in (r for r in runs.values() if r["scenario"] not in ("time_to_loss", "fsdp")):
         assert _finite_positive(r["tokens_per_s"]) and _finite_positive(r["summary_tokens_per_s"]), r["id"]
         assert r["steps"] == 3 and _finite_positive(r["steps_per_s"])
         assert math.isfinite(r["final_train_loss"]) and 0 < r["val_loss"] < 7, r["id"]  # ln(257) = 5.55 at start
@@ -259,6 +264,12 @@ def test_bench_smoke_sweep(tmp_path):
     lowbit = runs["time_to_loss-acco_lowbit_adaptive-unshaped-2h"]
     assert lowbit["tokens_last_step"] >= 768 and 1 <= lowbit["steps"] <= 3
     assert sum(1 for c in lowbit["curve"] if c.get("val_loss") is not None) >= 1
+    # the FSDP2 front end through the same driver: 6 steps, validation at 3 and 6, rounds only for ds_acco
+    for r in (r for r in runs.values() if r["scenario"] == "fsdp"):
+        assert _finite_positive(r["tokens_per_s"]) and r["steps"] >= 6 and len(r["evals"]) >= 2, r["id"]
+        assert all(0 < e["val_loss"] < 7 for e in r["evals"]), r["evals"]
+    assert runs["fsdp-fsdp_acco_adaptive-unshaped-2h"]["rounds_per_step"] > 0
+    assert "collectives_per_step" in runs["fsdp-fsdp_stock-unshaped-2h"]
     slow = next(r for r in runs.values() if r["scenario"] == "slow_host")
     assert slow["ranks"][0]["micro_batches"] >= slow["ranks"][1]["micro_batches"]  # rank 1 is the slow one
     a = result["analysis"]

@@ -123,7 +123,7 @@ def test_large_buffers_on_the_comm_stream_match_reference():
 
 def test_deepspeed_front_end_on_cuda_trains_and_sync_equals_zero1(tmp_path):
     """The real DeepSpeed engine on the GPU (world size 1, NCCL): ds_acco sync's losses equal stock ZeRO-1's."""
-    from benchmarks.configs import make_config
+    from benchmarks.sweep.configs import make_config
     import json
 
     losses = {}

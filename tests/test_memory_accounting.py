@@ -1,4 +1,4 @@
-"""The bytes a round engine holds match the analytic memory model (benchmarks/memory.py).
+"""The bytes a round engine holds match the analytic memory model (benchmarks/memory/model.py).
 
 Every tensor reachable from the engine (its buffers, the front end's compute
 parameters and master shards, the optimizer's state, the lookahead's scratch) is
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from benchmarks import memory
+from benchmarks.memory import model as memory
 from tests.dist_harness import run_distributed
 
 CASES = {  # memory-model config: (parameter dtype, acco block)

@@ -1,6 +1,6 @@
-"""Where a worker's peak resident memory comes from (``python -m benchmarks.memory_attribution``).
+"""Where a worker's peak resident memory comes from (``python -m benchmarks.memory.attribution``).
 
-The memory benchmark's peaks sit above the analytic model (``benchmarks/memory.py``),
+The memory benchmark's peaks sit above the analytic model (``benchmarks/memory/model.py``),
 which counts the model-proportional buffers only. This module splits a run's peak into
 
 * ``libraries``: resident after importing torch, transformers, DeepSpeed and ds_acco;
@@ -37,9 +37,9 @@ import sys
 import threading
 from typing import Callable, Optional
 
-from .gloo_memory import _status_mb
+from .gloo import _status_mb
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # --------------------------------------------------------------------------- in the worker
@@ -157,7 +157,7 @@ def _wrap_outer(cls, name: str, sampler: HighWaterSampler) -> None:
 
 
 def worker(out_dir: str, train_argv: list[str], interval_s: float) -> int:
-    import deepspeed  # noqa: F401 - the libraries first, as benchmarks.worker does
+    import deepspeed  # noqa: F401 - the libraries first, as benchmarks.sweep.worker does
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
@@ -200,11 +200,12 @@ def worker(out_dir: str, train_argv: list[str], interval_s: float) -> int:
 
 def run(configs: list[str], out_dir: str, interval_ms: float, timeout_s: float = 600.0) -> dict:
     """One memory-benchmark workload per config on two local ranks; returns ``{config: [rank records]}``."""
-    from . import configs as cfgs
-    from .runner import LAUNCHER, Workload, train_args
+    from benchmarks.sweep import configs as cfgs
+    from benchmarks.sweep.runner import LAUNCHER, train_args
+    from benchmarks.sweep.specs import Workload
 
     wl = Workload(model_size="medium", seq_len=32, micro_batch=1, grad_accum=4, steps=4, warmup_steps=1,
-                  eval_batches=2)  # the memory benchmark's workload (benchmarks/runner.py)
+                  eval_batches=2)  # the memory benchmark's workload (benchmarks/sweep/plans.py)
     results = {}
     for name in configs:
         run_dir = os.path.join(os.path.abspath(out_dir), name)
@@ -216,7 +217,7 @@ def run(configs: list[str], out_dir: str, interval_ms: float, timeout_s: float =
             json.dump(cfg, f, indent=1)
         cmd = [sys.executable, LAUNCHER, "--hosts", "2", "--no-netns", "--quiet", "--log-dir", run_dir,
                "--timeout", str(int(timeout_s)), "--cpus", "host0=0", "--cpus", "host1=1", "--",
-               sys.executable, "-m", "benchmarks.memory_attribution", "worker", "--out", run_dir,
+               sys.executable, "-m", "benchmarks.memory.attribution", "worker", "--out", run_dir,
                "--interval-ms", str(interval_ms), "--"] + train_args(wl, config_path, run_dir)
         env = dict(os.environ, OMP_NUM_THREADS="1")
         env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -229,7 +230,7 @@ def run(configs: list[str], out_dir: str, interval_ms: float, timeout_s: float =
 
 def report(results: dict, params: int = 25_370_000, world: int = 2) -> None:
     """Print each config's peak split, and its excess over zero1 against the analytic model's."""
-    from . import memory
+    from . import model as memory
 
     mb = 2 ** 20
     for name, ranks in results.items():
@@ -370,7 +371,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         w.add_argument("--interval-ms", type=float, default=1.0)
         args = w.parse_args(argv[1:split])
         return worker(args.out, argv[split + 1:], args.interval_ms / 1000)
-    p = argparse.ArgumentParser(prog="python -m benchmarks.memory_attribution", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.memory.attribution", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="the memory benchmark's runs, with the peak attributed (two local ranks)")
     r.add_argument("--configs", default="zero1,sync,dpu,acco_fixed")

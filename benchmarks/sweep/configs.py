@@ -40,7 +40,7 @@ import json
 import os
 from typing import Optional
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEMPLATE_DIR = os.path.join(REPO, "ds_configs")
 
 CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive", "zero1_bf16", "streaming_int8",
@@ -161,3 +161,30 @@ def validate(cfg: dict) -> None:
         from ds_acco.deepspeed.checks import check_ds_config
 
         check_ds_config(cfg, parse_acco_config(cfg["acco"]))
+
+
+FSDP_CONFIGS = ("fsdp_stock", "fsdp_sync", "fsdp_dpu", "fsdp_acco_fixed", "fsdp_acco_adaptive")
+"""The FSDP2 front end against stock FSDP2 (``examples.train_lm_fsdp --shard-blocks``, ds_configs/fsdp_acco.json)."""
+FSDP_LABELS = {"fsdp_stock": "stock FSDP2", "fsdp_sync": "ds_acco-FSDP sync", "fsdp_dpu": "ds_acco-FSDP dpu",
+               "fsdp_acco_fixed": "ds_acco-FSDP acco fixed", "fsdp_acco_adaptive": "ds_acco-FSDP acco adaptive"}
+LABELS.update(FSDP_LABELS)
+
+
+def make_fsdp_config(name: str, template_dir: str = TEMPLATE_DIR) -> dict:
+    """The job config of FSDP benchmark config ``name`` (one of :data:`FSDP_CONFIGS`): fsdp_acco.json with
+    only the gradient path changed."""
+    block = {"backend": "fsdp", "warmup_steps": 2, "telemetry": {"log_every": 0}}
+    kind = name.removeprefix("fsdp_")
+    if kind == "stock":
+        block["enabled"] = False
+    elif kind in ("sync", "dpu"):
+        block["mode"] = kind
+    elif kind == "acco_fixed":
+        block.update(mode="acco", policy="fixed")
+    elif kind == "acco_adaptive":
+        block.update(mode="acco", policy="adaptive", max_micro_batches_per_round=16)
+    else:
+        raise ValueError(f"config: got {name!r}; allowed: {', '.join(FSDP_CONFIGS)}")
+    cfg = _load("fsdp_acco.json", template_dir)
+    cfg["acco"] = block
+    return cfg

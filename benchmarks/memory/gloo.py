@@ -1,4 +1,4 @@
-"""How much memory gloo's CPU collectives allocate for themselves (``python -m benchmarks.gloo_memory``).
+"""How much memory gloo's CPU collectives allocate for themselves (``python -m benchmarks.memory.gloo``).
 
 The memory benchmark measured more over its analytic model than the model's buffers
 explain. On CPU the rounds' collectives are gloo's, and gloo builds

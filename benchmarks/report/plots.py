@@ -11,10 +11,10 @@
   ``acco adaptive`` on the same link;
 * ``memory.png``: measured peak-RSS growth per worker against the analytic model;
 * ``time_to_loss.png``: validation loss against training seconds per link rate, the
-  ``time_to_loss`` part (:mod:`benchmarks.time_to_loss`);
+  ``time_to_loss`` part (:mod:`benchmarks.report.time_to_loss`);
 * ``streaming_loss_vs_tokens.png`` / ``streaming_bytes.png``: the ``streaming`` part
   (Streaming DiLoCo against ZeRO-1 and acco on one slow link), see
-  :mod:`benchmarks.streaming_report`.
+  :mod:`benchmarks.report.streaming`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from .analysis import UNSHAPED, rates_in_order, val_points
-from .configs import CONFIGS, LABELS
-from . import time_to_loss
-from .streaming_report import streaming_table
+from .curves import UNSHAPED, rates_in_order, val_points
+from benchmarks.sweep.configs import CONFIGS, LABELS
+from . import fsdp, time_to_loss
+from .streaming import streaming_table
 
 COLORS = {"zero1": "#444444", "zero1_overlap": "#999999", "sync": "#1f77b4", "dpu": "#2ca02c",
           "acco_fixed": "#ff7f0e", "acco_adaptive": "#d62728", "zero1_bf16": "#8c564b", "streaming_int8": "#9467bd",
@@ -369,6 +369,13 @@ def time_to_loss_plot(result: dict, path: str) -> Optional[str]:
     return path
 
 
+def fsdp_plot(result: dict, path: str) -> Optional[str]:
+    if not fsdp.fsdp_rows(result):
+        return None
+    fsdp.plot(result, path)
+    return path
+
+
 PLOTS = {
     "tokens_vs_bandwidth.png": tokens_vs_bandwidth,
     "loss_vs_tokens.png": loss_vs_tokens,
@@ -378,6 +385,7 @@ PLOTS = {
     "streaming_loss_vs_tokens.png": streaming_loss_vs_tokens,
     "streaming_bytes.png": streaming_bytes,
     "time_to_loss.png": time_to_loss_plot,
+    "fsdp_tokens_vs_bandwidth.png": fsdp_plot,
 }
 
 

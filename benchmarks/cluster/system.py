@@ -18,13 +18,13 @@ import sys
 import time
 from typing import IO, Optional, Sequence
 
-from .cluster_units import ClusterError
+from .units import ClusterError
 
 PREFIX = "dsacco"
 CPU_CGROUP_ROOT = "/sys/fs/cgroup/cpu"
 
 
-def _run(cmd: Sequence[str], check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess:
+def run_command(cmd: Sequence[str], check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess:
     proc = subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise ClusterError(f"`{' '.join(cmd)}` failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
@@ -65,7 +65,7 @@ def _pid_alive(pid: int) -> bool:
 def _netns_list() -> list[str]:
     if shutil.which("ip") is None:
         return []
-    out = _run(["ip", "netns", "list"], check=False).stdout
+    out = run_command(["ip", "netns", "list"], check=False).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
@@ -78,25 +78,25 @@ def _kill_pids(pids: Sequence[int], sig: int = signal.SIGKILL) -> None:
 
 
 def _netns_pids(ns: str) -> list[int]:
-    out = _run(["ip", "netns", "pids", ns], check=False).stdout
+    out = run_command(["ip", "netns", "pids", ns], check=False).stdout
     return [int(p) for p in out.split() if p.isdigit()]
 
 
-def _delete_netns(ns: str) -> Optional[str]:
+def delete_netns(ns: str) -> Optional[str]:
     _kill_pids(_netns_pids(ns))
-    proc = _run(["ip", "netns", "del", ns], check=False)
+    proc = run_command(["ip", "netns", "del", ns], check=False)
     return None if proc.returncode == 0 else f"ip netns del {ns}: {proc.stderr.strip()}"
 
 
-def _operstate(ns: str, dev: str) -> str:
-    proc = _run(["ip", "-n", ns, "-j", "link", "show", "dev", dev], check=False)
+def link_state(ns: str, dev: str) -> str:
+    proc = run_command(["ip", "-n", ns, "-j", "link", "show", "dev", dev], check=False)
     try:
         return json.loads(proc.stdout)[0].get("operstate", "?")
     except (ValueError, LookupError):
         return "missing"
 
 
-def _remove_cgroup(path: str, attempts: int = 50) -> Optional[str]:
+def remove_cgroup(path: str, attempts: int = 50) -> Optional[str]:
     if not os.path.isdir(path):
         return None
     for _ in range(attempts):
@@ -127,7 +127,7 @@ def clean_stale(prefix: str = PREFIX, log: IO = sys.stderr) -> list[str]:
     for ns in _netns_list():
         pid = _owner_pid(ns, prefix)
         if pid is not None and not _pid_alive(pid):
-            err = _delete_netns(ns)
+            err = delete_netns(ns)
             if err:
                 print(f"[local_cluster] stale namespace {ns}: {err}", file=log)
             else:
@@ -136,7 +136,7 @@ def clean_stale(prefix: str = PREFIX, log: IO = sys.stderr) -> list[str]:
         for name in os.listdir(CPU_CGROUP_ROOT):
             pid = _owner_pid(name, prefix)
             if pid is not None and not _pid_alive(pid):
-                err = _remove_cgroup(os.path.join(CPU_CGROUP_ROOT, name))
+                err = remove_cgroup(os.path.join(CPU_CGROUP_ROOT, name))
                 if err:
                     print(f"[local_cluster] {err}", file=log)
                 else:

@@ -1,6 +1,6 @@
 """Memory per worker on a GPU: ``torch.cuda`` counters against the analytic model.
 
-    python -m benchmarks.gpu_memory --out /tmp/gpu_memory [--model-size medium] [--configs zero1,sync,...]
+    python -m benchmarks.memory.gpu --out /tmp/gpu_memory [--model-size medium] [--configs zero1,sync,...]
 
 Peak RSS on the CPU cluster counts pages, so the allocator's slack and gloo's
 scratch blur it (see BENCHMARKS.md, "Memory per worker"). The CUDA caching
@@ -9,7 +9,7 @@ figures per config:
 
 * **steady**: ``torch.cuda.memory_allocated`` at the end of an optimizer step
   (the least over the steps after the first two, when no activations are alive):
-  the persistent buffers the analytic model (:mod:`benchmarks.memory`) counts;
+  the persistent buffers the analytic model (:mod:`benchmarks.memory.model`) counts;
 * **peak**: ``torch.cuda.max_memory_allocated`` over the run: persistent buffers
   plus activations, the optimizer step's temporaries and a round's working memory.
 
@@ -28,8 +28,8 @@ import subprocess
 import sys
 from typing import Optional
 
-from benchmarks import memory
-from .configs import make_config
+from . import model as memory
+from benchmarks.sweep.configs import make_config
 
 DEFAULT = ("zero1", "sync", "dpu", "acco_fixed", "acco_adaptive", "zero1_bf16", "acco_bf16", "acco_bf16_fp32acc")
 MB = 1e6
@@ -51,7 +51,7 @@ def run_one(name: str, out: str, *, model_size: str, seq_len: int, micro_batch: 
         json.dump(make_config(name, micro_batch=micro_batch, grad_accum=grad_accum), f)
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(_free_port()))
-    cmd = [sys.executable, "-m", "benchmarks.worker", "--out", folder, "--",
+    cmd = [sys.executable, "-m", "benchmarks.sweep.worker", "--out", folder, "--",
            "--model-size", model_size, "--seq-len", str(seq_len), "--steps", str(steps), "--no-progress",
            "--deepspeed_config", cfg_path]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

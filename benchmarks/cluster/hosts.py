@@ -46,11 +46,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import IO, Optional, Sequence
 
-# parsing and system helpers live in cluster_units / cluster_system; re-exported for callers of this module
-from .cluster_system import (CPU_CGROUP_ROOT, PREFIX, _delete_netns, _operstate, _remove_cgroup, _run,  # noqa: F401
-                             clean_stale, free_port, missing_requirements, netns_available)
-from .cluster_units import (ClusterError, format_rate, parse_cpu_list, parse_delay, parse_host_map,  # noqa: F401
-                            parse_rate)
+from .system import (CPU_CGROUP_ROOT, PREFIX, clean_stale, delete_netns, free_port, link_state, missing_requirements,
+                     remove_cgroup, run_command)
+from .units import ClusterError, format_rate
 
 SUBNET = "10.77.0"  # /24, only ever configured inside namespaces this module creates
 IFACE = "eth0"
@@ -159,15 +157,15 @@ class LocalCluster:
             h.log_path = os.path.join(self.log_dir, f"{h.name}.log")
 
     def _add_ns(self, name: str) -> None:
-        _run(["ip", "netns", "add", name])
+        run_command(["ip", "netns", "add", name])
         self._created_ns.append(name)
-        _run(["ip", "-n", name, "link", "set", "lo", "up"])
+        run_command(["ip", "-n", name, "link", "set", "lo", "up"])
 
     def _shape(self, ns: str, dev: str, with_delay: bool) -> None:
         rate = self.rate
         parent = ["root"]
         if with_delay and self.delay is not None:
-            proc = _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem",
+            proc = run_command(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem",
                          "delay", f"{self.delay * 1e6:.0f}us", "limit", "100000"], check=False)
             if proc.returncode != 0:
                 self.netem_ok = False
@@ -180,32 +178,32 @@ class LocalCluster:
         rate_bytes = rate / 8
         burst = int(max(32 * 1024, rate_bytes * 0.004))  # >= 4 ms of traffic: accurate at 250 Hz timers
         limit = int(max(1 << 20, rate_bytes * 0.5))  # deep queue: host-side drops would make TCP back off
-        _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, *parent, "tbf", "rate", f"{int(rate)}bit",
+        run_command(["tc", "-n", ns, "qdisc", "add", "dev", dev, *parent, "tbf", "rate", f"{int(rate)}bit",
               "burst", str(burst), "limit", str(limit)])
 
     def _setup_network(self) -> None:
         sw = self.switch_ns
         self._add_ns(sw)
-        _run(["ip", "-n", sw, "link", "add", "br0", "type", "bridge", "forward_delay", "0", "stp_state", "0"])
-        _run(["ip", "-n", sw, "link", "set", "br0", "up"])
+        run_command(["ip", "-n", sw, "link", "add", "br0", "type", "bridge", "forward_delay", "0", "stp_state", "0"])
+        run_command(["ip", "-n", sw, "link", "set", "br0", "up"])
         for h in self.hosts:
             self._add_ns(h.netns)
             port = f"p{h.index}"
             # Both ends are created directly inside their namespaces: nothing appears in ours.
-            _run(["ip", "link", "add", "name", port, "netns", sw, "type", "veth", "peer", "name", h.iface,
+            run_command(["ip", "link", "add", "name", port, "netns", sw, "type", "veth", "peer", "name", h.iface,
                   "netns", h.netns])
-            _run(["ip", "-n", sw, "link", "set", port, "master", "br0"])
-            _run(["ip", "-n", sw, "link", "set", port, "up"])
-            _run(["ip", "-n", h.netns, "addr", "add", f"{h.ip}/24", "dev", h.iface])
-            _run(["ip", "-n", h.netns, "link", "set", h.iface, "up"])
+            run_command(["ip", "-n", sw, "link", "set", port, "master", "br0"])
+            run_command(["ip", "-n", sw, "link", "set", port, "up"])
+            run_command(["ip", "-n", h.netns, "addr", "add", f"{h.ip}/24", "dev", h.iface])
+            run_command(["ip", "-n", h.netns, "link", "set", h.iface, "up"])
             self._shape(h.netns, h.iface, with_delay=True)  # host -> switch
             self._shape(sw, port, with_delay=False)         # switch -> host
         # Links come up asynchronously; wait until both ends of every veth say UP.
         deadline = time.monotonic() + 10
         for ns, dev in [(sw, f"p{h.index}") for h in self.hosts] + [(h.netns, h.iface) for h in self.hosts]:
-            while _operstate(ns, dev) != "UP":
+            while link_state(ns, dev) != "UP":
                 if time.monotonic() > deadline:
-                    raise ClusterError(f"link {dev} in namespace {ns} did not come up: {_operstate(ns, dev)}")
+                    raise ClusterError(f"link {dev} in namespace {ns} did not come up: {link_state(ns, dev)}")
                 time.sleep(0.05)
 
     # ------------------------------------------------------------------ counters
@@ -214,7 +212,7 @@ class LocalCluster:
         if not self.netns:
             return {}
         out: dict = {}
-        proc = _run(["ip", "-n", h.netns, "-j", "-s", "link", "show", "dev", h.iface], check=False)
+        proc = run_command(["ip", "-n", h.netns, "-j", "-s", "link", "show", "dev", h.iface], check=False)
         try:
             stats = json.loads(proc.stdout)[0]["stats64"]
             out.update(tx_bytes=stats["tx"]["bytes"], rx_bytes=stats["rx"]["bytes"],
@@ -223,7 +221,7 @@ class LocalCluster:
             pass
         drops = 0
         for ns, dev in ((h.netns, h.iface), (self.switch_ns, f"p{h.index}")):
-            proc = _run(["tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", dev], check=False)
+            proc = run_command(["tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", dev], check=False)
             try:
                 drops += sum(int(q.get("drops", 0)) for q in json.loads(proc.stdout))
             except ValueError:
@@ -330,14 +328,14 @@ class LocalCluster:
             problems.append(f"stopping processes: {exc}")
         for ns in reversed(self._created_ns):
             try:
-                err = _delete_netns(ns)
+                err = delete_netns(ns)
             except Exception as exc:  # noqa: BLE001
                 err = f"ip netns del {ns}: {exc}"
             if err:
                 problems.append(err)
         self._created_ns.clear()
         for cg in self._created_cg:
-            err = _remove_cgroup(cg)
+            err = remove_cgroup(cg)
             if err:
                 problems.append(err)
         self._created_cg.clear()
@@ -392,121 +390,3 @@ def _pump(src: IO, log: IO, echo: Optional[IO], prefix: str) -> None:
 
 
 # --------------------------------------------------------------------------- CLI
-
-
-class _Interrupted(BaseException):
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_interrupt(signum, _frame):
-    raise _Interrupted(signum)
-
-
-def build_parser():
-    import argparse
-
-    p = argparse.ArgumentParser(
-        prog="local_cluster.py",
-        description="Run a distributed command on N emulated hosts (network namespaces joined by a bridge, "
-                    "tbf-shaped links, optional cgroup CPU quotas) and tear everything down afterwards.",
-        epilog="example: python launchers/local_cluster.py --hosts 2 --rate 100mbit --cpu-quota host1=50 -- "
-               "python -m examples.train_lm --deepspeed_config ds_configs/acco_adaptive.json --steps 20",
-    )
-    p.add_argument("--hosts", type=int, default=2, help="emulated hosts = ranks (default 2)")
-    p.add_argument("--rate", default=None,
-                   help="link rate per host and direction, tc units (100mbit, 1gbit); default unshaped")
-    p.add_argument("--delay", default=None, help="one-way netem latency host -> switch, e.g. 1ms (needs sch_netem)")
-    p.add_argument("--cpu-quota", action="append", default=[], metavar="hostI=PCT",
-                   help="CPU quota of a host in percent of one CPU (cgroup cpu.cfs_quota_us); repeatable")
-    p.add_argument("--cpus", action="append", default=[], metavar="hostI=LIST",
-                   help="pin a host to CPUs, e.g. host0=0 host1=1 or host0=0:1; repeatable")
-    p.add_argument("--pin", action="store_true", help="pin host i to CPU i mod (number of CPUs)")
-    p.add_argument("--no-netns", action="store_true",
-                   help="loopback mode: no namespaces, no shaping (for machines without root or iproute2)")
-    p.add_argument("--log-dir", default=None, help="per-host logs host<i>.log (default: a new folder in /tmp)")
-    p.add_argument("--quiet", action="store_true", help="do not copy host output to the console")
-    p.add_argument("--timeout", type=float, default=None, help="stop every host after this many seconds (exit 124)")
-    p.add_argument("--port", type=int, default=None, help="MASTER_PORT (default: chosen)")
-    p.add_argument("--stats-json", default=None, help="write hosts, exit codes and interface counters here")
-    p.add_argument("--prefix", default=PREFIX, help=f"name prefix of namespaces and cgroups (default {PREFIX})")
-    p.add_argument("--clean", action="store_true", help="only remove stale resources of dead launchers, then exit")
-    p.add_argument("command", nargs="*", help="the command to run on every host (after --)")
-    return p
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.clean:
-        if os.geteuid() != 0:
-            print("local_cluster.py: --clean needs root", file=sys.stderr)
-            return 2
-        clean_stale(args.prefix)
-        return 0
-    if not args.command:
-        print("local_cluster.py: give the command to run after --, e.g. -- python -m examples.train_lm ...",
-              file=sys.stderr)
-        return 2
-    try:
-        rate, delay = parse_rate(args.rate), parse_delay(args.delay)
-        quota = parse_host_map(args.cpu_quota, args.hosts, "--cpu-quota", float)
-        cpus = parse_host_map(args.cpus, args.hosts, "--cpus", parse_cpu_list)
-        if args.pin:
-            n = os.cpu_count() or 1
-            cpus = {i: cpus.get(i, (i % n,)) for i in range(args.hosts)}
-        log_dir = args.log_dir or os.path.join("/tmp", f"local_cluster_{os.getpid()}")
-        cluster = LocalCluster(args.hosts, rate=rate, delay=delay, cpu_quota=quota, cpus=cpus,
-                               netns=not args.no_netns, log_dir=log_dir, echo=None if args.quiet else sys.stdout,
-                               prefix=args.prefix, master_port=args.port)
-    except ValueError as exc:
-        print(f"local_cluster.py: {exc}", file=sys.stderr)
-        return 2
-    problems = missing_requirements(cluster.netns, bool(quota))
-    if problems:
-        print("local_cluster.py: " + "; ".join(problems), file=sys.stderr)
-        return 2
-
-    handlers = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    rc = 1
-    try:
-        cluster.setup()
-        desc = (f"{args.hosts} host(s) on {SUBNET}.0/24, link {format_rate(rate)}"
-                + (f", delay {args.delay}" if delay else "") if cluster.netns else f"{args.hosts} host(s) on loopback")
-        if quota:
-            desc += ", CPU quota " + ", ".join(f"host{i}={q:g}%" for i, q in sorted(quota.items()))
-        print(f"[local_cluster] {desc}; logs in {log_dir}", file=sys.stderr, flush=True)
-        cluster.launch(args.command)
-        rc = cluster.wait(timeout=args.timeout)
-    except _Interrupted as exc:
-        rc = 128 + exc.signum
-        print(f"[local_cluster] interrupted by signal {exc.signum}; tearing down", file=sys.stderr, flush=True)
-    except ClusterError as exc:
-        rc = 2
-        print(f"local_cluster.py: {exc}", file=sys.stderr, flush=True)
-    finally:
-        # No second Ctrl-C may cut the teardown short.
-        signal.pthread_sigmask(signal.SIG_BLOCK, set(handlers))
-        try:
-            if cluster.started_at is not None and cluster.wall_s is None:
-                cluster.stop(grace_s=3.0)
-                for h, p in zip(cluster.hosts, cluster._procs):
-                    if p is not None and h.exit_code is None:
-                        h.exit_code = p.poll()
-                    h.counters_end = cluster.read_counters(h)
-            if args.stats_json:
-                stats = cluster.stats(args.command)
-                stats["exit_code"] = rc
-                os.makedirs(os.path.dirname(os.path.abspath(args.stats_json)), exist_ok=True)
-                with open(args.stats_json, "w", encoding="utf-8") as f:
-                    json.dump(stats, f, indent=1)
-        finally:
-            problems = cluster.teardown()
-            for msg in problems:
-                print(f"[local_cluster] teardown: {msg}", file=sys.stderr, flush=True)
-            for s, h in handlers.items():
-                signal.signal(s, h)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, set(handlers))
-    if rc:
-        print(f"[local_cluster] exit status {rc}", file=sys.stderr, flush=True)
-    return rc

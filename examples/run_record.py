@@ -1,4 +1,4 @@
-"""What one rank of ``train_lm_fsdp --metrics-out DIR`` records for the FSDP benchmark.
+"""What one rank of ``train_lm_fsdp --metrics-out DIR`` records for the FSDP benchmark (``benchmarks`` part ``fsdp``).
 
 Per optimizer step: wall time, training time (evaluation excluded), micro-batch
 index and the ``$DS_ACCO_CLUSTER_IFACE`` byte counters; per evaluation: the
@@ -22,7 +22,16 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .worker import _iface_bytes
+
+def iface_bytes(iface: str) -> tuple[int, int]:
+    """``(tx, rx)`` byte counters of a network interface (``(-1, -1)`` where it has none)."""
+    base = f"/sys/class/net/{iface}/statistics"
+    try:
+        with open(f"{base}/tx_bytes") as tx, open(f"{base}/rx_bytes") as rx:
+            return int(tx.read()), int(rx.read())
+    except (OSError, ValueError):
+        return -1, -1
+
 
 _COUNTED = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor",
             "all_reduce")
@@ -33,7 +42,7 @@ class RunRecorder:
         self.out_dir, self.rank = out_dir, rank
         self.iface = os.environ.get("DS_ACCO_CLUSTER_IFACE", "lo")
         self.t0 = time.time()
-        self.iface0 = _iface_bytes(self.iface)
+        self.iface0 = iface_bytes(self.iface)
         self.steps: list[dict] = []
         self.evals: list[dict] = []
         self.calls = dict.fromkeys(_COUNTED, 0)
@@ -49,7 +58,7 @@ class RunRecorder:
             setattr(dist, name, counted)
 
     def step(self, step: int, micro_batch_index: int, train_s: float, loss: float) -> None:
-        tx, rx = _iface_bytes(self.iface)
+        tx, rx = iface_bytes(self.iface)
         self.steps.append({"t": time.time(), "step": step, "micro_batch_index": micro_batch_index,
                            "train_s": train_s, "loss": loss, "tx_bytes": tx, "rx_bytes": rx})
 
@@ -60,7 +69,7 @@ class RunRecorder:
         engine = getattr(trainer, "engine", None)
         record = {
             "rank": self.rank, "world": world, "micro_batches": micro_batches, "steps": self.steps,
-            "evals": self.evals, "iface_start": self.iface0, "iface_end": _iface_bytes(self.iface),
+            "evals": self.evals, "iface_start": self.iface0, "iface_end": iface_bytes(self.iface),
             "stock": engine is None, "fsdp_units": len(trainer.fsdp.groups), "fsdp_params": len(trainer.fsdp.params),
             "torch_calls": self.calls,
         }

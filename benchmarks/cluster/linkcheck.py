@@ -2,7 +2,7 @@
 
 Run on every host of the emulated cluster::
 
-    python launchers/local_cluster.py --hosts 2 --rate 25mbit --pin -- python -m benchmarks.linkcheck
+    python launchers/local_cluster.py --hosts 2 --rate 25mbit --pin -- python -m benchmarks.cluster.linkcheck
 
 Each rank times, for a payload of ``--mib`` MiB per rank and direction, the
 collectives a round is made of (one-way send as the reference, gloo's

@@ -14,15 +14,15 @@ rows compare directly:
 * ``vs ZeRO-1``: each figure over ZeRO-1's fp32 one (bytes of fp32 DDP);
   ``zero1_bf16`` shows what bf16 DDP would send.
 
-The bar chart of these figures is :func:`benchmarks.plots.streaming_bytes`.
+The bar chart of these figures is :func:`benchmarks.report.plots.streaming_bytes`.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from .analysis import _interp, val_points
-from .configs import STREAMING_COMPARISON
+from .curves import interp, val_points
+from benchmarks.sweep.configs import STREAMING_COMPARISON
 
 SCENARIO = "streaming"
 
@@ -50,7 +50,7 @@ def streaming_table(runs: list[dict]) -> list[dict]:
         pts = val_points(r)
         if pts and ref_curve:
             tokens, val = pts[-1]
-            ref = _interp(ref_curve, tokens)
+            ref = interp(ref_curve, tokens)
             entry["val_tokens"] = tokens
             entry["val_rel_diff_vs_zero1"] = (val - ref) / ref if ref else None
         out.append(entry)

@@ -1,6 +1,6 @@
 """Run :mod:`examples.train_lm` in this process and record what the benchmark needs.
 
-    python -m benchmarks.worker --out DIR -- <train_lm arguments>
+    python -m benchmarks.sweep.worker --out DIR -- <train_lm arguments>
 
 train_lm itself logs per-step metrics on rank 0 and a summary; it does not log
 memory, interface counters or per-rank timing. This wrapper adds them without
@@ -31,6 +31,8 @@ import sys
 import time
 import traceback
 
+from examples.run_record import iface_bytes
+
 
 def _status_kb(field: str) -> int:
     try:
@@ -41,15 +43,6 @@ def _status_kb(field: str) -> int:
     except OSError:
         pass
     return -1
-
-
-def _iface_bytes(iface: str) -> tuple[int, int]:
-    base = f"/sys/class/net/{iface}/statistics"
-    try:
-        with open(f"{base}/tx_bytes") as tx, open(f"{base}/rx_bytes") as rx:
-            return int(tx.read()), int(rx.read())
-    except (OSError, ValueError):
-        return -1, -1
 
 
 def _cuda_stat(name: str) -> int:
@@ -64,7 +57,7 @@ def _cuda_stat(name: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 3 or argv[0] != "--out" or argv[2] != "--":
-        print("usage: python -m benchmarks.worker --out DIR -- <train_lm arguments>", file=sys.stderr)
+        print("usage: python -m benchmarks.sweep.worker --out DIR -- <train_lm arguments>", file=sys.stderr)
         return 2
     out_dir, train_argv = argv[1], argv[3:]
     rank = int(os.environ.get("RANK", "0"))
@@ -86,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def write(self, **record):
         if "step" in record and "event" not in record:
-            tx, rx = _iface_bytes(iface)
+            tx, rx = iface_bytes(iface)
             steps.append({"t": time.time(), "step": record["step"], "loss": record.get("loss"),
                           "val_loss": record.get("val_loss"), "micro_batch_index": record.get("micro_batch_index"),
                           "train_s": record.get("train_s"), "tx_bytes": tx, "rx_bytes": rx,
@@ -98,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     train_metrics.JsonlLog.write = write
     exit_code, error = 1, None
     t_train0 = time.time()
-    tx0, rx0 = _iface_bytes(iface)
+    tx0, rx0 = iface_bytes(iface)
     try:
         exit_code = train_lm.main(train_argv) or 0
     except SystemExit as exc:
@@ -108,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         train_metrics.JsonlLog.write = original_write
-        tx1, rx1 = _iface_bytes(iface)
+        tx1, rx1 = iface_bytes(iface)
         record = {
             "rank": rank,
             "host": os.environ.get("DS_ACCO_CLUSTER_HOST"),

@@ -73,7 +73,7 @@ neither). Gradient clipping adds nothing: ``RoundEngine._clip_global_norm`` redu
 shard with ``torch.linalg.vector_norm``. torch's Adam/AdamW step holds two shard-sized
 temporaries (8 P/N), so ds_acco's commit steps it in chunks (``Adam chunk scratch``).
 Activations, libraries and data are on top and do not depend on the mode.
-``python -m benchmarks.memory_attribution`` measures what the model leaves out
+``python -m benchmarks.memory.attribution`` measures what the model leaves out
 (BENCHMARKS.md, "Memory per worker").
 """
 

@@ -11,13 +11,13 @@ divided by training time.
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
-from . import memory
+from benchmarks.memory import model as memory
 
-UNSHAPED = "unshaped"
-
+from . import time_to_loss
+from .curves import UNSHAPED, interp, rates_in_order, target, val_points
+from .streaming import streaming_table
 
 def _ok(runs: list[dict]) -> list[dict]:
     return [r for r in runs if r.get("ok")]
@@ -39,21 +39,6 @@ def _step_s(r: dict) -> Optional[float]:
     if r.get("steady_step_s"):
         return r["steady_step_s"]
     return r["train_s"] / r["steps"] if r.get("train_s") and r.get("steps") else None
-
-
-def _target(name: str, value: Optional[float], threshold: float, op: str, detail: str) -> dict:
-    met = None if value is None else (value >= threshold if op == ">=" else value <= threshold)
-    return {"target": name, "value": None if value is None else round(value, 4), "threshold": threshold, "op": op,
-            "met": met, "detail": detail}
-
-
-def rates_in_order(runs: list[dict]) -> list[str]:
-    """Rates of the bandwidth scenario from fastest (unshaped) to slowest."""
-    seen = {}
-    for r in runs:
-        if r["scenario"] == "bandwidth":
-            seen[r["rate"]] = r.get("rate_bit_s") or math.inf
-    return sorted(seen, key=lambda k: -seen[k])
 
 
 def comm_fractions(runs: list[dict]) -> dict:
@@ -86,7 +71,7 @@ def bandwidth_targets(runs: list[dict], fractions: dict) -> list[dict]:
     base_adaptive = _find(runs, "bandwidth", "acco_adaptive", UNSHAPED)
     heavy = [rate for rate, row in fractions.items() if rate != UNSHAPED and (row.get("zero1") or 0) >= 0.5]
     if not heavy:
-        out.append(_target("a bandwidth where stock ZeRO-1 communicates >= 50% of its step", None, 0.5, ">=",
+        out.append(target("a bandwidth where stock ZeRO-1 communicates >= 50% of its step", None, 0.5, ">=",
                            "no rate in the sweep reached it (see comm_frac per rate)"))
     for rate in heavy:
         z = _find(runs, "bandwidth", "zero1", rate)
@@ -95,11 +80,11 @@ def bandwidth_targets(runs: list[dict], fractions: dict) -> list[dict]:
         zt = z and z.get("tokens_per_s")
         frac = fractions[rate].get("zero1")
         tag = f"{rate} (ZeRO-1 communicates {100 * frac:.0f}% of its step)"
-        out.append(_target(f"acco adaptive / ZeRO-1 tokens/s at {rate}", _ratio(a and a.get("tokens_per_s"), zt),
+        out.append(target(f"acco adaptive / ZeRO-1 tokens/s at {rate}", _ratio(a and a.get("tokens_per_s"), zt),
                            1.8, ">=", tag))
-        out.append(_target(f"acco adaptive at {rate} / acco adaptive unshaped", _ratio(
+        out.append(target(f"acco adaptive at {rate} / acco adaptive unshaped", _ratio(
             a and a.get("tokens_per_s"), base_adaptive and base_adaptive.get("tokens_per_s")), 0.95, ">=", tag))
-        out.append(_target(f"acco fixed / ZeRO-1 tokens/s at {rate}", _ratio(f and f.get("tokens_per_s"), zt),
+        out.append(target(f"acco fixed / ZeRO-1 tokens/s at {rate}", _ratio(f and f.get("tokens_per_s"), zt),
                            1.3, ">=", tag))
     return out
 
@@ -122,30 +107,13 @@ def slow_host_targets(runs: list[dict], part: str = "slow_host", suffix: str = "
         return [], {}
     model = (a or z)["workload"]["model_size"]
     out = [
-        _target(f"slow host ({model}): acco adaptive / (host0 alone + host1 alone)",
+        target(f"slow host ({model}): acco adaptive / (host0 alone + host1 alone)",
                 _ratio(a and a.get("tokens_per_s"), both), 0.9, ">=", "host1 at 50% CPU"),
-        _target(f"slow host ({model}): ZeRO-1 / (2 x slow host alone)",
+        target(f"slow host ({model}): ZeRO-1 / (2 x slow host alone)",
                 _ratio(z and z.get("tokens_per_s"), alone[1] and 2 * alone[1]), 1.0, "<=",
                 "stock ZeRO-1 is bounded by twice the slow host"),
     ]
     return out, table
-
-
-def _interp(curve: list[tuple[float, float]], x: float) -> Optional[float]:
-    pts = sorted(curve)
-    if not pts or x < pts[0][0] or x > pts[-1][0]:
-        return None
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return pts[-1][1]
-
-
-def val_points(r: dict) -> list[tuple[float, float]]:
-    pts = [(c["tokens"], c["val_loss"]) for c in r.get("curve", []) if c.get("val_loss") is not None]
-    if r.get("val_loss") is not None and r.get("tokens_last_step"):
-        pts.append((r["tokens_last_step"], r["val_loss"]))
-    return pts
 
 
 def convergence_targets(runs: list[dict]) -> tuple[list[dict], dict]:
@@ -164,15 +132,15 @@ def convergence_targets(runs: list[dict]) -> tuple[list[dict], dict]:
         if not pts:
             continue
         tokens, val = pts[-1]
-        ref = _interp(zc, tokens)
+        ref = interp(zc, tokens)
         if ref is None:  # adaptive may end past ZeRO-1's last point: compare at ZeRO-1's last tokens
             tokens = min(tokens, zc[-1][0]) if zc else tokens
-            val, ref = _interp(pts, tokens), _interp(zc, tokens)
+            val, ref = interp(pts, tokens), interp(zc, tokens)
         rel = None if val is None or not ref else (val - ref) / ref
         table[cfg] = {"tokens": tokens, "val_loss": val, "zero1_val_loss": ref, "rel_diff": rel,
                       "final_train_loss": r.get("final_train_loss")}
         if cfg.startswith("acco"):
-            out.append(_target(f"{cfg} validation loss vs ZeRO-1 at equal tokens ({scen})",
+            out.append(target(f"{cfg} validation loss vs ZeRO-1 at equal tokens ({scen})",
                                None if rel is None else abs(rel), 0.01, "<=",
                                f"relative difference {'' if rel is None else f'{100 * rel:+.2f}%'} at {tokens:.0f} tokens"))
     return out, table
@@ -204,7 +172,7 @@ def memory_table(runs: list[dict]) -> tuple[list[dict], list[dict]]:
                 # the issue's bounds: fp32 <= 4 P/N; bf16 accumulation <= 2 P + 4 P/N; chunked scratch on top
                 full = {"acco_bf16": 2.0, "acco_bf16_fp32acc": 4.0}.get(r["config"], 0.0)
                 bound = (full * P + 4 * P / N + memory.constant_bytes(r["config"], N, P)) / 2 ** 20
-                targets.append(_target(
+                targets.append(target(
                     f"memory: {r['config']} peak - {base_name} peak (MB) <= {full:g}P + 4P/N + chunked scratch",
                     entry["measured_delta_vs_zero1_mb"], round(bound, 1), "<=", f"P={P}, N={N} ({scen} runs)"))
         table.append(entry)
@@ -212,9 +180,6 @@ def memory_table(runs: list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def analyse(runs: list[dict]) -> dict:
-    from . import time_to_loss
-    from .streaming_report import streaming_table
-
     ok = _ok(runs)
     fractions = comm_fractions(ok)
     slow_t, slow_table = slow_host_targets(ok)

@@ -24,7 +24,7 @@ tokens. Per link rate:
 * ``round at link rate``: :func:`round_link_share`, whether ds_acco's rounds move
   their bytes at the link's speed while training runs beside them.
 
-The plot is :func:`benchmarks.plots.time_to_loss_plot` (validation loss
+The plot is :func:`benchmarks.report.plots.time_to_loss_plot` (validation loss
 against training seconds, one panel per link rate).
 """
 
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .analysis import _interp, _target, rates_in_order, val_points
-from .configs import TIME_TO_LOSS
+from .curves import interp, target, rates_in_order, val_points
+from benchmarks.sweep.configs import TIME_TO_LOSS
 
 SCENARIO = "time_to_loss"
 TOLERANCE = 0.001
@@ -122,7 +122,7 @@ def table(runs) -> dict:
             tok = val_points(r)
             if tok and ref_tokens:
                 at_tokens = min(tok[-1][0], ref_tokens[-1][0])
-                mine, ref = _interp(tok, at_tokens), _interp(ref_tokens, at_tokens)
+                mine, ref = interp(tok, at_tokens), interp(ref_tokens, at_tokens)
                 e["val_equal_tokens"] = mine
                 e["val_rel_vs_zero1"] = (mine - ref) / ref if mine is not None and ref else None
                 e["equal_tokens"] = at_tokens
@@ -143,24 +143,24 @@ def targets(t: dict) -> list[dict]:
         by = {e["config"]: e for e in block["entries"]}
         for cfg in LOWBIT:
             if cfg in by and by[cfg].get("bytes_vs_zero1") is not None:
-                out.append(_target(f"{cfg} interface bytes per optimizer step vs ZeRO-1 fp32 at {rate}",
+                out.append(target(f"{cfg} interface bytes per optimizer step vs ZeRO-1 fp32 at {rate}",
                                    by[cfg]["bytes_vs_zero1"], 0.5, "<=", "veth tx bytes per step, per worker"))
         ratios = {c: by[c]["vs_zero1"] for c in ACCO if c in by and by[c].get("vs_zero1") is not None}
         best = min(ratios, key=ratios.get) if ratios else None
         limit = 0.5 if rate in SLOW else 1.0
-        out.append(_target(f"best ACCO setting reaches ZeRO-1's final validation loss at {rate}, time vs ZeRO-1",
+        out.append(target(f"best ACCO setting reaches ZeRO-1's final validation loss at {rate}, time vs ZeRO-1",
                            ratios.get(best), limit, "<=",
                            f"best: {best}; ZeRO-1 {block['zero1_s'] and round(block['zero1_s'], 1)} s, target val "
                            f"{block['target'] and round(block['target'], 4)}"))
         lowbit = {c: by[c]["vs_sync_lowbit"] for c in LOWBIT if c in by and by[c].get("vs_sync_lowbit")}
         if lowbit:
             fastest = min(lowbit, key=lowbit.get)
-            out.append(_target(f"best low-bit ACCO setting vs ds_acco sync with the same low-bit rounds at {rate}, "
+            out.append(target(f"best low-bit ACCO setting vs ds_acco sync with the same low-bit rounds at {rate}, "
                                "time to ZeRO-1's final validation loss", lowbit[fastest], 1.0, "<=",
                                f"best: {fastest}"))
         if "acco_lowbit_fixed" in by and by["acco_lowbit_fixed"].get("val_rel_vs_zero1") is not None:
             rel = by["acco_lowbit_fixed"]["val_rel_vs_zero1"]
-            out.append(_target(f"acco_lowbit_fixed validation loss vs ZeRO-1 at equal tokens at {rate}", abs(rel),
+            out.append(target(f"acco_lowbit_fixed validation loss vs ZeRO-1 at equal tokens at {rate}", abs(rel),
                                0.01, "<=", f"relative difference {100 * rel:+.2f}%"))
     return out
 

@@ -1,7 +1,7 @@
-"""One result row from a finished run's folder (see :mod:`benchmarks.runner` for what a row means).
+"""One result row from a finished run's folder (see :mod:`benchmarks.sweep.runner` for what a row means).
 
 Reads what the run left behind: ``cluster.json`` (interfaces, qdisc drops),
-``worker_rank<r>.json`` (:mod:`benchmarks.worker`: memory, per-step wall
+``worker_rank<r>.json`` (:mod:`benchmarks.sweep.worker`: memory, per-step wall
 time and interface counters on every rank), ``telemetry.jsonl.rank<r>`` (one
 ds_acco round record per round) and the host logs. Missing pieces become None,
 so a failed run still yields a row that says how far it got.
@@ -18,10 +18,10 @@ import statistics
 from typing import TYPE_CHECKING, Optional
 
 from . import configs as cfgs
-from .cluster import format_rate, parse_rate
+from benchmarks.cluster.units import format_rate, parse_rate
 
 if TYPE_CHECKING:
-    from .runner import RunSpec
+    from .specs import RunSpec
 
 
 def read_json(path: str):

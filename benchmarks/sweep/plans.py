@@ -1,0 +1,201 @@
+"""The named sweeps and their parts: which configs run on which links, hosts and CPU quotas.
+
+``smoke`` is a seconds-long version of every part for CI; ``full`` is what BENCHMARKS.md reports.
+Every part adapts to the machine: without network namespaces only unshaped (loopback) runs are
+possible, and without root a slow host is emulated by a longer per-micro-batch sleep instead of
+a CPU quota.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional, Sequence
+
+from benchmarks.cluster.units import parse_rate
+
+from . import configs as cfgs
+from .specs import RunSpec, Sweep, Workload
+
+
+def _pins(hosts: int, pin: bool, first_cpu: int = 0) -> tuple:
+    if not pin:
+        return ()
+    n = os.cpu_count() or 1
+    return tuple((i, ((first_cpu + i) % n,)) for i in range(hosts))
+
+
+def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = None,
+                configs: Optional[Sequence[str]] = None, rates: Optional[Sequence[str]] = None,
+                only: Optional[Sequence[str]] = None, steps: Optional[int] = None) -> Sweep:
+    """The runs of a named sweep, adapted to what this machine can do.
+
+    Without namespaces only unshaped (loopback) runs are possible; without root the
+    slow host is emulated by a longer ``--compute-delay-ms`` instead of a CPU quota.
+    """
+    if name not in SWEEP_NAMES:
+        raise ValueError(f"sweep: got {name!r}; allowed: {', '.join(SWEEP_NAMES)}")
+    smoke = name == "smoke"
+    pin = (not smoke and (os.cpu_count() or 1) >= 2) if pin is None else pin
+    only_configs = list(configs) if configs else None
+    streaming_configs = list(configs or cfgs.STREAMING_COMPARISON)
+    configs = list(configs or cfgs.DEFAULT_CONFIGS)
+    known = cfgs.CONFIGS + cfgs.FSDP_CONFIGS
+    bad = [c for c in set(configs + streaming_configs) if c not in known]
+    if bad:
+        raise ValueError(f"configs: unknown {bad}; allowed: {', '.join(known)}")
+    parts = set(only or (DEFAULT_PARTS + ("fsdp",) if smoke else DEFAULT_PARTS))
+    unknown = parts - set(PARTS)
+    if unknown:
+        raise ValueError(f"only: unknown part(s) {sorted(unknown)}; allowed: {', '.join(PARTS)}")
+    runs: list[RunSpec] = []
+
+    if smoke:
+        bw = Workload(model_size="tiny", seq_len=32, micro_batch=2, grad_accum=2, steps=3, warmup_steps=1,
+                      eval_batches=2)
+        bw_configs = [c for c in configs if c in ("zero1", "acco_adaptive")] or configs[:2]
+        bw_rates = list(rates) if rates else [None]
+        slow_cfgs = [c for c in bw_configs if c != "zero1"] or bw_configs[:1]
+        slow_wl = small_wl = bw
+        root = False  # a CPU quota would slow the throttled host's imports too: use the delay fallback
+        memory_wl = None
+        conv = None
+        timeout = 240.0
+    else:
+        bw = Workload(model_size="tiny", seq_len=128, micro_batch=4, grad_accum=4, steps=steps or 30,
+                      warmup_steps=2, compute_delay_ms="30", max_micro_batches_per_round=16)
+        bw_configs = configs
+        bw_rates = list(rates) if rates else [None, "100mbit", "25mbit", "10mbit"]
+        slow_cfgs = [c for c in ("zero1", "acco_adaptive", "acco_fixed", "dpu") if c in configs]
+        # Real compute (no sleep): a CPU quota slows CPU work only. The tiny model keeps the
+        # rounds' own CPU work (sums, shard step, copies) small next to the compute; the
+        # optional part slow_host_small shows what happens when it is not.
+        slow_wl = Workload(model_size="tiny", seq_len=128, micro_batch=4, grad_accum=4, steps=steps or 30,
+                           warmup_steps=2, max_micro_batches_per_round=16)
+        small_wl = Workload(model_size="small", seq_len=64, micro_batch=4, grad_accum=4, steps=steps or 16,
+                            warmup_steps=2, max_micro_batches_per_round=16)
+        memory_wl = Workload(model_size="medium", seq_len=32, micro_batch=1, grad_accum=4, steps=4,
+                             warmup_steps=1, eval_batches=2)
+        conv = Workload(model_size="small", seq_len=128, micro_batch=4, grad_accum=4, steps=steps or 150,
+                        warmup_steps=2, eval_every=25, eval_batches=16, max_micro_batches_per_round=16)
+        timeout = 900.0
+
+    if "bandwidth" in parts:
+        for rate in bw_rates:
+            if rate is not None and parse_rate(rate) is not None and not netns:
+                continue  # loopback cannot shape; the sweep says so in its description
+            for c in bw_configs:
+                runs.append(RunSpec("bandwidth", c, bw, rate=rate, cpus=_pins(2, pin)))
+    for part, wl, cfg_list, suffix in (("slow_host", slow_wl, slow_cfgs, ""),
+                                       ("slow_host_small", small_wl, ["zero1", "acco_adaptive"], "small")):
+        if part not in parts:
+            continue
+        if root:
+            quota = ((1, 50.0),)
+            slow, note = wl, suffix
+        else:  # no cgroups: rank 1 sleeps longer per micro-batch instead
+            quota = ()
+            slow = dataclasses.replace(wl, compute_delay_ms="0,20")
+            note = "-".join(filter(None, [suffix, "delay"]))
+        for c in cfg_list:
+            runs.append(RunSpec(part, c, slow, cpu_quota=quota, cpus=_pins(2, pin), note=note))
+        runs.append(RunSpec("alone" + suffix, "zero1", slow, hosts=1, cpus=_pins(1, pin, 0),
+                            note="-".join(filter(None, [suffix, "host0"]))))
+        if root:
+            runs.append(RunSpec("alone" + suffix, "zero1", slow, hosts=1, cpu_quota=((0, 50.0),),
+                                cpus=_pins(1, pin, 1), note="-".join(filter(None, [suffix, "host1"]))))
+        else:
+            runs.append(RunSpec("alone" + suffix, "zero1", dataclasses.replace(slow, compute_delay_ms="20"),
+                                hosts=1, cpus=_pins(1, pin, 1), note="-".join(filter(None, [suffix, "host1"]))))
+    if "memory" in parts and memory_wl is not None:
+        for c in configs:
+            runs.append(RunSpec("memory", c, memory_wl, cpus=_pins(2, pin)))
+    if "convergence" in parts and conv is not None:
+        for c in [c for c in ("zero1", "acco_fixed", "acco_adaptive", "dpu") if c in configs]:
+            runs.append(RunSpec("convergence", c, conv, cpus=_pins(2, pin)))
+    if "streaming" in parts:
+        runs.extend(_streaming_runs(smoke, streaming_configs, rates, steps, netns, pin))
+    if "time_to_loss" in parts:
+        runs.extend(_time_to_loss_runs(smoke, only_configs, rates, steps, netns, pin))
+    if parts & {"fsdp", "fsdp_slow_host"}:
+        runs.extend(_fsdp_runs(smoke, only_configs, rates, steps, netns, root, pin, parts))
+    desc = f"sweep {name}: {len(runs)} runs, " + ("network namespaces" if netns else
+                                                   "loopback (no namespaces: unshaped only)")
+    return Sweep(name, desc, runs, timeout_s=timeout)
+
+
+SWEEP_NAMES = ("smoke", "full")
+def _streaming_runs(smoke: bool, configs: Sequence[str], rates: Optional[Sequence[str]], steps: Optional[int],
+                    netns: bool, pin: bool) -> list[RunSpec]:
+    """Streaming DiLoCo against ZeRO-1 (fp32 and bf16) and acco on one slow link, with loss curves.
+
+    Every config sees the same tokens per optimizer (inner) step; the tiny model's four
+    layers make four fragments (benchmarks.sweep.configs.STREAMING_BLOCK).
+    """
+    wanted = [c for c in cfgs.STREAMING_COMPARISON if c in configs]
+    if smoke:  # H = P = 4: a fragment round at every step
+        wl = Workload(model_size="tiny", seq_len=32, micro_batch=2, grad_accum=2, steps=3, warmup_steps=1,
+                      eval_batches=2, streaming_sync_every=4)
+        return [RunSpec("streaming", c, wl, cpus=_pins(2, pin)) for c in wanted if c in ("zero1", "streaming_int8")]
+    wl = Workload(model_size="tiny", seq_len=128, micro_batch=4, grad_accum=4, steps=steps or 200, warmup_steps=2,
+                  compute_delay_ms="30", eval_every=25, eval_batches=16)
+    rate = (list(rates) if rates else ["25mbit"])[0] if netns else None
+    return [RunSpec("streaming", c, wl, rate=rate, cpus=_pins(2, pin)) for c in wanted]
+
+
+def _time_to_loss_runs(smoke: bool, configs: Optional[Sequence[str]], rates: Optional[Sequence[str]],
+                       steps: Optional[int], netns: bool, pin: bool) -> list[RunSpec]:
+    """Every config trains the same token budget on the same link; see :mod:`benchmarks.report.time_to_loss`.
+
+    On the slow links (25 and 10 Mbit/s) every config of :data:`~benchmarks.sweep.configs.TIME_TO_LOSS`
+    runs; on the fast ones the ones whose rounds can matter there (ZeRO-1 fp32/bf16, sync low-bit,
+    acco adaptive and both low-bit acco policies), to keep the part under an hour.
+    """
+    if smoke:
+        wl = Workload(model_size="tiny", seq_len=32, micro_batch=2, grad_accum=2, steps=1000, warmup_steps=1,
+                      eval_batches=2, max_tokens=3 * 2 * 2 * 32 * 2, eval_every_tokens=2 * 2 * 32 * 2,
+                      max_micro_batches_per_round=4)
+        return [RunSpec("time_to_loss", c, wl, cpus=_pins(2, pin)) for c in (configs or ("zero1", "acco_lowbit_adaptive"))]
+    nominal = 4 * 4 * 128 * 2  # micro-batch x accumulation x seq x 2 hosts: tokens per optimizer step
+    wl = Workload(model_size="tiny", seq_len=128, micro_batch=4, grad_accum=4, steps=100_000, warmup_steps=2,
+                  compute_delay_ms="30", eval_batches=8, max_micro_batches_per_round=16,
+                  max_tokens=(steps or 100) * nominal, eval_every_tokens=10 * nominal)
+    fast = ("zero1", "zero1_bf16", "sync_lowbit", "acco_adaptive", "acco_lowbit_fixed", "acco_lowbit_adaptive")
+    runs = []
+    for rate in (list(rates) if rates else [None, "100mbit", "25mbit", "10mbit"]):
+        if rate is not None and parse_rate(rate) is not None and not netns:
+            continue
+        slow = rate is not None and parse_rate(rate) is not None and parse_rate(rate) <= 25e6
+        wanted = configs or (cfgs.TIME_TO_LOSS if slow else fast)
+        runs.extend(RunSpec("time_to_loss", c, wl, rate=rate, cpus=_pins(2, pin)) for c in wanted)
+    return runs
+
+
+def _fsdp_runs(smoke: bool, configs: Optional[Sequence[str]], rates: Optional[Sequence[str]], steps: Optional[int],
+               netns: bool, root: bool, pin: bool, parts: set) -> list[RunSpec]:
+    """The FSDP2 front end against stock FSDP2: every config on every link (part ``fsdp``), and one host at
+    half speed on the unshaped link with no sleep (part ``fsdp_slow_host``)."""
+    wanted = [c for c in (configs or cfgs.FSDP_CONFIGS) if c in cfgs.FSDP_CONFIGS]
+    if smoke:
+        wl = Workload(model_size="tiny", seq_len=32, micro_batch=2, grad_accum=2, steps=6, warmup_steps=2,
+                      eval_every=3, eval_batches=2, frontend="fsdp")  # past the steady-state window's first step
+        return [RunSpec("fsdp", c, wl, cpus=_pins(2, pin)) for c in wanted if c in ("fsdp_stock", "fsdp_acco_adaptive")]
+    wl = Workload(model_size="tiny", seq_len=128, micro_batch=4, grad_accum=4, steps=steps or 16, warmup_steps=2,
+                  compute_delay_ms="30", eval_every=4, eval_batches=4, frontend="fsdp")
+    runs = []
+    if "fsdp" in parts:
+        for rate in (list(rates) if rates else [None, "100mbit", "25mbit", "10mbit"]):
+            if rate is not None and parse_rate(rate) is not None and not netns:
+                continue
+            runs.extend(RunSpec("fsdp", c, wl, rate=rate, cpus=_pins(2, pin)) for c in wanted)
+    if "fsdp_slow_host" in parts:
+        slow = dataclasses.replace(wl, compute_delay_ms="0" if root else "0,20")
+        quota = ((1, 50.0),) if root else ()
+        runs.extend(RunSpec("fsdp_slow_host", c, slow, cpu_quota=quota, cpus=_pins(2, pin),
+                            note="" if root else "delay") for c in wanted)
+    return runs
+
+
+PARTS = ("bandwidth", "slow_host", "slow_host_small", "memory", "convergence", "streaming", "time_to_loss", "fsdp",
+         "fsdp_slow_host")
+DEFAULT_PARTS = ("bandwidth", "slow_host", "memory", "convergence", "streaming", "time_to_loss")

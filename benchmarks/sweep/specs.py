@@ -1,0 +1,74 @@
+"""What a sweep runs: the workload every compared config shares, one run's spec, a named sweep."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from benchmarks.cluster.units import format_rate, parse_rate
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Everything that must be equal across the configs a sweep compares."""
+
+    model_size: str = "tiny"
+    seq_len: int = 128
+    micro_batch: int = 4
+    grad_accum: int = 4
+    steps: int = 30
+    warmup_steps: int = 2
+    compute_delay_ms: str = "0"
+    """train_lm ``--compute-delay-ms``: a sleep per micro-batch (a list gives rank r the r-th value)."""
+    eval_every: int = 0
+    eval_batches: int = 8
+    seed: int = 0
+    max_micro_batches_per_round: Optional[int] = None
+    streaming_sync_every: Optional[int] = None
+    """Streaming configs: H instead of :data:`benchmarks.sweep.configs.STREAMING_BLOCK`'s (short smoke runs)."""
+    max_tokens: int = 0
+    """train_lm ``--max-tokens``: stop at this many committed tokens (0: at ``steps``)."""
+    eval_every_tokens: int = 0
+    """train_lm ``--eval-every-tokens`` (0: validate by ``eval_every`` steps only)."""
+    frontend: str = "deepspeed"
+    """``deepspeed`` (``examples.train_lm`` under :mod:`benchmarks.sweep.worker`) or ``fsdp``
+    (``examples.train_lm_fsdp --shard-blocks``, one ``fully_shard`` unit per block)."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    scenario: str
+    """``bandwidth``, ``slow_host``, ``alone``, ``slow_host_small``, ``alonesmall``, ``memory`` or ``convergence``."""
+    config: str
+    workload: Workload
+    hosts: int = 2
+    rate: Optional[str] = None
+    cpu_quota: tuple = ()
+    """``((host index, percent of one CPU), ...)``."""
+    cpus: tuple = ()
+    """``((host index, (cpu, ...)), ...)``; empty: not pinned."""
+    note: str = ""
+
+    @property
+    def run_id(self) -> str:
+        parts = [self.scenario, self.config, format_rate(parse_rate(self.rate)), f"{self.hosts}h"]
+        parts += [f"h{i}q{q:g}" for i, q in self.cpu_quota]
+        if self.note:
+            parts.append(self.note)
+        return "-".join(parts)
+
+
+@dataclass
+class Sweep:
+    name: str
+    description: str
+    runs: list[RunSpec] = field(default_factory=list)
+    timeout_s: float = 600.0
+
+
+def spec_of(row: dict) -> RunSpec:
+    """The :class:`RunSpec` a result row was made from (CPU pinning is not part of a row)."""
+    rate = None if row["rate"] == "unshaped" else row["rate"]
+    quota = tuple((int(k.replace("host", "")), float(v)) for k, v in (row.get("cpu_quota") or {}).items())
+    return RunSpec(row["scenario"], row["config"], Workload(**row["workload"]), hosts=row["hosts"], rate=rate,
+                   cpu_quota=quota, note=row.get("note", ""))

@@ -112,13 +112,13 @@ def main() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     import ds_acco
+    from ds_acco.checkpoint import atomic as deepspeed_atomic
     from ds_acco.checkpoint import files as checkpoint_files
     from ds_acco.checkpoint import gate as checkpoint_gate
     from ds_acco.checkpoint import manifest as checkpoint_manifest
     from ds_acco.checkpoint import verify as checkpoint_verify
-    from ds_acco.checkpoint import atomic as deepspeed_atomic
-    from ds_acco.deepspeed import engine as deepspeed_engine
     from ds_acco.checkpoint.manifest import HASH
+    from ds_acco.deepspeed import engine as deepspeed_engine
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")

@@ -1,12 +1,11 @@
 """ds_acco: hide data-parallel communication behind computation (ACCO) in DeepSpeed and PyTorch jobs."""
 
-from ds_acco.errors import AccoRoundError, AccoTimeoutError
 from ds_acco.config.schema import AccoConfig, parse_acco_config
-from ds_acco.errors import AccoConfigError
+from ds_acco.errors import AccoConfigError, AccoRoundError, AccoTimeoutError
 from ds_acco.layout.flat_buffer import FlatLayout
 from ds_acco.layout.sharded_group import ShardedGroup, build_sharded_groups
-from ds_acco.rounds.engine import RoundEngine
 from ds_acco.optim.shard_optimizer import ShardOptimizer
+from ds_acco.rounds.engine import RoundEngine
 from ds_acco.telemetry.records import RoundRecord, Telemetry
 
 __version__ = "0.1.0"

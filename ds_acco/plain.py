@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from ds_acco.config.schema import AccoConfig
 from ds_acco.layout.sharded_group import build_sharded_groups
-from ds_acco.rounds.engine import RoundEngine
 from ds_acco.optim.shard_optimizer import ShardOptimizer
+from ds_acco.rounds.engine import RoundEngine
 
 
 def _as_groups(params: Iterable[Any]) -> list[dict]:

@@ -172,9 +172,8 @@ def main(argv=None) -> int:
     import ds_acco
     from examples.models import SIZES, build_gpt, count_parameters
     from examples.shakespeare import micro_batch, validation_batches
-    from examples.train_metrics import (JsonlLog, StepMeter, all_gather_ints, all_reduce_max,
-                                                all_reduce_sum, comm_hidden_pct, distributed_validation_loss,
-                                                format_pct)
+    from examples.train_metrics import (JsonlLog, StepMeter, all_gather_ints, all_reduce_max, all_reduce_sum,
+                                        comm_hidden_pct, distributed_validation_loss, format_pct)
 
     if args.seq_len is None:
         args.seq_len = SIZES[args.model_size].n_positions

@@ -130,12 +130,11 @@ def main(argv=None) -> int:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from ds_acco.fsdp import acco_fully_shard, load_job_config
     from examples.models import SIZES, build_gpt, count_parameters
     from examples.shakespeare import micro_batch, validation_batches
-    from examples.train_metrics import StepMeter, all_gather_ints, all_reduce_max, all_reduce_sum
-    from examples.train_metrics import distributed_validation_loss
-    from ds_acco.fsdp import acco_fully_shard
-    from ds_acco.fsdp import load_job_config
+    from examples.train_metrics import (StepMeter, all_gather_ints, all_reduce_max, all_reduce_sum,
+                                        distributed_validation_loss)
 
     job = load_job_config(args.config)  # a wrong config fails before any process group exists
     if args.stock:

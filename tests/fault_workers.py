@@ -80,8 +80,9 @@ def start_with_config(rank, world, *, configs):
 
 
 def telemetry_run(rank, world, *, config, G=4, steps=4, sleep_s=0.0):
-    from ds_acco import plain
     import logging
+
+    from ds_acco import plain
 
     records = []
     handler = logging.Handler()

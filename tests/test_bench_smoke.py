@@ -23,10 +23,9 @@ import time
 import pytest
 
 from benchmarks.cluster import cli, hosts, system, units
-from benchmarks.sweep import configs
 from benchmarks.memory import model as memory
 from benchmarks.report import plots
-from benchmarks.sweep import plans
+from benchmarks.sweep import configs, plans
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO, "launchers", "local_cluster.py")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ds_acco import AccoConfigError, parse_acco_config
 from ds_acco.config import AccoConfig, TelemetryConfig
-
-import pytest
 
 # field -> (strategy of values that must be rejected)
 NOT_BOOL = st.one_of(st.integers(min_value=2), st.text(min_size=2).filter(lambda s: s.lower() not in

@@ -123,8 +123,9 @@ def test_large_buffers_on_the_comm_stream_match_reference():
 
 def test_deepspeed_front_end_on_cuda_trains_and_sync_equals_zero1(tmp_path):
     """The real DeepSpeed engine on the GPU (world size 1, NCCL): ds_acco sync's losses equal stock ZeRO-1's."""
-    from benchmarks.sweep.configs import make_config
     import json
+
+    from benchmarks.sweep.configs import make_config
 
     losses = {}
     for name in ("zero1", "sync", "acco_fixed"):

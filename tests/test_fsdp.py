@@ -205,7 +205,8 @@ def test_gpt_trains_under_torchrun(tmp_path):
 
 
 def test_backend_is_read_from_the_acco_block():
-    from ds_acco.fsdp.options import fsdp_config as _fsdp_config, split_backend
+    from ds_acco.fsdp.options import fsdp_config as _fsdp_config
+    from ds_acco.fsdp.options import split_backend
 
     assert split_backend({"mode": "acco"}) == ("deepspeed", {"mode": "acco"})
     assert split_backend({"backend": "fsdp", "mode": "dpu"}) == ("fsdp", {"mode": "dpu"})

@@ -106,8 +106,8 @@ def install(sampler: HighWaterSampler) -> None:
     from deepspeed.runtime.engine import DeepSpeedEngine
 
     from ds_acco.deepspeed import engine as deepspeed_engine
-    from ds_acco.rounds import engine as round_engine
     from ds_acco.optim import shard_optimizer
+    from ds_acco.rounds import engine as round_engine
 
     for cls in (DeepSpeedEngine, deepspeed_engine.AccoDeepSpeedEngine):
         for name in ("forward", "backward", "step"):

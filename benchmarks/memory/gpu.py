@@ -28,8 +28,9 @@ import subprocess
 import sys
 from typing import Optional
 
-from . import model as memory
 from benchmarks.sweep.configs import make_config
+
+from . import model as memory
 
 DEFAULT = ("zero1", "sync", "dpu", "acco_fixed", "acco_adaptive", "zero1_bf16", "acco_bf16", "acco_bf16_fp32acc")
 MB = 1e6

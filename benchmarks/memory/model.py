@@ -81,8 +81,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ds_acco.optim.adam_lookahead import CHUNK_ELEMS as LOOKAHEAD_CHUNK
 from ds_acco.comm.chunked_cast import CAST_CHUNK_ELEMS
+from ds_acco.optim.adam_lookahead import CHUNK_ELEMS as LOOKAHEAD_CHUNK
 
 STOCK_CONFIGS = ("zero1", "zero1_overlap")
 """The fp32 stock configs (the comparison the bandwidth runs make)."""

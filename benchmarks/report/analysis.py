@@ -19,6 +19,7 @@ from . import time_to_loss
 from .curves import UNSHAPED, interp, rates_in_order, target, val_points
 from .streaming import streaming_table
 
+
 def _ok(runs: list[dict]) -> list[dict]:
     return [r for r in runs if r.get("ok")]
 

@@ -22,9 +22,10 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from .curves import UNSHAPED, rates_in_order, val_points
 from benchmarks.sweep.configs import CONFIGS, LABELS
+
 from . import fsdp, time_to_loss
+from .curves import UNSHAPED, rates_in_order, val_points
 from .streaming import streaming_table
 
 COLORS = {"zero1": "#444444", "zero1_overlap": "#999999", "sync": "#1f77b4", "dpu": "#2ca02c",

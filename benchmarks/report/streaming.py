@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .curves import interp, val_points
 from benchmarks.sweep.configs import STREAMING_COMPARISON
+
+from .curves import interp, val_points
 
 SCENARIO = "streaming"
 

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .curves import interp, target, rates_in_order, val_points
 from benchmarks.sweep.configs import TIME_TO_LOSS
+
+from .curves import interp, rates_in_order, target, val_points
 
 SCENARIO = "time_to_loss"
 TOLERANCE = 0.001

@@ -17,8 +17,9 @@ import re
 import statistics
 from typing import TYPE_CHECKING, Optional
 
-from . import configs as cfgs
 from benchmarks.cluster.units import format_rate, parse_rate
+
+from . import configs as cfgs
 
 if TYPE_CHECKING:
     from .specs import RunSpec

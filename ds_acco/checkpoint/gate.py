@@ -38,9 +38,10 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch.distributed as dist
 
+from ds_acco.errors import CheckpointError
+
 from .files import replaced
 from .verify import Verdict, in_background
-from ds_acco.errors import CheckpointError
 
 
 def verification_group(owner: dict, group, timeout_s: float):

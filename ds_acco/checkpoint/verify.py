@@ -32,8 +32,7 @@ import torch.distributed as dist
 from ds_acco.errors import CheckpointError
 from ds_acco.numerics.finite import all_finite
 
-from .manifest import (MANIFEST, entry_ranges, newest_complete_tag, read_manifest, share_out, unit_digests,
-                                  units_of)
+from .manifest import MANIFEST, entry_ranges, newest_complete_tag, read_manifest, share_out, unit_digests, units_of
 
 logger = logging.getLogger("ds_acco")
 

@@ -34,8 +34,8 @@ them, ``WireBytes.pieces`` the gloo calls that carried them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 from datetime import timedelta
+from typing import Optional
 
 import torch
 import torch.distributed as dist

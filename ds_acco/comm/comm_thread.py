@@ -36,7 +36,6 @@ import torch
 from ds_acco.errors import AccoRoundError, AccoTimeoutError
 
 
-
 class StreamEvent(NamedTuple):
     """A tensor's producer event on a CUDA stream (None on CPU)."""
 
@@ -172,8 +171,3 @@ class CommThread:
         self._jobs.put(None)
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-

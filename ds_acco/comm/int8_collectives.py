@@ -38,11 +38,13 @@ from typing import Optional
 
 import torch
 
-from . import collectives
-from .collectives import RoundCollectives
 from ds_acco.numerics.dtypes import DTYPES
 from ds_acco.numerics.finite import all_finite, count_non_finite
-from ds_acco.numerics.quantization import DEFAULT_BLOCK_SIZE, check_block_size, dequantize_blockwise, num_blocks, quantize_blockwise
+from ds_acco.numerics.quantization import (DEFAULT_BLOCK_SIZE, check_block_size, dequantize_blockwise, num_blocks,
+                                           quantize_blockwise)
+
+from . import collectives
+from .collectives import RoundCollectives
 
 WIRE_DTYPES = ("fp32", "bf16", "int8")
 

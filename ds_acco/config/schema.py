@@ -15,15 +15,10 @@ import json
 import os
 from typing import Any, Literal, Mapping, Optional
 
-from ds_acco.errors import AccoConfigError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-MODES = ("sync", "dpu", "acco", "streaming")
-QUANTIZATIONS = ("none", "int8")
-PARAM_QUANTIZATIONS = ("none", "int8_estimate", "int8")
-ALL_GATHER_DTYPES = ("bf16", "int8", "fp32")
-POLICIES = ("fixed", "adaptive")
-DTYPE_NAMES = ("auto", "fp32", "bf16", "fp16")
+from ds_acco.errors import AccoConfigError
+
 TIMEOUT_RANGE_S = (1.0, 7 * 24 * 3600.0)  # [min, max] of acco.timeout_s, see AccoConfig.timeout_s
 
 

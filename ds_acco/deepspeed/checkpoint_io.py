@@ -22,6 +22,7 @@ load
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any, Callable, Optional
@@ -31,7 +32,7 @@ from deepspeed import comm as ds_dist
 
 from ds_acco.checkpoint.atomic import atomic_save, atomic_torch_save, latest_tag
 from ds_acco.checkpoint.gate import destroy_verification_group, verification_group
-from ds_acco.checkpoint.verify import FiniteCheck, finite_at_save
+from ds_acco.checkpoint.verify import FiniteCheck
 
 from .verify import refuse_if_written_by_ds_acco, start_verify_tag
 
@@ -78,7 +79,7 @@ class VerifiedCheckpoints:
 
     def _acco_saving(self):
         """A context manager around DeepSpeed's save (e.g. exports suspended)."""
-        raise NotImplementedError
+        return contextlib.nullcontext()
 
     def _acco_before_load(self) -> None:
         """Make the engine idle before its buffers are overwritten."""
@@ -87,12 +88,12 @@ class VerifiedCheckpoints:
     def _acco_load_other_world(self, load_dir: str, tag: str, manifest: Optional[dict], pending: Any,
                                args: tuple) -> Optional[tuple]:
         """Load a checkpoint saved with another world size instead of DeepSpeed's own load; None: not needed
-        (or done later, in :meth:`_acco_load_own_state`)."""
-        raise NotImplementedError
+        (or done later, in :meth:`_acco_load_resharded_state`)."""
+        return None
 
     def _acco_load_resharded_state(self, load_dir: str, tag: str, strict: bool) -> bool:
         """After DeepSpeed's load: restore state files saved by another number of ranks; False: not the case."""
-        raise NotImplementedError
+        return False
 
     def _acco_load_own_state(self, load_dir: str, tag: str, path: str, strict: bool) -> None:
         """Restore the state file at ``path`` (every rank found one)."""

@@ -221,9 +221,6 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         self._acco_check_finite(load_dir, tag, None, False, args)
         return out
 
-    def _acco_load_resharded_state(self, load_dir, tag, strict) -> bool:
-        return False  # the round state does not survive a world-size change: _acco_load_other_world handled it
-
     def _acco_load_own_state(self, load_dir, tag, path, strict) -> None:
         saved = torch.load(path, map_location="cpu", weights_only=False)
         self.acco.load_state_dict(saved["rounds"])

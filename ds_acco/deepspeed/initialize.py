@@ -22,10 +22,11 @@ from typing import Any, Mapping
 import deepspeed
 
 from ds_acco.config.schema import AccoConfig, parse_acco_config
+
 from . import _internals as internals
 from .checks import check_deepspeed_version, check_ds_config, check_model
-from .shm import release_shm_names
 from .hf_trainer import install_trainer_hook
+from .shm import release_shm_names
 
 _STOCK_INITIALIZE = deepspeed.initialize
 

@@ -24,7 +24,6 @@ makes it a Streaming DiLoCo worker and leaves DeepSpeed's code unforked:
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import logging
 import os
@@ -134,14 +133,8 @@ class StreamingDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         """This rank's replica and inner optimizer state: what its streaming state file holds."""
         return list(self.module.named_parameters()) + optimizer_tensors(self.optimizer)
 
-    def _acco_saving(self):
-        return contextlib.nullcontext()
-
     def _acco_before_load(self) -> None:
         self.acco.finish()  # nothing may be in flight while the buffers are overwritten
-
-    def _acco_load_other_world(self, load_dir, tag, manifest, pending, args) -> Optional[tuple]:
-        return None  # stage 0 loads DeepSpeed's files on any world size; the state files follow
 
     def _acco_load_resharded_state(self, load_dir: str, tag: str, strict: bool) -> bool:
         """Resume a checkpoint of another number of ranks: rank r takes saved rank ``r mod N_saved``'s

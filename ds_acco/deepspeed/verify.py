@@ -16,11 +16,11 @@ import fnmatch
 import glob
 import logging
 import os
-from typing import Any, Iterable, Optional
+from typing import Optional
 
-from ds_acco.checkpoint.manifest import read_manifest, tag_files
 from ds_acco.checkpoint.gate import PendingVerdict
-from ds_acco.checkpoint.verify import describe, refuse_unless_finite, size_problems, verify_for_load
+from ds_acco.checkpoint.manifest import read_manifest, tag_files
+from ds_acco.checkpoint.verify import describe, size_problems, verify_for_load
 from ds_acco.errors import CheckpointError
 
 logger = logging.getLogger("ds_acco")
@@ -77,7 +77,3 @@ def refuse_if_written_by_ds_acco(load_dir: str, tag: str, client_state: Optional
             "ds_acco_manifest.json and acco_*_dp_rank_<r>.pt": "expected present (its model file says ds_acco "
             "wrote it), found none"}, "is missing parts"))
 
-
-def refuse_non_finite(load_dir: str, tag: str, named: Iterable[tuple[str, Any]], group=None) -> None:
-    """Raise on every rank when a loaded master or optimizer tensor holds inf/NaN."""
-    refuse_unless_finite(os.path.join(load_dir, tag), named, group=group)

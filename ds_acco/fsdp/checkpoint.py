@@ -167,8 +167,8 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
         AccoConfigError: the checkpoint names other parameters, or is neither ds_acco's nor stock FSDP2's.
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
-                                                         set_model_state_dict, set_state_dict)
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                         set_state_dict)
 
     trainer._check_checkpointable()
     engine = getattr(trainer, "engine", None)

@@ -40,12 +40,6 @@ def written_by_ds_acco(folder: str) -> bool:
     return keys is None or any(k == META_KEY or k.startswith(RANK_KEY_PREFIX) for k in keys)
 
 
-def written_by_ds_acco(folder: str) -> bool:
-    """False only for a readable DCP checkpoint without ds_acco's entries (a stock FSDP2 job wrote it)."""
-    keys = saved_keys(folder)
-    return keys is None or any(k == META_KEY or k.startswith(RANK_KEY_PREFIX) for k in keys)
-
-
 def loaded_tensors(trainer: Any) -> list:
     """The master shards and optimizer moments: what a save writes and a load must find finite."""
     return [(f"master {p.fqn}", p.master) for p in trainer.fsdp.params] + optimizer_tensors(trainer.optimizer)

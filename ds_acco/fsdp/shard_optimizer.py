@@ -29,9 +29,10 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from ._fsdp2 import ManagedParam
 from ds_acco.layout.rank_major import RankMajorPacking
 from ds_acco.optim.shard_optimizer import ShardOptimizer
+
+from ._fsdp2 import ManagedParam
 
 
 class DTensorShardOptimizer(ShardOptimizer):

@@ -77,8 +77,8 @@ def load_stock(trainer: Any, folder: str) -> None:
     """Load the model (and the optimizer, if saved) of a stock FSDP2 checkpoint; collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
-                                                         set_model_state_dict, set_state_dict)
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                         set_state_dict)
 
     keys = saved_keys(folder) or set()
     fqns = [p.fqn for p in trainer.fsdp.params if p.trainable]

@@ -21,7 +21,7 @@ code may hold) never change.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 

@@ -31,8 +31,8 @@ from typing import Sequence
 
 import torch
 
-from ds_acco.layout.sharded_group import ShardedGroup
 from ds_acco.layout.grad_buffers import GradBuffers
+from ds_acco.layout.sharded_group import ShardedGroup
 
 ROTATE, COPY, STAGING = "rotate", "copy", "staging"
 

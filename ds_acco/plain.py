@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 import torch
 import torch.distributed as dist
 
-from ds_acco.config.schema import AccoConfig
+from ds_acco.config import AccoConfig, no_preemption_dir, parse_acco_config
 from ds_acco.layout.sharded_group import build_sharded_groups
 from ds_acco.optim.shard_optimizer import ShardOptimizer
 from ds_acco.rounds.engine import RoundEngine
@@ -47,6 +47,7 @@ def build(
     alignment: int = 1,
     grad_scale: float = 1.0,
     on_stage: Optional[Callable[[int, str], None]] = None,
+    on_stop: Optional[Callable[[], None]] = None,
 ) -> RoundEngine:
     """Flatten ``params`` (tensors or torch-style param-group dicts) and start a round engine.
 
@@ -55,7 +56,10 @@ def build(
         optimizer_cls / optimizer_kwargs: the shard optimizer (any ``torch.optim``).
         lr_scheduler: a factory called with the optimizer; stepped once per commit.
         alignment: shard sizes are multiples of this.
+        on_stop: called where every rank stops after a SIGTERM (save there with :func:`state_dict`); default:
+            exit with ``acco.preemption.exit_code``.
     """
+    config = no_preemption_dir(parse_acco_config(config), "ds_acco.plain.build")
     groups_spec = _as_groups(params)
     pg = process_group if process_group is not None else dist.group.WORLD
     world, rank = dist.get_world_size(pg), dist.get_rank(pg)
@@ -73,6 +77,7 @@ def build(
         process_group=process_group,
         grad_scale=grad_scale,
         on_stage=on_stage,
+        on_stop=on_stop,
     )
     engine.announce(f"plain PyTorch, {len(groups)} group(s)")
     return engine

@@ -34,9 +34,13 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         raise SystemExit(0 if argv else 2)
+    from ds_acco.comm.engine_lifecycle import EXIT_ORDER
     from ds_acco.deepspeed.initialize import patch_deepspeed
 
     patch_deepspeed()
+    # The runner owns the process: whoever created the default group (the script, HF Accelerate, DeepSpeed),
+    # it is destroyed after the script, engines first (see ds_acco.comm.engine_lifecycle._ExitOrder).
+    EXIT_ORDER.owns_default_group = True
     if argv[0] == "-m":
         if len(argv) < 2:
             raise SystemExit("ds_acco.run: -m needs a module name")
@@ -45,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         sys.argv = [argv[0], *argv[1:], *launcher_args]
         runpy.run_path(argv[0], run_name="__main__")
+    EXIT_ORDER.teardown()  # the script finished: tear down now, while everything it built is alive
 
 
 if __name__ == "__main__":

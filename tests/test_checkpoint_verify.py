@@ -279,3 +279,35 @@ def test_agreement_with_a_peer_that_never_joins_fails_within_the_timeout(tmp_pat
     assert got[1]["message"] is None
     assert "could not agree" in got[0]["message"] and "acco.timeout_s=1s" in got[0]["message"], got[0]["message"]
     assert 0.9 < got[0]["seconds"] < 10, got[0]["seconds"]
+
+
+def test_a_pickle_that_runs_code_is_refused_on_every_rank_and_never_runs(matrix):
+    """Model, optimizer or round-state file replaced by a pickle that would ``touch`` a marker: refused by
+    size, or (manifest rewritten to match) by the restricted unpickler, naming the file and the class."""
+    _, ranks, _ = matrix
+    cases = ranks[0]["trust"]["unsigned"]
+    assert len(cases) == 6
+    for r, got in enumerate(ranks):
+        for case, seen in got["trust"]["unsigned"].items():
+            assert seen["refused"] and seen["names_file"], (r, case, seen["message"])
+            assert seen["steps_unchanged"] and seen["state_unchanged"], (r, case)
+            assert seen["message"] == cases[case]["message"], (r, case)  # the same refusal on every rank
+            if "rewritten manifest" in case:
+                assert "posix.system" in seen["message"] and "acco.checkpoint.weights_only" in seen["message"], seen
+    assert ranks[0]["trust"]["markers"] == []  # no case ran the command
+
+
+def test_signed_checkpoints_refuse_forgeries_before_parsing_and_load_when_intact(matrix):
+    _, ranks, _ = matrix
+    for r, got in enumerate(ranks):
+        signed = got["trust"]["signed"]
+        assert set(signed) == {"a changed byte in mp_rank_00_model_states.pt", "signature removed", "wrong key",
+                               "pickle in zero_pp_rank_1_mp_rank_00_optim_states.pt and a rewritten manifest",
+                               "unsigned checkpoint"}
+        for case, seen in signed.items():
+            assert seen["refused"] and seen["names_file"], (r, case, seen["message"])
+            assert seen["cause"] is None, (r, case)  # refused by the check, before any loader raised
+            assert seen["message"] == ranks[0]["trust"]["signed"][case]["message"], (r, case)
+            assert "global_step" in seen["message"], seen["message"]  # names the tag
+        assert got["trust"]["good_signed_steps"] == 1, got["trust"]["good_signed_steps"]
+    assert ranks[0]["trust"]["markers"] == []

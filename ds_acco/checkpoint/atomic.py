@@ -17,6 +17,7 @@ barriers of the default process group (DeepSpeed's ``comm.barrier`` is that barr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -27,6 +28,7 @@ import torch.distributed as dist
 
 from .files import FileFinisher
 from .manifest import clean_partials, fsync_path, write_manifest
+from .save_failure import SaveFailures
 from .verify import FiniteCheck
 
 logger = logging.getLogger("ds_acco")
@@ -35,20 +37,27 @@ logger = logging.getLogger("ds_acco")
 def atomic_torch_save(obj: Any, path: str) -> None:
     """``torch.save`` through a temporary name, so a reader never sees half a file."""
     tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(obj, tmp)
+    try:
+        torch.save(obj, tmp)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
     os.replace(tmp, path)
 
 
-def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str], Any], save_latest: bool,
+def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str, Callable], Any], save_latest: bool,
                 checkpoint_engine: Any, fsync: bool, claim: Sequence[str] = (),
-                writer: str = "ds_acco deepspeed", finite: Optional[FiniteCheck] = None) -> Any:
+                writer: str = "ds_acco deepspeed", finite: Optional[FiniteCheck] = None,
+                key: Optional[bytes] = None) -> Any:
     """Run ``write(partial_tag)`` on every rank, then publish ``tag`` (and ``latest``) at once.
 
     Args:
         save_dir: the checkpoint folder (shared by all ranks).
         tag: the final tag name.
         global_rank: this process's rank; rank 0 renames and writes ``latest``.
-        write: saves this rank's files under ``save_dir/<partial_tag>``; its return value is returned.
+        write: ``write(partial_tag, guard)`` saves this rank's files under ``save_dir/<partial_tag>``, each of
+            its own writes inside ``with guard(path, obj):``; its return value is returned.
         save_latest: replace ``latest`` with ``tag`` once the tag is complete, unless the save found
             non-finite masters or moments (a load would refuse the tag; ``latest`` keeps the last good one).
         checkpoint_engine: DeepSpeed's ``engine.checkpoint_engine``; each file it writes is hashed
@@ -59,24 +68,35 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str]
         writer: the front end, recorded in the manifest.
         finite: the finite check of this rank's masters and moments, started before the save
             (it sums while the files are written); its outcome goes into the manifest.
+        key: sign the manifest with it (:mod:`ds_acco.checkpoint.signing`); None: unsigned.
+
+    Raises:
+        CheckpointSaveError: on every rank, when a write failed on any rank (full disk, quota, I/O error);
+            the partial tag is removed first and ``latest`` is unchanged (:mod:`.save_failure`).
     """
     partial = f"{tag}.partial"
     if global_rank == 0:
         clean_partials(save_dir)  # debris of crashed saves: reported, never loaded
     dist.barrier()
     folder = os.path.join(save_dir, partial)
-    finisher = FileFinisher(folder, fsync)
+    finisher, failures = FileFinisher(folder, fsync), SaveFailures(folder)
     try:
-        with finisher.watching(checkpoint_engine):
-            result = write(partial)
+        with finisher.watching(checkpoint_engine, failures):
+            result = write(partial, failures.guard)
         for name in claim:  # the rest of this rank's files (ds_acco's state file is written last)
             if os.path.isfile(os.path.join(folder, name)):
                 finisher.add(os.path.join(folder, name))
     finally:
-        hashed = finisher.finish()
-    dist.barrier()
+        try:
+            hashed = finisher.finish()
+        except OSError as exc:  # a flush the disk refused
+            failures.failed.append(f"{exc.filename or folder}: {exc.strerror}")
+            hashed = {}
+    _fail_if_any(failures, save_dir, tag, folder, global_rank)
     non_finite = write_manifest(folder, writer=writer, tag=tag, claim=claim, hashed=hashed, fsync=fsync,
-                                non_finite=finite.local_result() if finite is not None else None)
+                                non_finite=finite.local_result() if finite is not None else None, key=key,
+                                guard=failures.guard)
+    _fail_if_any(failures, save_dir, tag, folder, global_rank)
     if global_rank == 0:
         final = os.path.join(save_dir, tag)
         old = f"{final}.old{os.getpid()}"
@@ -101,6 +121,18 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str]
                 fsync_path(save_dir)
     dist.barrier()
     return result
+
+
+def _fail_if_any(failures: SaveFailures, save_dir: str, tag: str, folder: str, global_rank: int) -> None:
+    """When a write failed on any rank: remove the partial tag, then raise the same error on every rank."""
+    failed = failures.agree()
+    if not failed:
+        return
+    error = failures.error(failed, save_dir, tag, latest_tag(save_dir))
+    if global_rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)  # its space is what the next save needs
+    dist.barrier()
+    raise error
 
 
 def latest_tag(load_dir: str) -> str | None:

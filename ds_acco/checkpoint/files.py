@@ -20,10 +20,11 @@ import contextlib
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 from . import manifest as checkpoint_manifest
 from .manifest import fsync_path
+from .save_failure import SaveFailures
 
 
 @contextlib.contextmanager
@@ -68,12 +69,20 @@ class FileFinisher:
         if self.fsync:
             self._flushes.append(self._pool.submit(fsync_path, path))
 
-    def watching(self, checkpoint_engine: Any) -> contextlib.AbstractContextManager:
-        """Within the block, every file DeepSpeed's ``checkpoint_engine.save`` writes is :meth:`add`-ed."""
+    def watching(self, checkpoint_engine: Any, failures: Optional[SaveFailures] = None
+                 ) -> contextlib.AbstractContextManager:
+        """Within the block, every file DeepSpeed's ``checkpoint_engine.save`` writes is :meth:`add`-ed; with
+        ``failures``, a write the filesystem refuses is noted there instead of raised (see
+        :mod:`ds_acco.checkpoint.save_failure`)."""
         real = checkpoint_engine.save
 
         def save(state_dict, path, *args, **kwargs):
-            out = real(state_dict, path, *args, **kwargs)
+            if failures is None:
+                out = real(state_dict, path, *args, **kwargs)
+            else:
+                out = None
+                with failures.guard(path, state_dict):
+                    out = real(state_dict, path, *args, **kwargs)
             if os.path.isfile(path):  # an asynchronous engine may not have written it yet: hashed later
                 self.add(path)
             return out

@@ -23,6 +23,7 @@ a load whose files match their hashes from summing them again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import mmap
@@ -31,9 +32,11 @@ import shutil
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Optional, Sequence
+from typing import Callable, ContextManager, Iterable, Optional, Sequence
 
 import torch.distributed as dist
+
+from . import signing
 
 try:
     import xxhash
@@ -224,7 +227,8 @@ def _seal(body: dict) -> str:
 
 def write_manifest(folder: str, *, writer: str, tag: str, claim: Sequence[str] = (),
                    hashed: Optional[dict] = None, fsync: bool = True, group=None,
-                   non_finite: Optional[Sequence[str]] = None) -> list[str]:
+                   non_finite: Optional[Sequence[str]] = None, key: Optional[bytes] = None,
+                   guard: Callable[[str], ContextManager] = lambda path: contextlib.nullcontext()) -> list[str]:
     """Hash every file of ``folder`` (shared out over the ranks) and write its manifest; collective.
 
     Call it when every rank has finished writing (and, with ``fsync``, flushing) its files.
@@ -243,6 +247,8 @@ def write_manifest(folder: str, *, writer: str, tag: str, claim: Sequence[str] =
             (empty: all finite), or None when the front end did not check. The manifest records
             ``finite_at_save`` true only when every rank checked and found none: a load whose files
             match their hashes then holds the saved values, so it need not sum them again.
+        key: sign the manifest with this key (:mod:`ds_acco.checkpoint.signing`); None: unsigned.
+        guard: wraps rank 0's write of the manifest (a full disk is noted there, and the ranks still meet).
 
     Returns:
         On every rank, the tensors any rank found non-finite (``"rank r's name"``; empty when none).
@@ -283,20 +289,25 @@ def write_manifest(folder: str, *, writer: str, tag: str, claim: Sequence[str] =
         if fsync:  # the files' names are durable before the manifest that vouches for them
             fsync_folders(folder)
         tmp = os.path.join(folder, f"{MANIFEST}.tmp{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(dict(body, seal=_seal(body)), f, indent=1, sort_keys=True)
-            f.flush()
+        with guard(tmp):
+            with open(tmp, "w", encoding="utf-8") as f:
+                signature = {} if key is None else {"signature": signing.sign(body, key)}
+                json.dump(dict(body, seal=_seal(body), **signature), f, indent=1, sort_keys=True)
+                f.flush()
+                if fsync:
+                    os.fsync(f.fileno())
+            os.replace(tmp, os.path.join(folder, MANIFEST))
             if fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(folder, MANIFEST))
-        if fsync:
-            fsync_path(folder)
+                fsync_path(folder)
     dist.barrier(group=group)
     return bad
 
 
 def read_manifest(folder: str) -> tuple[Optional[dict], Optional[str]]:
-    """``(manifest, None)``, or ``(None, what is wrong)`` when it is missing, unreadable or edited."""
+    """``(manifest, None)``, or ``(None, what is wrong)`` when it is missing, unreadable or edited.
+
+    A signed manifest keeps its ``signature`` entry (not covered by the seal, and checked by
+    :func:`ds_acco.checkpoint.signing.problem` against the rest)."""
     path = os.path.join(folder, MANIFEST)
     if not os.path.exists(path):
         return None, "missing"
@@ -304,12 +315,15 @@ def read_manifest(folder: str) -> tuple[Optional[dict], Optional[str]]:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         seal = data.pop("seal")
+        signature = data.pop("signature", None)
         files = data["files"]
         int(seal, 16)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return None, f"unreadable ({type(exc).__name__}: {exc})"
     if seal != _seal(data) or not isinstance(files, dict):
         return None, "edited after the save (its seal does not match its contents)"
+    if signature is not None:
+        data["signature"] = signature
     return data, None
 
 

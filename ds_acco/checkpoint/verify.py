@@ -30,6 +30,9 @@ import torch
 import torch.distributed as dist
 
 from ds_acco.errors import CheckpointError
+
+from . import signing
+from .safe_load import SWITCH
 from ds_acco.numerics.finite import all_finite
 
 from .manifest import MANIFEST, entry_ranges, newest_complete_tag, read_manifest, share_out, unit_digests, units_of
@@ -110,7 +113,8 @@ def in_background(fn: Callable, *args: Any, name: str = "ds_acco_verify") -> Fut
 
 def verify_for_load(folder: str, *, reads: Sequence[str], ours: bool, salvage: bool,
                     droppable: Callable[[str], bool] = lambda name: False, group=None,
-                    manifest_read: Optional[tuple[Optional[dict], Optional[str]]] = None) -> Verdict:
+                    manifest_read: Optional[tuple[Optional[dict], Optional[str]]] = None,
+                    key: Optional[bytes] = None, scan: Optional[Callable[[str], list]] = None) -> Verdict:
     """Verify ``folder`` before it is loaded; collective over ``group``.
 
     Args:
@@ -121,20 +125,38 @@ def verify_for_load(folder: str, *, reads: Sequence[str], ours: bool, salvage: b
         droppable: which files the front end can load without (salvage only).
         group: the ranks that load together (None: the default group).
         manifest_read: what :func:`read_manifest` returned, when the caller already read it.
+        key: the signing key (:mod:`ds_acco.checkpoint.signing`): the manifest must be signed with it,
+            checked before anything else; salvage cannot drop that.
+        scan: the classes a file would unpickle beyond those allowed (:func:`ds_acco.checkpoint.safe_load.
+            classes_beyond`); a file that names any is refused (None: ``acco.checkpoint.weights_only`` off).
 
     Raises:
         CheckpointError: on every rank, with the same message, when any rank found a problem.
     """
     rank = dist.get_rank(group)
     manifest, bad = manifest_read if manifest_read is not None else read_manifest(folder)
-    if manifest is None:
+    unsigned = None if key is None else signing.problem(
+        manifest and {k: v for k, v in manifest.items() if k != "signature"}, (manifest or {}).get("signature"), key)
+    if unsigned is not None:
+        problems = {MANIFEST: f"expected signed with this job's key (acco.checkpoint.signing_key_file or "
+                              f"${signing.KEY_ENV}), found it {unsigned}"}
+    elif manifest is None:
         problems = {MANIFEST: f"expected present, found it {bad}"} if ours or bad != "missing" else {}
     else:
         claims = _gather([f for f in reads if f in manifest["files"]], group)
         problems = _check_files(folder, manifest, claims, rank)
+    if scan is not None and unsigned is None:
+        for name in reads:
+            path = os.path.join(folder, name)
+            if name not in problems and os.path.isfile(path) and (classes := scan(path)):
+                problems[name] = (f"holds {', '.join(classes)}, which a checkpoint load does not unpickle (it would "
+                                  f"run code the file names); refused before any file was parsed. If the checkpoint "
+                                  f"comes from a source you trust, set {SWITCH}: false")
     merged: dict[str, str] = {}
     for part in _gather(problems, group):
         merged.update(part)
+    if key is not None and MANIFEST in merged:
+        raise CheckpointError(describe(folder, merged, "is not signed with this job's key"))
     if manifest is None and not merged:
         return Verdict(stock=True)
     if not merged:

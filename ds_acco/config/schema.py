@@ -12,105 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import Any, Literal, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from ds_acco.errors import AccoConfigError
 
+from .blocks import CheckpointConfig, PreemptionConfig, StreamingConfig, TelemetryConfig, _Block
+
 TIMEOUT_RANGE_S = (1.0, 7 * 24 * 3600.0)  # [min, max] of acco.timeout_s, see AccoConfig.timeout_s
-
-
-class _Block(BaseModel):
-    # strict: a JSON config says true/false and numbers; "3" or 0.0 for a flag is a mistake, not a value
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
-
-
-class TelemetryConfig(_Block):
-    """Per-round measurements (compute, wait, round time, bytes, counts)."""
-
-    enabled: bool = True
-    """Record one :class:`ds_acco.telemetry.RoundRecord` per round."""
-    log_every: int = Field(default=0, ge=0)
-    """Log a summary line every this many commits on rank 0 (0: never)."""
-    jsonl_path: Optional[str] = None
-    """If set, every rank appends its round records to ``<jsonl_path>.rank<r>``."""
-    keep_last: int = Field(default=10_000, ge=1)
-    """How many round records stay in memory; older ones are dropped (sums are kept)."""
-
-    @field_validator("jsonl_path")
-    @classmethod
-    def _writable(cls, path: Optional[str]) -> Optional[str]:
-        # The file is first opened at the end of the first round: check its folder now.
-        if path is not None:
-            check_writable_folder(path)
-        return path
-
-
-class CheckpointConfig(_Block):
-    """How checkpoints are saved and loaded (saves are always verified, see ``ds_acco.checkpoint.manifest``)."""
-
-    fsync: bool = True
-    """Flush every file of a save to stable storage before the manifest that vouches for it
-    (then the manifest, the tag's rename and ``latest``), so a tag that looks complete is
-    complete after a node crash or a power loss. Off: saves return once the files are in
-    the page cache (faster on local disks; a crash can then leave a tag whose files fail
-    verification, and the load names the previous complete tag)."""
-
-    salvage: bool = False
-    """Load a damaged or partial ds_acco checkpoint anyway, dropping the parts that fail
-    verification where the rest can stand without them (per-rank round or streaming
-    state, or an unreadable manifest); a WARNING names what was dropped. Off: any bad
-    file fails every rank before training."""
-
-
-class StreamingConfig(_Block):
-    """Streaming DiLoCo (``mode: "streaming"``); see ``docs/algorithms.md``, section streaming."""
-
-    fragments: int = Field(default=1, ge=1)
-    """``P``: parameter fragments (groups of whole layers), synchronised one at a time."""
-    sync_every: int = Field(default=100, ge=1)
-    """``H``: inner steps between two synchronisations of the same fragment; fragment
-    ``p`` syncs at inner steps ``t`` with ``t mod H == p * H // P`` (``t >= 1``)."""
-    overlap_steps: int = Field(default=0, ge=0)
-    """``tau``: inner steps between a fragment's launch and the merge of its result
-    (0: the training thread waits for the round). Must be below ``H / P``."""
-    alpha: float = Field(default=0.5, ge=0.0, le=1.0)
-    """Merge weight: ``θ_i ← alpha · θ_i + (1 − alpha) · θ_g`` (0: take the global parameters)."""
-    outer_lr: float = Field(default=0.7, gt=0.0)
-    """Learning rate of the outer Nesterov SGD on the global parameters."""
-    outer_momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
-    """Momentum of the outer Nesterov SGD (0: plain SGD)."""
-    quantize: Literal["int8", "none"] = "int8"
-    """Pseudo-gradient reduce-scatter payload: blockwise int8 or fp32."""
-    all_gather_dtype: Literal["bf16", "int8", "fp32"] = "bf16"
-    """Wire dtype of the all-gather of the updated global fragment."""
-    fragment_modules: Optional[list[list[str]]] = None
-    """Which layers form each fragment, by qualified name (as ``model.named_modules()`` or
-    ``model.named_parameters()`` spell them, relative to the model passed to DeepSpeed):
-    one list per fragment, ``fragments`` lists, every trainable parameter in exactly
-    one. None: the default split (consecutive blocks of the model's layer stack)."""
-
-    @model_validator(mode="after")
-    def _schedule(self) -> "StreamingConfig":
-        P, H, tau = self.fragments, self.sync_every, self.overlap_steps
-        if H < P:
-            raise ValueError(
-                f"acco.streaming.sync_every: got {H}; must be >= acco.streaming.fragments ({P}) so that "
-                "every fragment gets its own sync step in each window of sync_every inner steps"
-            )
-        if self.fragment_modules is not None and len(self.fragment_modules) != P:
-            raise ValueError(
-                f"acco.streaming.fragment_modules: got {len(self.fragment_modules)} lists; allowed: one list of "
-                f"module names per fragment, acco.streaming.fragments = {P}"
-            )
-        if tau * P >= H:
-            raise ValueError(
-                f"acco.streaming.overlap_steps: got {tau}; allowed: 0 <= overlap_steps < sync_every / fragments "
-                f"= {H}/{P} = {H / P:g}, so that at most one fragment is in flight"
-            )
-        return self
+LOCAL_BLOCKS = {"telemetry", "checkpoint", "preemption"}
+"""Blocks that may differ between ranks and between a save and its resume: they change no update."""
 
 
 class AccoConfig(_Block):
@@ -162,6 +74,7 @@ class AccoConfig(_Block):
     """Options of ``mode: "streaming"`` (ignored by the other modes)."""
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    preemption: PreemptionConfig = Field(default_factory=PreemptionConfig)
 
     @field_validator("timeout_s")
     @classmethod
@@ -213,7 +126,7 @@ class AccoConfig(_Block):
 
     def fingerprint(self) -> str:
         """A short hash of every field that must agree across ranks."""
-        payload = self.model_dump(exclude={"telemetry", "checkpoint"})
+        payload = self.model_dump(exclude=LOCAL_BLOCKS)
         # Fields added after the first release leave the hash unchanged at their defaults,
         # so round states saved before them still load.
         for key, default in _LATER_DEFAULTS.items():
@@ -247,34 +160,6 @@ class AccoConfig(_Block):
                 "'acco' splits every optimizer step into an estimate and a commit half, so it "
                 "must be even (2, 4, 6, ...)"
             )
-
-
-def check_writable_folder(path: str) -> None:
-    """Create ``path``'s folder if needed; raise ``ValueError`` unless a file can be written there."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"its folder {folder} cannot be created ({exc.strerror}); allowed: a path in a "
-                         "writable folder") from None
-    if os.path.isdir(path) or not os.access(folder, os.W_OK):
-        raise ValueError(f"{'it is a folder' if os.path.isdir(path) else f'{folder} is not writable'}; "
-                         "allowed: a file path in a writable folder")
-
-
-def check_saved_state_fits(state: Mapping[str, Any], mine: Mapping[str, Any], what: str, advice: str) -> None:
-    """Raise unless a saved engine state was written by a job like this one.
-
-    Args:
-        state: the saved state dict; holds every key of ``mine``.
-        mine: this job's values (config fingerprint, world size, buffer sizes, ...).
-        what: what was saved, for the message ("the ACCO round state").
-        advice: what the user can do instead.
-    """
-    theirs = {key: state.get(key) for key in mine}
-    if theirs != dict(mine):
-        raise AccoConfigError(f"{what} in this checkpoint does not fit this job: saved {theirs}, now {dict(mine)}. "
-                              f"{advice}")
 
 
 _LATER_DEFAULTS = {

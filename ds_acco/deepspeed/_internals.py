@@ -34,15 +34,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 from typing import Any, Iterator
 
 import deepspeed
 import torch
 
+CHECKPOINT_CLASSES = ("deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+                      "deepspeed.runtime.zero.config.ZeroStageEnum", "deepspeed.utils.tensor_fragment.fragment_address")
+"""The classes beyond tensors, containers and numbers that DeepSpeed's ZeRO-1 and stage-0 checkpoint files hold
+(found with ``torch.serialization.get_unsafe_globals_in_checkpoint`` on stock and ds_acco checkpoints): the only
+ones a ds_acco load unpickles (:mod:`ds_acco.checkpoint.safe_load`)."""
+
 _ZERO_ATTRS = ("_grad_acc_hooks", "bit16_groups_flat", "round_robin_bit16_groups", "round_robin_bit16_offsets",
                "single_partition_of_fp32_groups", "real_dp_process_group", "parallel_partitioned_bit16_groups",
                "get_data_parallel_partitions", "loss_scale", "loss_scaler")
-_ENGINE_ATTRS = ("enable_backward_allreduce", "_backward_epilogue", "_take_model_step", "_config", "checkpoint_engine")
+_ENGINE_ATTRS = ("enable_backward_allreduce", "_backward_epilogue", "_take_model_step", "_config", "checkpoint_engine",
+                 "_copy_recovery_script")
 
 
 def check(engine: Any, zero_optimizer: Any = None) -> None:
@@ -119,6 +127,23 @@ def record_grad_norm(engine: Any, grad_norm: float) -> None:
 
 
 # ------------------------------------------------------------------ checkpoints
+@contextlib.contextmanager
+def guarded_recovery_script(engine: Any, guard: Any) -> Iterator[None]:
+    """Within the block, the copy of ``zero_to_fp32.py`` a ZeRO save writes next to its tags goes through
+    ``guard(path)`` (a full disk fails the save on every rank instead of raising on rank 0 alone)."""
+    real = engine._copy_recovery_script
+
+    def copy(save_path):
+        with guard(os.path.join(save_path, "zero_to_fp32.py")):
+            real(save_path)
+
+    engine._copy_recovery_script = copy
+    try:
+        yield
+    finally:
+        del engine._copy_recovery_script
+
+
 @contextlib.contextmanager
 def universal_loading(engine: Any) -> Iterator[None]:
     """Within the block, ``load_checkpoint`` reads a universal checkpoint (re-partitioned fragments)."""

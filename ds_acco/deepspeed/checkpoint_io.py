@@ -30,10 +30,14 @@ from typing import Any, Callable, Optional
 import torch
 from deepspeed import comm as ds_dist
 
+from ds_acco.checkpoint import safe_load, signing
 from ds_acco.checkpoint.atomic import atomic_save, atomic_torch_save, latest_tag
+from ds_acco.checkpoint.save_failure import CheckpointSaveError
+from ds_acco.checkpoint.files import replaced
 from ds_acco.checkpoint.gate import destroy_verification_group, verification_group
 from ds_acco.checkpoint.verify import FiniteCheck
 
+from . import _internals as internals
 from .verify import refuse_if_written_by_ds_acco, start_verify_tag
 
 logger = logging.getLogger("ds_acco")
@@ -47,6 +51,14 @@ class VerifiedCheckpoints:
     :meth:`_acco_saving`, :meth:`_acco_before_load`, :meth:`_acco_load_other_world`,
     :meth:`_acco_load_own_state`, :meth:`_acco_reset_own_state`, :meth:`_acco_proven_finite`.
     """
+
+    @property
+    def _acco_key(self) -> Optional[bytes]:
+        """The signing key (:mod:`ds_acco.checkpoint.signing`), read at take-over (a bad key file fails there)."""
+        return self.__dict__.get("_acco_signing_key")
+
+    def _acco_read_key(self) -> None:
+        self.__dict__["_acco_signing_key"] = signing.load_key(self._acco_config.checkpoint.signing_key_file)
 
     STATE_FILE = ""
     """The per-rank state file's name, with a ``{rank}`` field."""
@@ -120,16 +132,27 @@ class VerifiedCheckpoints:
         parent = super().save_checkpoint
         path = os.path.join(save_dir, "{partial}", self.STATE_FILE.format(rank=self._acco_dp()[0]))
 
-        def write(partial: str) -> bool:
-            with self._acco_saving():
+        def write(partial: str, guard) -> bool:
+            with self._acco_saving(), internals.guarded_recovery_script(self, guard):
                 ok = parent(save_dir, partial, client_state, False, exclude_frozen_parameters)
-            atomic_torch_save(own, path.format(partial=partial))
+            target = path.format(partial=partial)
+            with guard(target, own):
+                atomic_torch_save(own, target)
             return ok
 
         # summed while the files are written; the manifest records the outcome, which spares the load its sums
         finite = FiniteCheck(self._acco_finite_tensors())
-        return atomic_save(save_dir, tag, self.global_rank, write, save_latest, self.checkpoint_engine,
-                           self._acco_config.checkpoint.fsync, claim=self._acco_claim(), finite=finite)
+        try:
+            return atomic_save(save_dir, tag, self.global_rank, write, save_latest, self.checkpoint_engine,
+                               self._acco_config.checkpoint.fsync, claim=self._acco_claim(), finite=finite,
+                               key=self._acco_key)
+        except CheckpointSaveError as exc:
+            if self._acco_config.checkpoint.on_save_error != "continue":
+                raise
+            if self.global_rank == 0:
+                logger.error("%s\nacco.checkpoint.on_save_error is \"continue\": training goes on; the next save "
+                             "tries again", exc)
+            return False
 
     # ------------------------------------------------------------ load
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
@@ -143,12 +166,29 @@ class VerifiedCheckpoints:
         tag = tag if tag is not None else latest_tag(load_dir)
         if tag is None:
             return parent(load_dir, tag, *args)
-        tag = str(tag)
+        with self._acco_safe_loads():
+            return self._acco_load(load_dir, str(tag), args)
+
+    def _acco_safe_loads(self):
+        """Within the block, DeepSpeed's checkpoint engine unpickles with torch's restricted unpickler and the
+        classes DeepSpeed's files hold (:mod:`ds_acco.checkpoint.safe_load`): no file can run code on load."""
+        weights_only = self._acco_config.checkpoint.weights_only
+
+        def load(path, map_location=None):
+            return safe_load.load(path, map_location=map_location, allow=internals.CHECKPOINT_CLASSES,
+                                  weights_only=weights_only)
+
+        return replaced(self.checkpoint_engine, "load", load)
+
+    def _acco_load(self, load_dir: str, tag: str, args: tuple) -> tuple:
+        load_module_strict, load_optimizer_states, _, load_module_only, _ = args
+        parent: Callable = super().load_checkpoint
         dp_rank, dp_world, group = self._acco_dp()
         timeout_s = self._acco_config.timeout_s
         pending = start_verify_tag(load_dir, tag, state_file=self.STATE_FILE, dp_rank=dp_rank, dp_world=dp_world,
                                    salvage=self._acco_config.checkpoint.salvage, timeout_s=timeout_s,
-                                   group=verification_group(self.__dict__, group, timeout_s))
+                                   group=verification_group(self.__dict__, group, timeout_s), key=self._acco_key,
+                                   weights_only=self._acco_config.checkpoint.weights_only)
         manifest = pending.verdict().manifest if pending.up_front else pending.manifest
         resharded = self._acco_load_other_world(load_dir, tag, manifest, pending, args)
         if resharded is not None:
@@ -189,6 +229,24 @@ class VerifiedCheckpoints:
         if not self._acco_proven_finite(manifest, from_state, args[1], args[3]):
             FiniteCheck(self._acco_finite_tensors(), background=False).settle(os.path.join(load_dir, tag),
                                                                               group=self._acco_dp()[2])
+
+    # ------------------------------------------------------------ preemption
+    def _acco_note_stop(self) -> None:
+        """Every rank learned of a SIGTERM at this boundary: act on it once the optimizer step is done."""
+        self.__dict__["_acco_stop_due"] = True
+
+    def _acco_stop_if_due(self) -> None:
+        """At the end of ``step()`` after a SIGTERM: save (``acco.preemption.checkpoint_dir``), then every rank
+        exits with ``acco.preemption.exit_code`` (:class:`~ds_acco.comm.stop_signal.AccoPreempted`)."""
+        if not self.__dict__.pop("_acco_stop_due", False):
+            return
+        folder = self._acco_config.preemption.checkpoint_dir
+        if folder:
+            self.save_checkpoint(folder)
+            if self.global_rank == 0:
+                logger.warning("ds_acco: stopped after a SIGTERM at step %d; saved %s/%s; exit status %d",
+                               self.global_steps, folder, latest_tag(folder), self._acco_config.preemption.exit_code)
+        self.acco.preempt()
 
     def _acco_destroy_checkpoint_group(self) -> None:
         destroy_verification_group(self.__dict__)

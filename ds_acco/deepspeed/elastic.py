@@ -17,8 +17,9 @@ import logging
 import os
 from typing import Callable
 
-import torch
 from deepspeed import comm as ds_dist
+
+from ds_acco.checkpoint import safe_load
 
 from . import _internals as internals
 
@@ -28,25 +29,34 @@ MODEL_STATES = "mp_rank_00_model_states.pt"
 DONE_MARKER = "ds_acco_conversion_complete"
 
 
-def saved_dp_world_size(load_dir: str, tag: str) -> int:
-    state = torch.load(os.path.join(load_dir, tag, MODEL_STATES), map_location="cpu", weights_only=False)
-    return int(state["dp_world_size"])
+def _model_states(load_dir: str, tag: str, weights_only: bool) -> dict:
+    return safe_load.load(os.path.join(load_dir, tag, MODEL_STATES), map_location="cpu",
+                          allow=internals.CHECKPOINT_CLASSES, weights_only=weights_only)
 
 
-def saved_module_state(load_dir: str, tag: str) -> dict:
-    return torch.load(os.path.join(load_dir, tag, MODEL_STATES), map_location="cpu", weights_only=False)["module"]
+def saved_dp_world_size(load_dir: str, tag: str, weights_only: bool = True) -> int:
+    return int(_model_states(load_dir, tag, weights_only)["dp_world_size"])
+
+
+def saved_module_state(load_dir: str, tag: str, weights_only: bool = True) -> dict:
+    return _model_states(load_dir, tag, weights_only)["module"]
 
 
 def universal_dir(load_dir: str, tag: str) -> str:
     return os.path.join(load_dir, f"{tag}.universal")
 
 
-def convert_to_universal(load_dir: str, tag: str) -> str:
-    """Convert ``<load_dir>/<tag>`` once; returns the folder to load with ``load_universal``."""
+def convert_to_universal(load_dir: str, tag: str, weights_only: bool = True) -> str:
+    """Convert ``<load_dir>/<tag>`` once; returns the folder to load with ``load_universal``.
+
+    DeepSpeed's converter calls ``torch.load(weights_only=False)`` itself: it runs with every
+    ``torch.load`` restricted to the classes its files hold (see :mod:`ds_acco.checkpoint.safe_load`).
+    """
     root = universal_dir(load_dir, tag)
     if os.path.exists(os.path.join(root, DONE_MARKER)):
         return root
-    internals.convert_to_universal(os.path.join(load_dir, tag), os.path.join(root, tag))
+    with safe_load.torch_load_restricted(internals.CHECKPOINT_CLASSES, weights_only):
+        internals.convert_to_universal(os.path.join(load_dir, tag), os.path.join(root, tag))
     with open(os.path.join(root, DONE_MARKER), "w", encoding="utf-8") as f:
         f.write(tag)
     return root
@@ -59,13 +69,15 @@ def load_resharded(engine, stock_load: Callable, load_dir: str, tag: str, strict
     ``stock_load`` is DeepSpeed's own ``load_checkpoint`` of the engine. Collective: every rank calls it.
     """
     dp = engine._acco_dp()[1]
+    weights_only = engine._acco_config.checkpoint.weights_only
     if engine.global_rank == 0:
         logger.info("ds_acco: %s/%s was saved with dp=%d; re-partitioning through a universal checkpoint",
                     load_dir, tag, saved_dp)
-        convert_to_universal(load_dir, tag)
+        convert_to_universal(load_dir, tag, weights_only)
     ds_dist.barrier()
-    try:
-        with internals.universal_loading(engine):
+    try:  # DeepSpeed's universal loader also calls torch.load(weights_only=False) itself
+        with internals.universal_loading(engine), safe_load.torch_load_restricted(internals.CHECKPOINT_CLASSES,
+                                                                                   weights_only):
             path, client_state = stock_load(universal_dir(load_dir, tag), tag, strict, load_optimizer_states,
                                             load_lr_scheduler_states)
     except IndexError as exc:
@@ -76,6 +88,6 @@ def load_resharded(engine, stock_load: Callable, load_dir: str, tag: str, strict
         ) from exc
     # The universal loader sets the compute parameters from the fp32 masters; restore the
     # weights the model actually had when it was saved (an ACCO estimate, possibly).
-    engine.module.load_state_dict(saved_module_state(load_dir, tag), strict=strict)
+    engine.module.load_state_dict(saved_module_state(load_dir, tag, weights_only), strict=strict)
     engine.acco.reset_rounds(commits=engine.global_steps, compute_committed=False)  # maybe an estimate
     return path, client_state

@@ -31,6 +31,7 @@ from deepspeed import comm as ds_dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
+from ds_acco.checkpoint import safe_load
 from ds_acco.checkpoint.verify import finite_at_save, optimizer_tensors
 from ds_acco.config import AccoConfig
 from ds_acco.errors import AccoConfigError
@@ -78,6 +79,7 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         if getattr(opt, "has_moe_layers", False):
             raise AccoConfigError("model: mixture-of-experts layers are not supported with ACCO")
         internals.check(self, opt)
+        self._acco_read_key()
         internals.remove_gradient_hooks(opt)
         self.enable_backward_allreduce = False
 
@@ -109,6 +111,7 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
             # count the round received gives mean(X), and equals stock ZeRO-1 when counts are G.
             grad_scale=lambda: float(opt.loss_scale if self.fp16_enabled() else 1.0) / G,
             on_swap=self._acco_on_swap,
+            on_stop=self._acco_note_stop,
         )
         self.acco.commits = self.global_steps
         # Exports (module.state_dict(), save_16bit_model, HF save_model) give the committed parameters.
@@ -150,6 +153,7 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         if lr_kwargs:
             raise ValueError("step(lr_kwargs=...) is not supported with ACCO: the scheduler steps with the commits")
         self.micro_steps += 1
+        self._acco_stop_if_due()  # after a SIGTERM: save if configured, exit
         return None
 
     def is_gradient_accumulation_boundary(self) -> bool:
@@ -213,7 +217,8 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         """Another data-parallel world size: re-partition through a universal checkpoint (:mod:`.elastic`)."""
         strict, load_optimizer_states, load_lr_scheduler_states, load_module_only, _ = args
         # the manifest says how many ranks saved; only a checkpoint without one needs its model file read for it
-        saved_dp = manifest["world_size"] if manifest else elastic.saved_dp_world_size(load_dir, tag)
+        saved_dp = manifest["world_size"] if manifest else elastic.saved_dp_world_size(
+            load_dir, tag, self._acco_config.checkpoint.weights_only)
         if load_module_only or saved_dp == self._acco_dp()[1]:
             return None
         out = elastic.load_resharded(self, super(VerifiedCheckpoints, self).load_checkpoint, load_dir, tag, strict,
@@ -222,7 +227,7 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         return out
 
     def _acco_load_own_state(self, load_dir, tag, path, strict) -> None:
-        saved = torch.load(path, map_location="cpu", weights_only=False)
+        saved = safe_load.load(path, map_location="cpu", weights_only=self._acco_config.checkpoint.weights_only)
         self.acco.load_state_dict(saved["rounds"])
         self._acco_samples = saved["samples"]
 

@@ -20,7 +20,9 @@ import functools
 from typing import Any, Mapping
 
 import deepspeed
+import torch.distributed as dist
 
+from ds_acco.comm.engine_lifecycle import EXIT_ORDER
 from ds_acco.config.schema import AccoConfig, parse_acco_config
 
 from . import _internals as internals
@@ -82,8 +84,12 @@ def initialize(
         from .engine import AccoDeepSpeedEngine as engine_class
 
     install_trainer_hook()
+    created = not dist.is_initialized()
     with internals.engine_class(functools.partial(engine_class, acco_config=acco)):
         out = _STOCK_INITIALIZE(**kwargs)
+    EXIT_ORDER.arm()  # every ds_acco job, ACCO on or off, tears down before finalization
+    if created and dist.is_initialized():  # DeepSpeed made it for this call: ds_acco destroys it at exit
+        EXIT_ORDER.owns_default_group = True
     release_shm_names()  # DeepSpeed's CPU shared-memory segments would outlive the job
     return out
 

@@ -33,6 +33,7 @@ import torch
 from deepspeed import comm as ds_dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 
+from ds_acco.checkpoint import safe_load
 from ds_acco.checkpoint.verify import finite_at_save, optimizer_tensors
 from ds_acco.config import AccoConfig
 from ds_acco.errors import AccoConfigError
@@ -73,13 +74,14 @@ class StreamingDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         if self.has_moe_layers:
             raise AccoConfigError("model: mixture-of-experts layers are not supported with acco.mode 'streaming'")
         internals.check(self)
+        self._acco_read_key()
         self.enable_backward_allreduce = False
         try:
             fragments = fragments_of(self.module, self._acco_config)
         except ValueError as exc:
             raise AccoConfigError(str(exc)) from None
         self.acco = StreamingEngine(self.module, self.optimizer, fragments, config=self._acco_config,
-                                    process_group=self.data_parallel_group)
+                                    process_group=self.data_parallel_group, on_stop=self._acco_note_stop)
         self.acco.inner_steps = self.global_steps
         sizes = "/".join(str(f.layout.numel) for f in self.acco.fragments)
         self.acco.announce(f"DeepSpeed stage 0, fragments of {sizes} params")
@@ -94,6 +96,7 @@ class StreamingDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         super()._take_model_step(lr_kwargs)
         if self.acco is not None:
             self.acco.after_inner_step()
+            self._acco_stop_if_due()  # after a SIGTERM: save if configured, exit
 
     def finish(self) -> None:
         """Merge the fragment round in flight now (e.g. before evaluation or export)."""
@@ -146,7 +149,8 @@ class StreamingDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         missing = [f for f in files if not os.path.exists(f)]
         if missing:
             raise AccoConfigError(f"{load_dir}/{tag}: streaming state files missing: {missing}")
-        saved = [torch.load(f, map_location="cpu", weights_only=False, mmap=True) for f in files]
+        weights_only = self._acco_config.checkpoint.weights_only
+        saved = [safe_load.load(f, map_location="cpu", weights_only=weights_only, mmap=True) for f in files]
         mine = saved[self._acco_dp()[0] % saved_world]
         self.module.load_state_dict(mine["module"], strict=strict)
         self.optimizer.load_state_dict(mine["optimizer"])
@@ -158,7 +162,7 @@ class StreamingDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         return True
 
     def _acco_load_own_state(self, load_dir, tag, path, strict) -> None:
-        saved = torch.load(path, map_location=self.device, weights_only=False)
+        saved = safe_load.load(path, map_location=self.device, weights_only=self._acco_config.checkpoint.weights_only)
         self.module.load_state_dict(saved["module"], strict=strict)  # copies into the fragment views
         self.optimizer.load_state_dict(saved["optimizer"])
         self.acco.load_state_dict(saved["streaming"])

@@ -19,9 +19,12 @@ import os
 from typing import Optional
 
 from ds_acco.checkpoint.gate import PendingVerdict
+from ds_acco.checkpoint.safe_load import classes_beyond
 from ds_acco.checkpoint.manifest import read_manifest, tag_files
 from ds_acco.checkpoint.verify import describe, size_problems, verify_for_load
 from ds_acco.errors import CheckpointError
+
+from . import _internals as internals
 
 logger = logging.getLogger("ds_acco")
 
@@ -30,19 +33,23 @@ OPTIM_FILE = "zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
 
 
 def start_verify_tag(load_dir: str, tag: str, *, state_file: str, dp_rank: int, dp_world: int, salvage: bool,
-                     group, timeout_s: float) -> PendingVerdict:
+                     group, timeout_s: float, key: Optional[bytes] = None, weights_only: bool = True) -> PendingVerdict:
     """Start verifying ``load_dir/tag`` in the background (see :mod:`ds_acco.checkpoint.gate`); collective
     over ``group`` (from :func:`~ds_acco.checkpoint.gate.verification_group`), on a background thread.
 
     The manifest is read and every file's size checked here, on the calling thread: that is
     cheap, and tells whether the load may run while the hashes do (``pending.up_front``
     False) or must wait for the verdict first: no usable manifest, another world size than
-    at the save, salvage on, or a file missing or of the wrong size.
+    at the save, salvage on, a file missing or of the wrong size, or a signing key (a signed
+    checkpoint's files are parsed only once the signature and every hash are checked).
 
     Args:
         state_file: the front end's per-rank file name with a ``{rank}`` field.
         dp_rank, dp_world: this rank and the data-parallel world size now.
         timeout_s: ``acco.timeout_s`` (the agreement fails after it).
+        key: the signing key, or None (:mod:`ds_acco.checkpoint.signing`).
+        weights_only: ``acco.checkpoint.weights_only``: refuse files whose pickles name classes beyond
+            DeepSpeed's (:mod:`ds_acco.checkpoint.safe_load`).
 
     Raises:
         CheckpointError: the tag is a partial save or does not exist (same on every rank).
@@ -61,11 +68,14 @@ def start_verify_tag(load_dir: str, tag: str, *, state_file: str, dp_rank: int, 
         reads = [MODEL_FILE, OPTIM_FILE.format(rank=dp_rank), state_file.format(rank=dp_rank)]
     else:
         reads = manifest["files"] if manifest else tag_files(folder)
+    scan = (lambda path: classes_beyond(path, internals.CHECKPOINT_CLASSES)) if weights_only else None
     pending = PendingVerdict(
         lambda: verify_for_load(folder, reads=reads, ours=bool(saved), salvage=salvage, group=group,
-                                droppable=lambda name: fnmatch.fnmatch(name, pattern), manifest_read=manifest_read),
+                                droppable=lambda name: fnmatch.fnmatch(name, pattern), manifest_read=manifest_read,
+                                key=key, scan=scan),
         folder, timeout_s, manifest=manifest,
-        up_front=manifest is None or saved_world != dp_world or salvage or bool(size_problems(folder, manifest)))
+        up_front=manifest is None or saved_world != dp_world or salvage or key is not None
+        or bool(size_problems(folder, manifest)))
     return pending
 
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import nn
 
+from ds_acco.checkpoint import signing
 from ds_acco.config import AccoConfig
 from ds_acco.errors import AccoConfigError
 from ds_acco.rounds.committed import committed_parameters
@@ -41,6 +42,7 @@ class AccoFSDP:
                  grad_scale: Union[float, Callable[[], float]], *, bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB):
         self.module, self.fsdp, self.optimizer, self.lr_scheduler = module, fsdp, optimizer, lr_scheduler
         self.closed = False
+        self.signing_key = signing.load_key(config.checkpoint.signing_key_file)  # a bad key file fails here
         world = len(fsdp.ranks)
         self.params = [p for p in fsdp.params if p.trainable]
         if not self.params:
@@ -53,6 +55,7 @@ class AccoFSDP:
             self.engine = RoundEngine(
                 groups, shard_opt, config=config, gradient_accumulation_steps=gradient_accumulation_steps,
                 clip_grad_norm=clip_grad_norm, process_group=fsdp.process_group, grad_scale=grad_scale,
+                on_stop=self._preempt,
             )
             if self.engine.rank != fsdp.shard_rank:  # master shard r must be the round's shard r
                 self.engine.close(drain=False)
@@ -133,6 +136,13 @@ class AccoFSDP:
         (returns None).
         """
         return checkpoint.load(self, checkpoint_id)
+
+    def _preempt(self) -> None:
+        """Every rank learned of a SIGTERM: save into ``acco.preemption.checkpoint_dir`` if set, then exit."""
+        folder = self.config.preemption.checkpoint_dir
+        if folder:
+            self.save_checkpoint(folder)
+        self.engine.preempt()
 
     def _check_checkpointable(self) -> None:
         if self.closed:

@@ -69,6 +69,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ds_acco.comm.engine_lifecycle import EXIT_ORDER
 from ds_acco.config import AccoConfig
 from ds_acco.errors import AccoConfigError
 
@@ -166,6 +167,7 @@ def acco_fully_shard(
         raise AccoConfigError(f"gradient_accumulation_steps: got {gradient_accumulation_steps!r}; must be >= 1")
     if not dist.is_initialized():
         raise RuntimeError("ds_acco.fsdp: call torch.distributed.init_process_group() before acco_fully_shard")
+    EXIT_ORDER.arm()  # stock mode too: the exit hook collects FSDP2's cycles before finalization
     model = shard_model(model, mesh, process_group, mp_policy)
     fsdp = FSDP2Model(model)
     optimizer = optimizer_cls(optimizer_groups(model, fsdp, param_groups), **(optimizer_kwargs or {}))

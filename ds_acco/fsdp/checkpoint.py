@@ -47,11 +47,13 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from ds_acco.checkpoint import safe_load
 from ds_acco.checkpoint.manifest import remove_manifest, write_manifest
 from ds_acco.checkpoint.verify import FiniteCheck, finite_at_save, verify_for_load
 from ds_acco.errors import AccoConfigError
 
-from .restore import META_KEY, RANK_KEY_PREFIX, check_loaded, loaded_tensors, restart, written_by_ds_acco
+from .restore import (META_KEY, RANK_KEY_PREFIX, check_loaded, loaded_tensors, metadata_classes_beyond, restart,
+                      safe_reader, trust, written_by_ds_acco)
 from .stock_checkpoint import load_stock
 
 logger = logging.getLogger("ds_acco")
@@ -74,10 +76,10 @@ def _blob(obj: Any) -> io.BytesIO:
     return buf
 
 
-def _unblob(value: Any, device: Optional[torch.device] = None) -> Any:
+def _unblob(value: Any, weights_only: bool, device: Optional[torch.device] = None) -> Any:
     if isinstance(value, io.BytesIO):
         value.seek(0)
-        return torch.load(value, map_location=device, weights_only=False)
+        return safe_load.load(value, map_location=device, weights_only=weights_only)
     return value
 
 
@@ -154,7 +156,7 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
     finally:
         if engine:
             trainer.fsdp.to_unsharded()
-    write_manifest(folder, writer="ds_acco fsdp", tag=os.path.basename(os.path.normpath(folder)),
+    write_manifest(folder, writer="ds_acco fsdp", tag=os.path.basename(os.path.normpath(folder)), key=trainer.signing_key,
                    claim=_dcp_files_of(dist.get_rank(group)), fsync=fsync, group=group,
                    non_finite=finite.local_result())
 
@@ -175,18 +177,21 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
     if engine:
         engine.reset_rounds()  # waits for and drops the round in flight; the comm thread is idle from here
     folder, group = _folder(checkpoint_id), trainer.fsdp.process_group
+    weights_only = trust(trainer)
     # A folder with ds_acco's entries (or unreadable DCP metadata) must have its manifest; one without is stock.
     verdict = verify_for_load(folder, reads=_dcp_files_of(dist.get_rank(group)), ours=written_by_ds_acco(folder),
-                              group=group, salvage=bool(engine) and engine.config.checkpoint.salvage)
+                              group=group, salvage=bool(engine) and engine.config.checkpoint.salvage,
+                              key=trainer.signing_key, scan=metadata_classes_beyond if weights_only else None)
     if verdict.stock:
         load_stock(trainer, folder)
         return None
+    reader = lambda: safe_reader(folder, weights_only)  # noqa: E731 - one per dcp.load, as DCP expects
     probe: dict = {META_KEY: None}
     try:
-        dcp.load(probe, checkpoint_id=checkpoint_id)
+        dcp.load(probe, checkpoint_id=checkpoint_id, storage_reader=reader())
     except Exception as exc:  # noqa: BLE001 - re-raised with what to do
         raise AccoConfigError(f"checkpoint {checkpoint_id}: no ds_acco FSDP metadata ('{META_KEY}'): {exc}") from exc
-    meta = _unblob(probe[META_KEY])
+    meta = _unblob(probe[META_KEY], weights_only)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise AccoConfigError(f"checkpoint {checkpoint_id}: unknown ds_acco FSDP format {meta!r:.200}")
     mine = _layout(trainer)
@@ -212,7 +217,7 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
             state[rank_key(engine.rank)] = None
         if meta["extra"]:
             state[EXTRA_KEY] = None
-        dcp.load(state, checkpoint_id=checkpoint_id)
+        dcp.load(state, checkpoint_id=checkpoint_id, storage_reader=reader())
         if optim_sd is not None:
             set_state_dict(trainer.module, trainer.optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optim"])
@@ -226,7 +231,7 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
         trainer.lr_scheduler.load_state_dict(meta["lr_scheduler"])
 
     if exact:
-        saved = _unblob(state[rank_key(engine.rank)], engine.device)
+        saved = _unblob(state[rank_key(engine.rank)], weights_only, engine.device)
         with torch.no_grad():
             for i, (g, shard) in enumerate(zip(engine.groups, saved["compute"])):
                 engine.all_gather_compute(i, g.flat, shard.to(g.flat.dtype))
@@ -238,4 +243,4 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
                 "ds_acco.fsdp: %s was saved by %d ranks (mode %s, policy %s); model, optimizer and scheduler "
                 "loaded onto %d ranks (%s), rounds bootstrap afresh at step %d", checkpoint_id, meta["world_size"],
                 meta["mode"], meta["policy"], engine.world_size, engine.config.mode, engine.commits)
-    return _unblob(state.get(EXTRA_KEY))
+    return _unblob(state.get(EXTRA_KEY), weights_only)

@@ -14,23 +14,67 @@ A trainer is an :class:`~ds_acco.fsdp.acco_fsdp.AccoFSDP` or a
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import torch
 
+from ds_acco.checkpoint.safe_load import UnsafeCheckpointError, restricted_pickle_load
 from ds_acco.checkpoint.verify import optimizer_tensors, refuse_unless_finite
 
 META_KEY = "acco"
 RANK_KEY_PREFIX = "acco_rank"
 
 
+METADATA_CLASSES = ("torch.distributed.checkpoint.metadata.", "torch.distributed.checkpoint.filesystem._StorageInfo",
+                    "torch.Size", "torch.serialization._get_layout", "pathlib.PosixPath", "collections.OrderedDict")
+"""What DCP's ``.metadata`` pickle names (torch 2.13 and 2.14; dtypes are allowed anyway): the only classes a
+ds_acco load resolves in it. DCP reads it with plain ``pickle.load``, which would run any code it named."""
+
+
+def safe_reader(folder: str, weights_only: bool = True):
+    """A DCP ``FileSystemReader`` whose ``.metadata`` is unpickled with :data:`METADATA_CLASSES` only."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any):
+            path = self._get_metadata_path(kwargs.get("rank"))
+            with self.fs.create_stream(path, "rb") as f:
+                metadata = restricted_pickle_load(f, METADATA_CLASSES, str(path), weights_only)
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(folder)
+
+
+def metadata_classes_beyond(path: str) -> list[str]:
+    """The classes a ``.metadata`` file names beyond :data:`METADATA_CLASSES` (read without running them)."""
+    if os.path.basename(path) != ".metadata":
+        return []  # .distcp files: DCP reads their tensors with torch's weights-only unpickler
+    try:
+        with open(path, "rb") as f:
+            restricted_pickle_load(f, METADATA_CLASSES, path)
+    except UnsafeCheckpointError as exc:
+        return [exc.type_name]
+    except Exception:  # noqa: BLE001 - damaged: the hashes say so
+        return []
+    return []
+
+
+def trust(trainer: Any) -> bool:
+    """``acco.checkpoint.weights_only`` of the trainer (a StockFSDP has no block: True)."""
+    engine = getattr(trainer, "engine", None)
+    return engine.config.checkpoint.weights_only if engine else True
+
+
 def saved_keys(folder: str) -> Optional[set]:
     """The entries of a DCP checkpoint (from its ``.metadata``), or None when that cannot be read."""
-    from torch.distributed.checkpoint import FileSystemReader
-
     try:
-        return set(FileSystemReader(folder).read_metadata().state_dict_metadata)
-    except Exception:  # noqa: BLE001 - missing or damaged: not provably stock
+        return set(safe_reader(folder).read_metadata().state_dict_metadata)
+    except Exception:  # noqa: BLE001 - missing, damaged or naming a class it may not: not provably stock
         return None
 
 

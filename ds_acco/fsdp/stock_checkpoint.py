@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ds_acco.errors import AccoConfigError
 
-from .restore import check_loaded, restart, saved_keys
+from .restore import check_loaded, restart, safe_reader, saved_keys, trust
 
 logger = logging.getLogger("ds_acco")
 
@@ -101,7 +101,8 @@ def load_stock(trainer: Any, folder: str) -> None:
             _nest(optim_at, optim_sd, state)
         _require_tensors(folder, keys, model_at, model_sd, optim_at, optim_sd)
         # param_groups entries the live optimizer has and the stock job had not (a scheduler's initial_lr) stay
-        dcp.load(state, checkpoint_id=folder, planner=DefaultLoadPlanner(allow_partial_load=True))
+        dcp.load(state, checkpoint_id=folder, planner=DefaultLoadPlanner(allow_partial_load=True),
+                 storage_reader=safe_reader(folder, trust(trainer)))
         if optim_sd is not None:
             set_state_dict(trainer.module, trainer.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
         else:

@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import nn
 
+from ds_acco.checkpoint import signing
 from ds_acco.errors import AccoConfigError
 
 from . import checkpoint
@@ -34,6 +35,7 @@ class StockFSDP:
                  gradient_accumulation_steps: int, clip_grad_norm: Optional[float],
                  grad_scale: Union[float, Callable[[], float]]):
         self.module, self.fsdp, self.optimizer, self.lr_scheduler = module, fsdp, optimizer, lr_scheduler
+        self.signing_key = signing.load_key(None)  # $DS_ACCO_CHECKPOINT_KEY_FILE: stock jobs sign and check too
         self.G, self.clip, self._grad_scale = gradient_accumulation_steps, float(clip_grad_norm or 0.0), grad_scale
         self.commits = self.micro_batches = self._n = 0
         self._params = [p.sharded for p in fsdp.params if p.sharded.requires_grad]

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from ds_acco.comm.comm_thread import RoundHandle
 from ds_acco.comm.engine_lifecycle import EngineLifecycle
+from ds_acco.comm.stop_signal import AccoPreempted
 from ds_acco.config import AccoConfig, parse_acco_config
 from ds_acco.errors import AccoConfigError, AccoRoundError
 from ds_acco.layout.grad_buffers import GradBuffers
@@ -80,6 +81,9 @@ class RoundEngine(EngineLifecycle):
             record (front ends advance their step counters and loss scalers here).
         on_stage: called on the communication thread as a round enters each stage
             (round index, stage name); for tracing and fault-injection tests.
+        on_stop: called on the training thread at the end of the micro-batch in which every rank
+            agreed to stop after a SIGTERM (:mod:`ds_acco.comm.stop_signal`); front ends save and exit
+            there. None: :meth:`preempt` (stop without saving).
     """
 
     def __init__(
@@ -94,6 +98,7 @@ class RoundEngine(EngineLifecycle):
         grad_scale: Union[float, Callable[[], float]] = 1.0,
         on_swap: Optional[Callable[[RoundRecord], None]] = None,
         on_stage: Optional[Callable[[int, str], None]] = None,
+        on_stop: Optional[Callable[[], None]] = None,
     ):
         config = parse_acco_config(config)
         config.check_accumulation(gradient_accumulation_steps)
@@ -106,6 +111,7 @@ class RoundEngine(EngineLifecycle):
         self.clip = float(clip_grad_norm or 0.0)
         self._grad_scale = grad_scale
         self._on_swap = on_swap
+        self._on_stop = on_stop or self.preempt
         self._agree_with_peers(
             (self.config.fingerprint(), self.G, self.clip, [g.layout.padded_numel for g in self.groups]),
             "acco config, gradient_accumulation_steps, gradient_clipping or model layout "
@@ -122,6 +128,9 @@ class RoundEngine(EngineLifecycle):
         self.work = RoundWork(self.groups, self.buffers, self._landing, self.coll, shard_optimizer, self.lr_clock,
                               self.config, self.clip, on_stage)
         self.state = RoundState(next_kind=self._first_kind(), active_scale=self._current_scale())
+        self.stop_agreed = False
+        """Every rank learned, in the same round, that some rank was sent SIGTERM."""
+        self._stopping = False
         self._last_swap_t = time.perf_counter()
         self._start_thread()
 
@@ -186,7 +195,7 @@ class RoundEngine(EngineLifecycle):
             self._complete()
             if self.overlapping:
                 s.next_kind = self._first_kind()
-            return True
+            return self._stop_if_agreed(True)
         if self._inflight is None:  # bootstrap after start or warmup
             if s.n >= self.quota:
                 self._launch(s.next_kind, self.config.mode)
@@ -195,7 +204,20 @@ class RoundEngine(EngineLifecycle):
             return False
         self._complete()
         self._launch(s.next_kind, self.config.mode)
-        return True
+        return self._stop_if_agreed(True)
+
+    def _stop_if_agreed(self, swapped: bool) -> bool:
+        """At the boundary where every rank learned of a SIGTERM, hand over to the front end (once)."""
+        if self.stop_agreed and not self._stopping:
+            self._stopping = True
+            self._on_stop()
+        return swapped
+
+    def preempt(self) -> None:
+        """Stop after a SIGTERM without saving: the ranks agree on the rounds launched, then every rank raises
+        :class:`~ds_acco.comm.stop_signal.AccoPreempted` (exit status ``acco.preemption.exit_code``)."""
+        self.quiesce()  # under the adaptive policy the ranks first agree on the rounds launched
+        raise AccoPreempted(self.config.preemption.exit_code)
 
     def _round_ready(self) -> bool:
         if self.config.policy == "fixed":
@@ -252,6 +274,11 @@ class RoundEngine(EngineLifecycle):
             s.active_scale = self._current_scale()
         if outcome.skipped:
             logger.warning("ds_acco: non-finite gradients, %s at step %d skipped on every rank", flight.kind, flight.step)
+        if outcome.stop and not self.stop_agreed:
+            self.stop_agreed = True
+            if self.rank == 0:
+                logger.warning("ds_acco: a rank was sent SIGTERM: every rank stops after round %d (step %d)",
+                               flight.handle.index, s.commits)
         every = self.config.telemetry.log_every
         if every and self.rank == 0 and flight.kind == COMMIT and s.commits % every == 0:
             logger.info(self.telemetry.format_line(record))
@@ -285,14 +312,10 @@ class RoundEngine(EngineLifecycle):
     def committed_buffers(self) -> Optional[list[torch.Tensor]]:
         """One full buffer per group holding the committed parameters (cast to the compute dtype).
 
-        Waits for the round in flight without swapping it in (:meth:`quiesce`), so the
-        training trajectory is unchanged, and communicates nothing: with a commit in
-        flight its all-gathered result is where it landed; otherwise the compute
-        buffers hold the last commit (an estimate round leaves them alone while in flight).
-        Returns None where neither holds them exactly: the compute parameters being an
-        estimate with nothing in flight (after :meth:`wait`, or a load that restored one),
-        or ``all_gather_quantization: "int8"`` (commits arrive as int8 deltas); then
-        all-gather the master shards (every rank).
+        Waits for the round in flight without swapping it in (:meth:`quiesce`: the trajectory is
+        unchanged) and communicates nothing: a commit in flight landed its result; otherwise the
+        compute buffers hold the last commit. None where neither holds them exactly (an estimate
+        with nothing in flight, or ``all_gather_quantization: "int8"``): all-gather the masters then.
         """
         self.quiesce()
         if self.config.all_gather_quantization == "int8":
@@ -339,12 +362,11 @@ class RoundEngine(EngineLifecycle):
             self.exact_parameters()
 
     def exact_parameters(self) -> None:
-        """Make the compute parameters exactly the master parameters on every rank.
+        """Make the compute parameters exactly the master parameters on every rank (collective, idle engine).
 
-        With ``all_gather_quantization: "int8"`` the replicas trail the masters by one
-        quantisation step of the last delta; an export wants the committed values. One
-        exact all-gather (collective: every rank calls it, with no round in flight).
-        Later int8 deltas are taken against these values, so training continues as usual.
+        With ``all_gather_quantization: "int8"`` the replicas trail the masters by one quantisation
+        step of the last delta; an export wants the committed values. Later int8 deltas are taken
+        against these values, so training continues as usual.
         """
         self._ensure_open()
         if self._inflight is not None:

@@ -20,6 +20,7 @@ import torch
 
 from ds_acco.comm.collectives import RoundCollectives
 from ds_acco.comm.comm_thread import RoundHandle
+from ds_acco.comm.stop_signal import STOP
 from ds_acco.config import AccoConfig
 from ds_acco.layout.sharded_group import ShardedGroup
 from ds_acco.numerics.finite import all_finite
@@ -30,6 +31,8 @@ from .group_buffers import GroupBuffers
 from .landing import Landing
 
 ESTIMATE, COMMIT = "estimate", "commit"
+STOPPING = 2
+"""The bit of the count all-gather's flag element that says "this rank was sent SIGTERM"."""
 
 
 @dataclass
@@ -43,6 +46,8 @@ class RoundOutcome:
     grad_norm: float
     skipped: bool
     lr: float
+    stop: bool = False
+    """Some rank was sent SIGTERM before this round (:mod:`ds_acco.comm.stop_signal`): every rank stops here."""
 
 
 @dataclass
@@ -92,12 +97,13 @@ class RoundWork:
         if self.config.check_finite:
             nonfinite = any(not all_finite(b) for b in grads)
         self._enter_stage(handle, "count all-gather")
-        local = torch.tensor([count, int(nonfinite), coll.pacing_vote()], dtype=torch.int64, device=self.device)
+        flags = int(nonfinite) | STOPPING * int(STOP.requested)  # two flags in one element: the gather's bytes stay
+        local = torch.tensor([count, flags, coll.pacing_vote()], dtype=torch.int64, device=self.device)
         per_rank = coll.all_gather_small(local).cpu()
         coll.adopt_pacing(per_rank[:, 2].tolist())  # piece sizes on gloo (ds_acco.comm.link_pacing)
         counts = per_rank[:, 0].tolist()
         total = sum(counts)
-        nonfinite = bool(per_rank[:, 1].any())
+        nonfinite = bool((per_rank[:, 1] & 1).any())
 
         self._enter_stage(handle, "reduce-scatter")
         for i, (g, buf, b) in enumerate(zip(self.groups, grads, bufs)):
@@ -166,6 +172,7 @@ class RoundWork:
             grad_norm=grad_norm,
             skipped=skipped,
             lr=self.shard_optimizer.lr,
+            stop=bool((per_rank[:, 1] & STOPPING).any()),
         )
 
     def _enter_stage(self, handle: RoundHandle, stage: str) -> None:

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ds_acco.config import AccoConfig
+from ds_acco.config import AccoConfig, no_preemption_dir
 from ds_acco.errors import AccoConfigError
 from ds_acco.layout.fragments import FragmentSpec, default_fragments, explicit_fragments, named_fragments
 
@@ -62,7 +62,7 @@ def build(
     Raises:
         AccoConfigError: a wrong config value, or ``fragments`` the model cannot provide.
     """
-    cfg = streaming_config(config)
+    cfg = no_preemption_dir(streaming_config(config), "ds_acco.streaming.build")
     try:
         frags = fragments_of(model, cfg, fragments)
     except ValueError as exc:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -54,6 +54,7 @@ from torch import nn
 
 from ds_acco.comm.comm_thread import RoundHandle
 from ds_acco.comm.engine_lifecycle import EngineLifecycle
+from ds_acco.comm.stop_signal import STOP, AccoPreempted
 from ds_acco.comm.int8_collectives import Int8ReduceScatter, ShardAllGather
 from ds_acco.config import AccoConfig, check_saved_state_fits, parse_acco_config
 from ds_acco.errors import AccoConfigError, AccoRoundError
@@ -112,6 +113,8 @@ class _Outcome:
     round_s: float
     bytes_sent: int
     bytes_received: int
+    stop: bool = False
+    """Some rank was sent SIGTERM before this round: every rank stops at its merge."""
 
 
 @dataclass
@@ -134,6 +137,8 @@ class StreamingEngine(EngineLifecycle):
         fragments: ``P`` lists of parameters, as :mod:`ds_acco.layout.fragments` makes them.
         config: the ``"acco"`` block with ``mode: "streaming"``.
         process_group: the data-parallel group (default WORLD); rounds run on a private copy.
+        on_stop: called after the merge at which every rank learned of a SIGTERM (front ends save and
+            exit there); None: :meth:`preempt`.
 
     Raises:
         AccoConfigError: the mode is not ``streaming``, or ranks disagree on config or layout.
@@ -147,6 +152,7 @@ class StreamingEngine(EngineLifecycle):
         *,
         config: Union[AccoConfig, dict],
         process_group: Optional[dist.ProcessGroup] = None,
+        on_stop: Optional[Callable[[], None]] = None,
     ):
         config = streaming_config(config)
         s = config.streaming
@@ -170,6 +176,8 @@ class StreamingEngine(EngineLifecycle):
                                   device=self.device)
         self.peak_round_bytes = 0
         self.inner_steps = 0
+        self.stop_agreed, self._stopping = False, False
+        self._on_stop = on_stop or self.preempt
         self._start_thread()
 
     def startup_fields(self) -> dict:
@@ -216,7 +224,15 @@ class StreamingEngine(EngineLifecycle):
             if self.tau == 0:
                 self._complete(step)
                 merged = True
+        if self.stop_agreed and not self._stopping:  # every rank learned of a SIGTERM in the same round
+            self._stopping = True
+            self._on_stop()
         return merged
+
+    def preempt(self) -> None:
+        """Stop after a SIGTERM without saving: every rank raises
+        :class:`~ds_acco.comm.stop_signal.AccoPreempted` (exit status ``acco.preemption.exit_code``)."""
+        raise AccoPreempted(self.config.preemption.exit_code)
 
     def _launch(self, frag: _Fragment, step: int) -> None:
         n = frag.layout.padded_numel
@@ -242,6 +258,7 @@ class StreamingEngine(EngineLifecycle):
         )
         frag.last_sync = flight.step
         self.peak_round_bytes = max(self.peak_round_bytes, outcome.bytes_sent)
+        self.stop_agreed = self.stop_agreed or outcome.stop
         if self.config.telemetry.enabled:
             self.telemetry.add(record)
         every = self.config.telemetry.log_every
@@ -252,6 +269,10 @@ class StreamingEngine(EngineLifecycle):
     def _run_round(self, handle: RoundHandle, frag: _Fragment, delta: torch.Tensor, shard: torch.Tensor) -> _Outcome:
         start = time.perf_counter()
         sent0, recv0 = self.coll.wire.sent, self.coll.wire.received
+        stop = False
+        if self.config.preemption.enabled:  # a SIGTERM on any rank stops every rank at this round's merge
+            handle.enter_stage("stop flag")
+            stop = bool(self.coll.all_gather_small(torch.tensor([int(STOP.requested)], device=self.device)).any())
         handle.enter_stage("reduce-scatter")
         if frag.rs is not None:
             frag.rs(self.coll, shard, delta)
@@ -268,7 +289,7 @@ class StreamingEngine(EngineLifecycle):
         handle.enter_stage("all-gather")
         frag.ag(self.coll, frag.anchor, frag.master)
         handle.enter_stage("done")
-        return _Outcome(time.perf_counter() - start, self.coll.wire.sent - sent0, self.coll.wire.received - recv0)
+        return _Outcome(time.perf_counter() - start, self.coll.wire.sent - sent0, self.coll.wire.received - recv0, stop)
 
     def consolidate(self) -> None:
         """Make every replica the global parameters ``θ_g``, exactly (fp32 all-gather of the master shards).

@@ -5,7 +5,8 @@ builds one engine that has not trained yet and calls its real ``load_checkpoint`
 each damaged copy in turn; each must raise ``CheckpointError`` naming the damaged file
 before the engine steps. The same engine then resumes the intact checkpoint and must
 reproduce the uninterrupted run bit for bit (fixed policy). The salvage switch, the
-stock ZeRO-1 WARNING and the streaming mode's checkpoints are checked in the same launch.
+stock ZeRO-1 WARNING, the streaming mode's checkpoints and hostile files (tests/trust_workloads.py)
+are checked in the same launch.
 Each rank writes what it saw to ``<out>/rank<r>.json``. Last, every rank loads the copy
 with rank 1's round state damaged *without* catching anything: the job must exit
 non-zero on every rank (each rank notes its error in ``<out>/rank<r>.err`` first).
@@ -26,6 +27,7 @@ from ds_acco.errors import CheckpointError
 from tests.checkpoint_workloads import (ACCO, MODEL, OPTIM, ROUND, SAVES, STEPS, STREAM, STREAMING,
                                         counting_finite_sums, damage_cases, empty, engine_of, make_copies, refusals,
                                         resume_is_exact, train)
+from tests.trust_workloads import hostile_scenarios
 
 
 class Captured(logging.Handler):
@@ -116,7 +118,7 @@ def main():
     log = Captured()
     logging.getLogger("ds_acco").addHandler(log)
     acco = acco_scenarios(args.out, log)
-    result = {"acco": acco, "streaming": streaming_scenarios(args.out)}
+    result = {"acco": acco, "streaming": streaming_scenarios(args.out), "trust": hostile_scenarios(args.out)}
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     refuse(acco["refuse_dir"], args.out, rank)

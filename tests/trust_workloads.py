@@ -1,0 +1,183 @@
+"""Hostile checkpoints, for tests/test_checkpoint_trust.py (run inside checkpoint_damage_script.py).
+
+An attacker with write access to a checkpoint folder replaces a file with a pickle whose
+``__reduce__`` runs a shell command (here: ``touch`` a marker file), and may rewrite that
+file's manifest entry (sizes, range digests, then the CRC seal: none of it needs a secret).
+A load must refuse every such copy on every rank, naming the file, and the marker must never
+appear. With a signing key the forgery is caught one step earlier: the signature covers the
+manifest, so a rewritten manifest is refused before any file is parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from ds_acco.checkpoint.manifest import MANIFEST, file_entry
+from ds_acco.errors import CheckpointError
+from tests.checkpoint_workloads import ACCO, MODEL, OPTIM, ROUND, engine_of, make_copies, overwrite, refusals, train
+
+
+class Payload:
+    """Unpickling this runs ``touch <marker>`` (what ``torch.load(weights_only=False)`` would do)."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def plant(path: str, marker: str) -> None:
+    torch.save({"module": Payload(marker)}, path)
+
+
+def rehash(tag_dir: str, name: str, keep_signature: bool = True) -> None:
+    """Rewrite ``name``'s manifest entry and the seal, as anyone without the key can."""
+    path = os.path.join(tag_dir, MANIFEST)
+    data = json.load(open(path))
+    signature = data.pop("signature", None)
+    data.pop("seal")
+    data["files"][name] = file_entry(os.path.join(tag_dir, name))
+    data["seal"] = f"{zlib.crc32(json.dumps(data, sort_keys=True).encode()):08x}"
+    if keep_signature and signature is not None:
+        data["signature"] = signature
+    json.dump(data, open(path, "w"))
+
+
+def unsign(tag_dir: str) -> None:
+    path = os.path.join(tag_dir, MANIFEST)
+    data = json.load(open(path))
+    data.pop("signature", None)
+    json.dump(data, open(path, "w"))
+
+
+def hostile_cases(names, markers: str) -> dict:
+    """case -> (file, the file the message must name, what to do to the tag folder); one marker per case."""
+    cases = {}
+    for i, name in enumerate(names):
+        for rewrite in (False, True):
+            marker = os.path.join(markers, f"m{i}{int(rewrite)}")
+
+            def damage(tag_dir, name=name, marker=marker, rewrite=rewrite):
+                plant(os.path.join(tag_dir, name), marker)
+                if rewrite:
+                    rehash(tag_dir, name)
+
+            label = f"pickle in {name}" + (" and a rewritten manifest" if rewrite else "")
+            cases[label] = (None, name, damage)
+    return cases
+
+
+def _write_key(path: str, seed: int) -> str:
+    if dist.get_rank() == 0:
+        with open(path, "wb") as f:
+            f.write(bytes((seed * 31 + i) % 256 for i in range(32)))
+    dist.barrier()
+    return path
+
+
+def signed_config(key_file: str) -> dict:
+    return dict(ACCO, acco=dict(ACCO["acco"], checkpoint={"signing_key_file": key_file}))
+
+
+def hostile_scenarios(out: str) -> dict:
+    """Hostile files in an unsigned checkpoint, then the signing cases; the markers left at the end."""
+    markers = os.path.join(out, "markers")
+    os.makedirs(markers, exist_ok=True)
+    ckpt = os.path.join(out, "trust_plain")
+    a = engine_of(ACCO)
+    train(a, 0, 4, [], save=(ckpt, (6,)))
+    a.destroy()
+    names = [MODEL, OPTIM.format(r=1), ROUND.format(r=0)]
+    cases = hostile_cases(names, markers)
+    dirs = make_copies(ckpt, os.path.join(out, "trust_plain_damaged"), cases)
+    b = engine_of(ACCO)
+    unsigned = refusals(b, dirs, cases)
+    b.destroy()
+
+    key, other = _write_key(os.path.join(out, "key"), 1), _write_key(os.path.join(out, "other_key"), 2)
+    signed = os.path.join(out, "trust_signed")
+    s = engine_of(signed_config(key))
+    train(s, 0, 4, [], save=(signed, (6,)))
+    s.destroy()
+    sig_cases = {
+        f"a changed byte in {MODEL}": (MODEL, MODEL, overwrite),
+        f"pickle in {OPTIM.format(r=1)} and a rewritten manifest": (
+            None, "signature", lambda d: (plant(os.path.join(d, OPTIM.format(r=1)), os.path.join(markers, "s1")),
+                                          rehash(d, OPTIM.format(r=1)))),
+        "signature removed": (None, "not signed", unsign),
+    }
+    sig_dirs = make_copies(signed, os.path.join(out, "trust_signed_damaged"), sig_cases)
+    c = engine_of(signed_config(key))
+    signed_seen = refusals(c, sig_dirs, sig_cases)
+    wrong = {"wrong key": (None, "another key", None), "unsigned checkpoint": (None, "not signed", None)}
+    d = engine_of(signed_config(other))
+    signed_seen.update(refusals(d, {"wrong key": signed}, wrong))
+    d.destroy()
+    signed_seen.update(refusals(c, {"unsigned checkpoint": ckpt}, wrong))
+    try:
+        c.load_checkpoint(signed)  # the intact, signed tag under the right key
+        good = c.global_steps
+    except CheckpointError as exc:
+        good = str(exc)
+    c.destroy()
+    dist.barrier()
+    return {"unsigned": unsigned, "signed": signed_seen, "good_signed_steps": good, "markers": sorted(os.listdir(markers))}
+
+
+# ------------------------------------------------------------------ full disk
+def tag_blocks(folder: str) -> int:
+    """Bytes a tag occupies on disk (allocated blocks, as a tmpfs counts them)."""
+    return sum(os.stat(os.path.join(r, f)).st_blocks * 512 for r, _, fs in os.walk(folder) for f in fs)
+
+
+def one_save_size(rank, world, *, folder) -> tuple[int, int]:
+    """Bytes of the save folder after one save (tag, DeepSpeed's zero_to_fp32.py, latest), and of the tag."""
+    e = engine_of(ACCO)
+    train(e, 0, 2, [])
+    e.save_checkpoint(folder)
+    tag = open(os.path.join(folder, "latest")).read().strip()
+    e.destroy()
+    return tag_blocks(folder), tag_blocks(os.path.join(folder, tag))
+
+
+def full_disk_job(rank, world, *, folder) -> dict:
+    """Save, train, save again on a filesystem with room for one and a half tags: the second save fails
+    (raise), the first tag still loads and resumes; with on_save_error "continue" training goes on."""
+    from ds_acco.checkpoint.save_failure import CheckpointSaveError
+
+    e = engine_of(ACCO)
+    train(e, 0, 2, [])
+    e.save_checkpoint(folder)
+    first = open(os.path.join(folder, "latest")).read().strip()
+    train(e, 8, 4, [])
+    try:
+        e.save_checkpoint(folder)
+        raised = None
+    except CheckpointSaveError as exc:
+        raised = str(exc)
+    steps_at_failure = e.global_steps
+    e.destroy()
+    dist.barrier()
+    listing = sorted(os.listdir(folder))
+    latest = open(os.path.join(folder, "latest")).read().strip()
+    r = engine_of(ACCO)
+    r.load_checkpoint(folder)
+    loaded_steps = r.global_steps
+    resumed = train(r, 8, 4, [])
+    r.destroy()
+    cont = engine_of(dict(ACCO, acco=dict(ACCO["acco"], checkpoint={"on_save_error": "continue"})))
+    cont.load_checkpoint(folder)
+    train(cont, 8, 3, [])
+    returned = cont.save_checkpoint(folder)  # fails again: logged, training goes on
+    after = train(cont, 20, 4, [])
+    cont.destroy()
+    return {"first": first, "raised": raised, "steps_at_failure": steps_at_failure, "listing": listing,
+            "latest": latest, "loaded_steps": loaded_steps, "resumed": len(resumed),
+            "continue_returned": returned, "continue_trained": len(after),
+            "finite": all(bool(torch.isfinite(p).all()) for step in after for p in step)}

@@ -1,4 +1,4 @@
-"""``python -m benchmarks``: ACCO against stock DeepSpeed ZeRO-1 on an emulated cluster.
+"""``python -m benchmarks``: ACCO against stock DeepSpeed ZeRO-1 and stock FSDP2 on an emulated cluster.
 
     # the CI-sized smoke sweep (tiny model, 2 hosts, 3 steps; loopback when namespaces are unavailable)
     python -m benchmarks run --sweep smoke --out /tmp/bench_smoke
@@ -22,6 +22,7 @@ import sys
 
 from benchmarks.report.tables import print_memory_model, report
 from benchmarks.sweep import configs as cfgs
+from benchmarks.sweep.plans import DEFAULT_PARTS, PARTS
 
 
 def main(argv=None) -> int:
@@ -30,10 +31,11 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="run a sweep, write results.json/results.csv and the plots")
     r.add_argument("--sweep", default="smoke", help="smoke or full")
     r.add_argument("--out", default="bench_results", help="output folder (runs/ holds per-run logs)")
-    r.add_argument("--only", default=None, help="comma list of parts: bandwidth,slow_host,slow_host_small,memory,convergence,"
-                        "streaming (default all but slow_host_small)")
+    r.add_argument("--only", default=None, help=f"comma list of parts, from {','.join(PARTS)} (default: "
+                   f"{','.join(DEFAULT_PARTS)}; the smoke sweep adds fsdp)")
     r.add_argument("--configs", default=None, help=f"comma list of configs, from {','.join(cfgs.CONFIGS)} (default: "
-                   f"{','.join(cfgs.DEFAULT_CONFIGS)}; part streaming: {','.join(cfgs.STREAMING_COMPARISON)})")
+                   f"{','.join(cfgs.DEFAULT_CONFIGS)}; part streaming: {','.join(cfgs.STREAMING_COMPARISON)}; parts "
+                   f"fsdp*: {','.join(cfgs.FSDP_CONFIGS)})")
     r.add_argument("--rates", default=None, help="comma list of link rates, e.g. unshaped,100mbit,10mbit")
     r.add_argument("--steps", type=int, default=None, help="override optimizer steps of the runs")
     r.add_argument("--no-netns", action="store_true", help="loopback: no namespaces (unshaped runs only)")

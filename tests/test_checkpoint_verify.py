@@ -27,11 +27,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "scripts", "checkpoint_damage_script.py")
 
 
-def _launch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def _launch(*args: str, timeout: float = 300, script: str = SCRIPT) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                              "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=REPO)
-    cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), SCRIPT, *args]
+    cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), script, *args]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:

@@ -1,4 +1,4 @@
-"""A full disk during a save: every rank fails it with one message, ``latest`` stays, the partial tag goes.
+"""A full disk during a save fails it on every rank with one message; a resume under a changed block carries on.
 
 The save folder is a real tmpfs sized for one and a half checkpoints (mounting needs root, as on
 this project's CI machines; elsewhere the test says so and skips). Real DeepSpeed engines on the
@@ -7,6 +7,7 @@ pooled gloo ranks of tests/dist_harness.py.
 
 from __future__ import annotations
 
+import math
 import subprocess
 
 import pytest
@@ -45,3 +46,30 @@ def test_a_full_disk_fails_the_save_on_every_rank_and_keeps_the_last_tag(small_d
         assert tags == [first], r["listing"]  # no .partial left behind
         assert r["loaded_steps"] == 2 and r["resumed"] == 2  # the first tag loads and trains on
         assert r["continue_returned"] is False and r["continue_trained"] >= 1 and r["finite"], r
+
+
+def test_resume_under_a_changed_acco_block_carries_on_and_names_what_changed(tmp_path):
+    got = run_distributed(T.changed_block_job, 2, folder=str(tmp_path / "ck"), timeout=300)
+    expected = {"policy adaptive": ["acco.policy: saved 'fixed', now 'adaptive'",
+                                    "acco.max_micro_batches_per_round: saved None, now 2"],
+                "int8 reduce-scatter with error feedback": ["acco.comm_quantization: saved 'none', now 'int8'",
+                                                             "acco.error_feedback: saved False, now True"],
+                "int8 all-gathers": ["acco.all_gather_quantization: saved 'none', now 'int8'"],
+                "mode sync": ["acco.mode: saved 'acco', now 'sync'"],
+                "mode dpu": ["acco.mode: saved 'acco', now 'dpu'"]}
+    for r, res in enumerate(got):
+        for label, fields in expected.items():
+            run = res[label]
+            assert run["steps"] == 2, (label, run["steps"])  # resumed at the save's commit
+            losses = run["losses"]
+            assert all(math.isfinite(v) for v in losses), (label, losses)
+            assert losses[-1] < losses[0], (label, losses)  # still learning the fixed batch
+            if r == 0:  # one line, from rank 0, naming each changed field
+                assert len(run["lines"]) == 1, (label, run["lines"])
+                for field in fields:
+                    assert field in run["lines"][0], (label, run["lines"][0])
+                assert "rebuilt from the committed parameters" in run["lines"][0]
+            else:
+                assert run["lines"] == []
+        msg = res["ranks differ"]
+        assert msg and msg.startswith("AccoConfigError") and "acco.policy: rank 0 'fixed', rank 1 'adaptive'" in msg, msg

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from ds_acco.checkpoint.manifest import MANIFEST, file_entry
 from ds_acco.errors import CheckpointError
+from tests import workloads as W
 from tests.checkpoint_workloads import ACCO, MODEL, OPTIM, ROUND, engine_of, make_copies, overwrite, refusals, train
 
 
@@ -181,3 +182,61 @@ def full_disk_job(rank, world, *, folder) -> dict:
             "latest": latest, "loaded_steps": loaded_steps, "resumed": len(resumed),
             "continue_returned": returned, "continue_trained": len(after),
             "finite": all(bool(torch.isfinite(p).all()) for step in after for p in step)}
+
+
+# ------------------------------------------------------------------ resume under a changed block
+SAFE_CHANGES = {
+    "policy adaptive": {"policy": "adaptive", "max_micro_batches_per_round": 2},  # rounds end within the run
+    "int8 reduce-scatter with error feedback": {"comm_quantization": "int8", "error_feedback": True},
+    "int8 all-gathers": {"all_gather_quantization": "int8"},
+    "mode sync": {"mode": "sync"},
+    "mode dpu": {"mode": "dpu"},
+}
+
+
+def _fit_losses(engine, rank, micro_batches) -> list[float]:
+    """Losses on one fixed batch (so a working optimizer must bring them down)."""
+    x, y = W.batch(rank, 0)
+    losses = []
+    for _ in range(micro_batches):
+        loss = W.loss_fn(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def changed_block_job(rank, world, *, folder) -> dict:
+    """Save under ACCO fixed fp32 with a round in flight; resume under each safe change and train on; then
+    ranks started with different blocks, and a streaming state resumed with another fragment count."""
+    import logging
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    log = Lines()
+    logging.getLogger("ds_acco").addHandler(log)
+    e = engine_of(ACCO)
+    train(e, 0, 3, [], save=(folder, (10,)))  # micro-batch 10: an estimate round in flight
+    e.destroy()
+    out = {}
+    for label, change in SAFE_CHANGES.items():
+        del log.lines[:]
+        r = engine_of(dict(ACCO, acco=dict(ACCO["acco"], **change)))
+        r.load_checkpoint(folder)
+        steps = r.global_steps
+        losses = _fit_losses(r, rank, 24)
+        out[label] = {"steps": steps, "losses": losses, "lines": [s for s in log.lines if "changed acco block" in s]}
+        r.destroy()
+    logging.getLogger("ds_acco").removeHandler(log)
+    try:
+        engine_of(dict(ACCO, acco=dict(ACCO["acco"], policy="adaptive" if rank == 1 else "fixed"))).destroy()
+        out["ranks differ"] = None
+    except Exception as exc:  # noqa: BLE001
+        out["ranks differ"] = f"{type(exc).__name__}: {exc}"
+    return out

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from .files import FileFinisher
 from .manifest import clean_partials, fsync_path, write_manifest
-from .save_failure import SaveFailures
+from .save_failure import CheckpointSaveError, SaveFailures
 from .verify import FiniteCheck
 
 logger = logging.getLogger("ds_acco")
@@ -128,11 +128,12 @@ def _fail_if_any(failures: SaveFailures, save_dir: str, tag: str, folder: str, g
     failed = failures.agree()
     if not failed:
         return
-    error = failures.error(failed, save_dir, tag, latest_tag(save_dir))
+    message = [str(failures.error(failed, save_dir, tag, latest_tag(save_dir))) if global_rank == 0 else None]
+    dist.broadcast_object_list(message, src=0)  # one message: the free space as rank 0 saw it
     if global_rank == 0:
         shutil.rmtree(folder, ignore_errors=True)  # its space is what the next save needs
     dist.barrier()
-    raise error
+    raise CheckpointSaveError(message[0])
 
 
 def latest_tag(load_dir: str) -> str | None:

@@ -101,18 +101,25 @@ class RoundCollectives:
         limits = [int(v) for v in votes if int(v) > 0]
         self.piece_bytes = min(limits) if limits else None
 
-    def check_peers_agree(self, mine: object, what: str) -> None:
+    def check_peers_agree(self, mine: object, what: str, named: Optional[dict] = None) -> None:
         """Fail at start-up, not with a hang, when ranks hold different ``mine`` (configs, layouts).
 
+        Args:
+            named: this rank's ``acco`` fields by name (:meth:`AccoConfig.compared_fields`): the
+                message then names each field the ranks disagree on, rank by rank.
+
         Raises:
-            AccoConfigError: naming ``what`` and every rank's value.
+            AccoConfigError: naming ``what`` and the fields (or every rank's value) that differ.
         """
+        from ds_acco.config.compare import rank_differences
         from ds_acco.errors import AccoConfigError
 
         everyone: list = [None] * self.world_size
-        dist.all_gather_object(everyone, mine, group=self.group)
-        if any(theirs != mine for theirs in everyone):
-            detail = "; ".join(f"rank {r}: {everyone[r]}" for r in range(self.world_size))
+        dist.all_gather_object(everyone, (mine, named), group=self.group)
+        if any(theirs != mine for theirs, _ in everyone):
+            fields = rank_differences([n for _, n in everyone]) if named is not None else []
+            values = [f"rank {r}: {v}" for r, (v, _) in enumerate(everyone)]
+            detail = "; ".join(fields) + (f" (all compared: {'; '.join(values)})" if fields else "; ".join(values))
             raise AccoConfigError(f"{what} differ across ranks -> {detail}")
 
     def all_gather_small(self, local: torch.Tensor) -> torch.Tensor:

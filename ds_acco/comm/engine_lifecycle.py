@@ -68,8 +68,9 @@ class EngineLifecycle:
 
     # ------------------------------------------------------------ start
     def _agree_with_peers(self, mine: object, what: str) -> None:
-        """Fail at start-up, not with a hang, when ranks were given different configs or models."""
-        self.coll.check_peers_agree(mine, what)
+        """Fail at start-up, not with a hang, when ranks were given different configs or models (naming the
+        ``acco`` fields that differ)."""
+        self.coll.check_peers_agree(mine, what, named=self.config.compared_fields())
 
     def _start_thread(self) -> None:
         if self.config.preemption.enabled:

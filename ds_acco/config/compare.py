@@ -6,12 +6,38 @@ A resume under a changed block, or ranks started with different blocks, must say
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional, Sequence
 
 from ds_acco.errors import AccoConfigError
 
 
-def check_saved_state_fits(state: Mapping[str, Any], mine: Mapping[str, Any], what: str, advice: str) -> None:
+def flatten(tree: Mapping[str, Any], prefix: str) -> dict:
+    """``{"prefix.a.b": leaf}`` of a nested mapping."""
+    out: dict = {}
+    for key, value in tree.items():
+        name = f"{prefix}.{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name))
+        else:
+            out[name] = value
+    return out
+
+
+def differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """``"acco.policy: saved 'fixed', now 'adaptive'"`` for each field that differs (absent: its default then)."""
+    return [f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}" for k in sorted(set(saved) | set(now))
+            if saved.get(k) != now.get(k)]
+
+
+def rank_differences(blocks: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``"acco.policy: rank 0 'fixed', rank 1 'adaptive'"`` for each field on which the ranks disagree."""
+    keys = sorted({k for b in blocks for k in b})
+    return [f"{k}: " + ", ".join(f"rank {r} {b.get(k)!r}" for r, b in enumerate(blocks)) for k in keys
+            if len({repr(b.get(k)) for b in blocks}) > 1]
+
+
+def check_saved_state_fits(state: Mapping[str, Any], mine: Mapping[str, Any], what: str, advice: str,
+                           block: Optional[Mapping[str, Any]] = None) -> None:
     """Raise unless a saved engine state was written by a job like this one.
 
     Args:
@@ -19,11 +45,19 @@ def check_saved_state_fits(state: Mapping[str, Any], mine: Mapping[str, Any], wh
         mine: this job's values (config fingerprint, world size, buffer sizes, ...).
         what: what was saved, for the message ("the ACCO round state").
         advice: what the user can do instead.
+        block: this job's :meth:`AccoConfig.compared_fields`; with the saved ones (``state["block"]``,
+            saved since this release) the message names the fields that differ instead of two fingerprints.
     """
     theirs = {key: state.get(key) for key in mine}
-    if theirs != dict(mine):
-        raise AccoConfigError(f"{what} in this checkpoint does not fit this job: saved {theirs}, now {dict(mine)}. "
-                              f"{advice}")
+    if theirs == dict(mine):
+        return
+    named = differences(state["block"], block) if block is not None and state.get("block") is not None else []
+    if named:
+        rest = {k: (theirs[k], mine[k]) for k in mine if k != "fingerprint" and theirs[k] != mine[k]}
+        detail = "; ".join(named + [f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in rest.items()])
+    else:
+        detail = f"saved {theirs}, now {dict(mine)}"
+    raise AccoConfigError(f"{what} in this checkpoint does not fit this job: {detail}. {advice}")
 
 
 def no_preemption_dir(config, front_end: str):

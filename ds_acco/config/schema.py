@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from ds_acco.errors import AccoConfigError
 
+from .compare import flatten
 from .blocks import CheckpointConfig, PreemptionConfig, StreamingConfig, TelemetryConfig, _Block
 
 TIMEOUT_RANGE_S = (1.0, 7 * 24 * 3600.0)  # [min, max] of acco.timeout_s, see AccoConfig.timeout_s
@@ -133,6 +134,11 @@ class AccoConfig(_Block):
             if payload.get(key) == default:
                 payload.pop(key)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def compared_fields(self) -> dict:
+        """``{"acco.<field>": value}`` of every field the fingerprint covers (nested blocks dotted), so a
+        mismatch can name what differs."""
+        return flatten(self.model_dump(exclude=LOCAL_BLOCKS), "acco")
 
     def quota(self, gradient_accumulation_steps: int) -> int:
         """Micro-batches per worker per round in the fixed policy."""

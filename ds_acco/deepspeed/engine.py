@@ -228,8 +228,20 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
 
     def _acco_load_own_state(self, load_dir, tag, path, strict) -> None:
         saved = safe_load.load(path, map_location="cpu", weights_only=self._acco_config.checkpoint.weights_only)
-        self.acco.load_state_dict(saved["rounds"])
         self._acco_samples = saved["samples"]
+        changed = self.acco.block_changes(saved["rounds"])
+        if not changed:
+            self.acco.load_state_dict(saved["rounds"])  # refuses, naming the fields, what cannot carry on
+            return
+        # Another mode, policy, quantisation or error-feedback switch, same world and layout: DeepSpeed has
+        # loaded the committed masters (and moments) and made the compute parameters from them, so the
+        # rounds restart from the commit; what the old block had in flight is dropped.
+        if self.global_rank == 0:
+            logger.warning("ds_acco: resuming %s/%s under a changed acco block (%s): the round state was rebuilt "
+                           "from the committed parameters at step %d (micro-batches accumulated after that commit, "
+                           "the kept estimate and error-feedback residuals were reset)", load_dir, tag,
+                           "; ".join(changed), self.global_steps)
+        self._acco_reset_own_state()
 
     def _acco_reset_own_state(self) -> None:
         self.acco.reset_rounds(commits=self.global_steps)

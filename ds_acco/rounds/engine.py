@@ -32,6 +32,7 @@ from ds_acco.comm.comm_thread import RoundHandle
 from ds_acco.comm.engine_lifecycle import EngineLifecycle
 from ds_acco.comm.stop_signal import AccoPreempted
 from ds_acco.config import AccoConfig, parse_acco_config
+from ds_acco.config.compare import differences
 from ds_acco.errors import AccoConfigError, AccoRoundError
 from ds_acco.layout.grad_buffers import GradBuffers
 from ds_acco.layout.sharded_group import ShardedGroup
@@ -400,13 +401,26 @@ class RoundEngine(EngineLifecycle):
             f, outcome = self._inflight, self._inflight.handle.wait()
             pending = {
                 "kind": f.kind, "mode": f.mode, "step": f.step, "index": f.handle.index,
-                "outcome": vars(outcome).copy(),
+                "outcome": dict(vars(outcome), stop=False),  # a SIGTERM stops this job, not the one resuming
                 "staging_shards": [g.compute_shard(st, self.rank)
                                    for g, st in zip(self.groups, self._landing.in_flight_targets())],
             }
-        return round_state.snapshot(self.state, identity=self._identity(), round_index=self._round_index,
-                                    grads=self.grads, buffers=self.buffers, kept=self.work.kept,
-                                    lr_clock=self.lr_clock, pending=pending)
+        out = round_state.snapshot(self.state, identity=self._identity(), round_index=self._round_index,
+                                   grads=self.grads, buffers=self.buffers, kept=self.work.kept,
+                                   lr_clock=self.lr_clock, pending=pending)
+        out["block"] = self.config.compared_fields()  # so a resume under another block can name what changed
+        return out
+
+    def block_changes(self, saved: dict) -> list[str]:
+        """The ``acco`` fields that differ from a saved round state's, when only they differ (same world
+        size and layout): a front end may then rebuild the round state from the committed parameters
+        instead of refusing. Empty: the same block, or a state :meth:`load_state_dict` must judge."""
+        identity = self._identity()
+        if saved.get("fingerprint") == identity["fingerprint"] or saved.get("block") is None:
+            return []
+        if any(saved.get(k) != v for k, v in identity.items() if k != "fingerprint"):
+            return []
+        return differences(saved["block"], self.config.compared_fields())
 
     def load_state_dict(self, saved: dict) -> None:
         """Restore :meth:`state_dict` output on every rank (collective: it all-gathers the pending result).
@@ -418,13 +432,14 @@ class RoundEngine(EngineLifecycle):
         if self._inflight is not None:
             raise AccoRoundError("load_state_dict needs an idle engine; a round is in flight")
         self.state, self._round_index, self.work.kept = round_state.restore(
-            saved, identity=self._identity(), grads=self.grads, buffers=self.buffers, lr_clock=self.lr_clock)
+            saved, identity=self._identity(), grads=self.grads, buffers=self.buffers, lr_clock=self.lr_clock,
+            block=self.config.compared_fields())
         pending = saved["pending"]
         if pending is not None:
             for i, (full, part) in enumerate(zip(self._landing.in_flight_targets(), pending["staging_shards"])):
                 self.work.all_gather_compute(i, full, part.to(full.dtype))
             handle = RoundHandle.completed(pending["index"], pending["kind"], self.config.timeout_s,
-                                           RoundOutcome(**pending["outcome"]))
+                                           RoundOutcome(**dict(pending["outcome"], stop=False)))
             self._inflight = InFlight(handle, pending["kind"], pending["mode"], pending["step"])
         self._last_swap_t = time.perf_counter()
 

@@ -80,7 +80,7 @@ def snapshot(state: RoundState, *, identity: dict, round_index: int, grads: Grad
 
 
 def restore(saved: dict, *, identity: dict, grads: GradBuffers, buffers: Sequence[GroupBuffers],
-            lr_clock: LrScheduleClock) -> tuple[RoundState, int, KeptEstimate]:
+            lr_clock: LrScheduleClock, block: Optional[dict] = None) -> tuple[RoundState, int, KeptEstimate]:
     """Put a :func:`snapshot` back into the buffers; returns the schedule, the round index and the kept count.
 
     Raises:
@@ -88,7 +88,7 @@ def restore(saved: dict, *, identity: dict, grads: GradBuffers, buffers: Sequenc
     """
     check_saved_state_fits(
         saved, identity, "the ACCO round state", "Resume with the same acco block and world size, or load the model "
-        "and optimizer only (a fresh round state bootstraps).")
+        "and optimizer only (a fresh round state bootstraps).", block=block)
     state = RoundState(commits=saved["commits"], micro_batches=saved["micro_batches"], n=saved["n"],
                        next_kind=saved["next_kind"], active_scale=saved["active_scale"],
                        compute_committed=saved.get("compute_committed", True))

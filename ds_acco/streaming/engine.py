@@ -321,10 +321,11 @@ class StreamingEngine(EngineLifecycle):
             flight = self._inflight
             outcome: _Outcome = flight.handle.wait()
             pending = {"fragment": flight.fragment.index, "step": flight.step, "due": flight.due,
-                       "index": flight.handle.index, "outcome": vars(outcome).copy()}
+                       "index": flight.handle.index, "outcome": dict(vars(outcome), stop=False)}
         return {
             "format": 1,
             "fingerprint": self.config.fingerprint(),
+            "block": self.config.compared_fields(),
             "world_size": self.world_size,
             "padded_numels": [f.layout.padded_numel for f in self.fragments],
             "numels": [f.layout.numel for f in self.fragments],
@@ -353,7 +354,8 @@ class StreamingEngine(EngineLifecycle):
         check_saved_state_fits(
             state, {"fingerprint": self.config.fingerprint(), "world_size": self.world_size,
                     "padded_numels": [f.layout.padded_numel for f in self.fragments]},
-            "the streaming state", "Resume with the same acco block and model (another world size: load_resharded).")
+            "the streaming state", "Resume with the same acco block and model (another world size: load_resharded).",
+            block=self.config.compared_fields())
         for frag, saved in zip(self.fragments, state["fragments"]):
             frag.anchor.copy_(saved["anchor"])
             frag.master.copy_(saved["master"])

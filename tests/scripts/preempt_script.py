@@ -1,0 +1,103 @@
+"""SIGTERM to one rank under the real ``deepspeed`` launcher (tests/test_preemption.py).
+
+``--phase stop``: rank 1 sends itself SIGTERM (what SLURM or Kubernetes sends) at micro-batch
+``--at``, while a round is in flight, or rank 0 does in the middle of a checkpoint save (``--during-save``).
+Every rank must stop at the same round boundary, save to ``acco.preemption.checkpoint_dir``, and
+exit with ``acco.preemption.exit_code``; each rank notes where it stopped in ``<out>/stop<r>.json``.
+``--phase resume``: load that checkpoint, train to the end, and compare with a run never stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import deepspeed
+import torch
+import torch.distributed as dist
+
+from ds_acco.comm.stop_signal import AccoPreempted
+from tests import workloads as W
+from tests.checkpoint_workloads import ACCO, STREAMING, engine_of, train
+
+STEPS = {"acco": 6, "streaming": 12}  # streaming: a fragment round every 2 steps (sync_every 4, 2 fragments)
+
+
+def config(front: str, out: str) -> dict:
+    base = ACCO if front == "acco" else STREAMING
+    return dict(base, acco=dict(base["acco"], preemption={"checkpoint_dir": os.path.join(out, "preempted")},
+                                timeout_s=30))
+
+
+def stop_phase(front: str, out: str, at: int, during_save: bool) -> None:
+    rank = dist.get_rank()
+    engine = engine_of(config(front, out))
+    if during_save and rank == 0:  # the rank that writes DeepSpeed's model file (stage 0 and ZeRO-1)
+        real = engine.checkpoint_engine.save
+
+        def save(state_dict, path, *args, **kwargs):  # SIGTERM arrives while the save writes its files
+            os.kill(os.getpid(), signal.SIGTERM)
+            return real(state_dict, path, *args, **kwargs)
+
+        engine.checkpoint_engine.save = save
+    k, t0 = 0, None
+    try:
+        while engine.global_steps < STEPS[front]:
+            if k == at:
+                if during_save:
+                    engine.save_checkpoint(os.path.join(out, "regular"))
+                elif rank == 1:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                t0 = time.monotonic()
+            x, y = W.batch(rank, k)
+            engine.backward(W.loss_fn(engine(x), y))
+            engine.step()
+            k += 1
+    except AccoPreempted as exc:
+        with open(os.path.join(out, f"stop{rank}.json"), "w") as f:
+            json.dump({"code": exc.code, "steps": engine.global_steps, "micro_batches": k,
+                       "seconds_after_signal": time.monotonic() - t0}, f)
+        raise
+    print("TRAINING FINISHED WITHOUT A STOP", flush=True)
+
+
+def resume_phase(front: str, out: str) -> None:
+    rank = dist.get_rank()
+    a = engine_of(config(front, out))
+    full = train(a, 0, STEPS[front], [])[-1]
+    a.destroy()
+    engine = engine_of(config(front, out))
+    engine.load_checkpoint(os.path.join(out, "preempted"))
+    resumed_from = engine.global_steps
+    # the data position: micro-batches this rank computed (the round state keeps it; streaming: one per step)
+    k = engine.acco.micro_batches if front == "acco" else engine.global_steps
+    last = train(engine, k, STEPS[front], [])[-1]
+    engine.destroy()
+    with open(os.path.join(out, f"resume{rank}.json"), "w") as f:
+        json.dump({"resumed_from": resumed_from, "k": k, "equal": all(torch.equal(a, b) for a, b in zip(full, last)),
+                   "max_diff": max(float((a - b).abs().max()) for a, b in zip(full, last))}, f)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--phase", choices=["stop", "resume"], required=True)
+    p.add_argument("--front", choices=["acco", "streaming"], required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--at", type=int, default=9)
+    p.add_argument("--during-save", action="store_true")
+    p.add_argument("--local_rank", type=int, default=-1)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    if args.phase == "stop":
+        stop_phase(args.front, args.out, args.at, args.during_save)
+    else:
+        resume_phase(args.front, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,6 +4,7 @@ Run on 2 ranks through the ``deepspeed`` launcher (figures in BENCHMARKS.md,
 "Checkpoint verification")::
 
     flock /tmp/ds_acco_bench.lock deepspeed --num_gpus 2 --module benchmarks.checkpoint_cost --dir /tmp/ckpt_cost
+    flock /tmp/ds_acco_bench.lock deepspeed --num_gpus 2 --module benchmarks.checkpoint_cost --dir /tmp/ckpt_cost --signing
 
 A GPT-2 of 16 layers x 512 (50.6 M parameters, fp32, ZeRO-1 ACCO engine) trains one
 optimizer step so the optimizer holds its moments. Then each repeat saves and loads in
@@ -105,6 +106,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--repeats", type=int, default=6)
+    p.add_argument("--signing", action="store_true",
+                   help="A/B signed (acco.checkpoint.signing_key_file) vs unsigned saves and loads instead")
     p.add_argument("--local_rank", type=int, default=-1)
     args = p.parse_args()
 
@@ -135,6 +138,10 @@ def main() -> None:
         engine.backward(engine(input_ids=x, labels=x).loss)
         engine.step()
 
+    if args.signing:
+        signing_ab(engine, args)
+        engine.destroy()
+        return
     spent: dict = {}
     _timed(deepspeed_atomic, "write_manifest", spent)
     # folder flushes: inside write_manifest (durability, not verification), and after the rename
@@ -241,6 +248,50 @@ def main() -> None:
                     f"rank {r} {c:.3f} s ({100 * c / t:.1f}% of its {what})" for r, (c, t) in enumerate(by_rank)))
         shutil.rmtree(args.dir, ignore_errors=True)
     engine.destroy()
+
+
+def signing_ab(engine, args) -> None:
+    """Signed vs unsigned save and load, both verified, page cache, alternating order per repeat.
+
+    With a key the load checks the signature and then every file's hashes *before* DeepSpeed parses
+    any file (unsigned, the hashes run while it parses), so the cost to measure is that ordering as
+    much as the HMAC itself (one over the manifest's few KiB)."""
+    key = bytes(range(32))
+    rank = dist.get_rank()
+    engine._acco_config.checkpoint.fsync = False
+    times: dict = {True: [], False: []}
+
+    def one(signed: bool) -> None:
+        engine.__dict__["_acco_signing_key"] = key if signed else None
+        if rank == 0:
+            shutil.rmtree(args.dir, ignore_errors=True)
+        dist.barrier()
+        t0 = time.perf_counter()
+        engine.save_checkpoint(args.dir)
+        t1 = time.perf_counter()
+        engine.load_checkpoint(args.dir)
+        times[signed].append((t1 - t0, time.perf_counter() - t1))
+
+    one(True)  # warm-up
+    times[True].clear()
+    for i in range(args.repeats):
+        for signed in ((True, False) if i % 2 == 0 else (False, True)):
+            one(signed)
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, times)
+    if rank == 0:
+        n_params = sum(p.numel() for p in engine.module.parameters())
+        print(f"[checkpoint_cost] signing A/B: {n_params / 1e6:.1f} M parameters, {len(gathered)} ranks, "
+              f"{args.repeats} repeats, page cache, load average {os.getloadavg()[0]:.2f}")
+        for what, j in (("save", 0), ("load", 1)):
+            med = {v: statistics.median(x[j] for got in gathered for x in got[v]) for v in (True, False)}
+            spread = {v: (min(x[j] for got in gathered for x in got[v]), max(x[j] for got in gathered for x in got[v]))
+                      for v in (True, False)}
+            print(f"[checkpoint_cost] {what}: signed {med[True]:.3f} s (range {spread[True][0]:.3f}-"
+                  f"{spread[True][1]:.3f}), unsigned {med[False]:.3f} s (range {spread[False][0]:.3f}-"
+                  f"{spread[False][1]:.3f}); cost {med[True] - med[False]:+.3f} s "
+                  f"({100 * (med[True] - med[False]) / med[False]:+.1f}%)")
+        shutil.rmtree(args.dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

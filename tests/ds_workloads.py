@@ -153,13 +153,17 @@ def exports_after_loop(rank, world, *, configs, micro_batches, ckpt_root):
                 _micro_batch(engine, rank, k)
             in_flight = engine.acco._inflight.kind if engine.acco.in_flight else None
             exported = {k: v.clone() for k, v in engine.module.state_dict().items()}
+            found = engine.acco.committed_buffers()  # which buffers the export read (for a failure's message)
+            path = "all-gathered masters" if found is None else (
+                "compute buffers" if found[0] is engine.acco.groups[0].flat else "landing buffers")
+            path += f", round {engine.acco._round_index}, in flight {engine.acco._inflight and engine.acco._inflight.kind}"
             compute = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
             ckpt = os.path.join(ckpt_root, f"{name}_{m}")
             engine.save_16bit_model(ckpt, "model16.bin")
             engine.save_checkpoint(ckpt)
             dist.barrier()
             row = {"config": name, "micro_batches": m, "in_flight": in_flight, "exported": exported,
-                   "compute": compute}
+                   "compute": compute, "path": path}
             if rank == 0:
                 fp32 = get_fp32_state_dict_from_zero_checkpoint(ckpt)
                 row["zero_to_fp32"] = {k: v.detach().clone() for k, v in fp32.items()}

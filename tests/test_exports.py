@@ -27,7 +27,7 @@ def test_state_dict_after_the_loop_equals_zero_to_fp32_of_a_checkpoint_saved_aft
     assert fixed_in_flight == {10: "estimate", 12: "commit", 13: "commit"}
     differs = 0
     for row in rows:
-        where = f"{row['config']} after {row['micro_batches']} micro-batches"
+        where = f"{row['config']} after {row['micro_batches']} micro-batches ({row['path']})"
         fp32 = row["zero_to_fp32"]
         assert set(fp32) == set(row["exported"]), where
         for name, value in fp32.items():

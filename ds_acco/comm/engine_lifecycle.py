@@ -31,7 +31,7 @@ from ds_acco.telemetry.records import Telemetry
 
 from .collectives import RoundCollectives
 from .comm_thread import CommThread, RoundHandle, record_ready
-from .stop_signal import STOP
+from .stop_signal import STOP, AccoPreempted
 
 logger = logging.getLogger("ds_acco")
 
@@ -58,6 +58,8 @@ class EngineLifecycle:
         self._comm: Optional[CommThread] = None
         self._inflight: Any = None
         self._round_index = 0
+        self.stop_agreed, self._stopping = False, False  # a SIGTERM reached every rank / handed over
+        self._on_stop: Callable[[], None] = self.preempt
         self.coll = RoundCollectives(process_group, config.timeout_s)
         self.rank, self.world_size = self.coll.rank, self.coll.world_size
         tcfg = config.telemetry
@@ -77,6 +79,24 @@ class EngineLifecycle:
             STOP.install()  # SIGTERM: stop every rank at a round boundary (ds_acco.comm.stop_signal)
         self._comm = CommThread(self.device, name=self._thread_name)
         EXIT_ORDER.add(self)  # closed, with a drain, at interpreter exit (see _ExitOrder)
+
+    # ------------------------------------------------------------ preemption
+    def _stop_if_agreed(self, swapped: bool = True) -> bool:
+        """At the boundary where every rank learned of a SIGTERM, hand over to the front end (once)."""
+        if self.stop_agreed and not self._stopping:
+            self._stopping = True
+            self._on_stop()
+        return swapped
+
+    def preempt(self) -> None:
+        """Stop after a SIGTERM without saving: the ranks agree on the rounds launched (:meth:`quiesce`),
+        then every rank raises :class:`~ds_acco.comm.stop_signal.AccoPreempted` (exit status
+        ``acco.preemption.exit_code``)."""
+        self.quiesce()
+        raise AccoPreempted(self.config.preemption.exit_code)
+
+    def quiesce(self) -> None:
+        """Wait for the round in flight to end without applying it (engines say how)."""
 
     def startup_fields(self) -> dict:
         """What this engine runs, for the start-up line (mode, sizes, wire formats)."""

@@ -30,9 +30,7 @@ import torch.distributed as dist
 
 from ds_acco.comm.comm_thread import RoundHandle
 from ds_acco.comm.engine_lifecycle import EngineLifecycle
-from ds_acco.comm.stop_signal import AccoPreempted
 from ds_acco.config import AccoConfig, parse_acco_config
-from ds_acco.config.compare import differences
 from ds_acco.errors import AccoConfigError, AccoRoundError
 from ds_acco.layout.grad_buffers import GradBuffers
 from ds_acco.layout.sharded_group import ShardedGroup
@@ -129,9 +127,6 @@ class RoundEngine(EngineLifecycle):
         self.work = RoundWork(self.groups, self.buffers, self._landing, self.coll, shard_optimizer, self.lr_clock,
                               self.config, self.clip, on_stage)
         self.state = RoundState(next_kind=self._first_kind(), active_scale=self._current_scale())
-        self.stop_agreed = False
-        """Every rank learned, in the same round, that some rank was sent SIGTERM."""
-        self._stopping = False
         self._last_swap_t = time.perf_counter()
         self._start_thread()
 
@@ -206,19 +201,6 @@ class RoundEngine(EngineLifecycle):
         self._complete()
         self._launch(s.next_kind, self.config.mode)
         return self._stop_if_agreed(True)
-
-    def _stop_if_agreed(self, swapped: bool) -> bool:
-        """At the boundary where every rank learned of a SIGTERM, hand over to the front end (once)."""
-        if self.stop_agreed and not self._stopping:
-            self._stopping = True
-            self._on_stop()
-        return swapped
-
-    def preempt(self) -> None:
-        """Stop after a SIGTERM without saving: the ranks agree on the rounds launched, then every rank raises
-        :class:`~ds_acco.comm.stop_signal.AccoPreempted` (exit status ``acco.preemption.exit_code``)."""
-        self.quiesce()  # under the adaptive policy the ranks first agree on the rounds launched
-        raise AccoPreempted(self.config.preemption.exit_code)
 
     def _round_ready(self) -> bool:
         if self.config.policy == "fixed":
@@ -412,15 +394,8 @@ class RoundEngine(EngineLifecycle):
         return out
 
     def block_changes(self, saved: dict) -> list[str]:
-        """The ``acco`` fields that differ from a saved round state's, when only they differ (same world
-        size and layout): a front end may then rebuild the round state from the committed parameters
-        instead of refusing. Empty: the same block, or a state :meth:`load_state_dict` must judge."""
-        identity = self._identity()
-        if saved.get("fingerprint") == identity["fingerprint"] or saved.get("block") is None:
-            return []
-        if any(saved.get(k) != v for k, v in identity.items() if k != "fingerprint"):
-            return []
-        return differences(saved["block"], self.config.compared_fields())
+        """See :func:`ds_acco.rounds.state.block_changes`."""
+        return round_state.block_changes(saved, identity=self._identity(), block=self.config.compared_fields())
 
     def load_state_dict(self, saved: dict) -> None:
         """Restore :meth:`state_dict` output on every rank (collective: it all-gathers the pending result).

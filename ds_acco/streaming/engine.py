@@ -54,7 +54,7 @@ from torch import nn
 
 from ds_acco.comm.comm_thread import RoundHandle
 from ds_acco.comm.engine_lifecycle import EngineLifecycle
-from ds_acco.comm.stop_signal import STOP, AccoPreempted
+from ds_acco.comm.stop_signal import STOP
 from ds_acco.comm.int8_collectives import Int8ReduceScatter, ShardAllGather
 from ds_acco.config import AccoConfig, check_saved_state_fits, parse_acco_config
 from ds_acco.errors import AccoConfigError, AccoRoundError
@@ -176,7 +176,6 @@ class StreamingEngine(EngineLifecycle):
                                   device=self.device)
         self.peak_round_bytes = 0
         self.inner_steps = 0
-        self.stop_agreed, self._stopping = False, False
         self._on_stop = on_stop or self.preempt
         self._start_thread()
 
@@ -224,15 +223,8 @@ class StreamingEngine(EngineLifecycle):
             if self.tau == 0:
                 self._complete(step)
                 merged = True
-        if self.stop_agreed and not self._stopping:  # every rank learned of a SIGTERM in the same round
-            self._stopping = True
-            self._on_stop()
+        self._stop_if_agreed()  # every rank learned of a SIGTERM in the same round: hand over
         return merged
-
-    def preempt(self) -> None:
-        """Stop after a SIGTERM without saving: every rank raises
-        :class:`~ds_acco.comm.stop_signal.AccoPreempted` (exit status ``acco.preemption.exit_code``)."""
-        raise AccoPreempted(self.config.preemption.exit_code)
 
     def _launch(self, frag: _Fragment, step: int) -> None:
         n = frag.layout.padded_numel

@@ -85,6 +85,7 @@ def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt
     if acco is not None:
         acco.close()
         out["counts"] = [r.counts for r in acco.telemetry.records]
+        out["modes"] = [r.mode for r in acco.telemetry.records if r.kind == "commit"]
         out["summary"] = acco.telemetry.summary()
         out["accum_dtypes"] = sorted({str(dt) for dt in acco.grads.dtypes})
     engine.destroy()

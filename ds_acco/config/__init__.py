@@ -9,11 +9,11 @@ allowed, and the comparison of a saved or a peer's block with this job's
 May import: ``ds_acco.errors`` and pydantic.
 """
 
-from ds_acco.config.blocks import (CheckpointConfig, PreemptionConfig, StreamingConfig, TelemetryConfig,
+from ds_acco.config.blocks import (AutoConfig, CheckpointConfig, PreemptionConfig, StreamingConfig, TelemetryConfig,
                                    check_writable_folder)
 from ds_acco.config.compare import check_saved_state_fits, no_preemption_dir
 from ds_acco.config.schema import AccoConfig, parse_acco_config
 from ds_acco.errors import AccoConfigError
 
-__all__ = ["AccoConfig", "AccoConfigError", "CheckpointConfig", "PreemptionConfig", "StreamingConfig",
+__all__ = ["AccoConfig", "AutoConfig", "AccoConfigError", "CheckpointConfig", "PreemptionConfig", "StreamingConfig",
            "TelemetryConfig", "check_saved_state_fits", "check_writable_folder", "no_preemption_dir", "parse_acco_config"]

@@ -86,6 +86,30 @@ class PreemptionConfig(_Block):
     """The status every rank exits with after a stop: 143 (128 + SIGTERM) by default, what schedulers
     read as "terminated by a signal", so they requeue or restart the job."""
 
+class AutoConfig(_Block):
+    """How ``mode: "auto"`` chooses between ``sync`` and ``acco`` (see ``ds_acco.rounds.auto_mode``).
+
+    Why a model and not a trial of each mode: a trial of ``acco`` costs little, but a trial's loss
+    says nothing after a few steps; the time a step takes does. The choice compares seconds per
+    nominal step (``G`` micro-batches per worker) measured in the running mode with those predicted
+    for the other one from the same measurements, charges ``acco`` the loss cost of its delay, and
+    switches only for a clear gain."""
+
+    measure_steps: int = Field(default=3, ge=2)
+    """Synchronous steps measured before the first choice (the first choice comes after
+    ``max(warmup_steps, measure_steps)`` steps; the first step's compute is not counted)."""
+    check_every: int = Field(default=20, ge=1)
+    """Steps between two choices after the first: a link that slows or a worker that falls behind
+    changes the answer."""
+    acco_step_penalty: float = Field(default=0.10, ge=0.0, le=1.0)
+    """The extra steps ACCO's one-step delay costs to reach the same loss, as a fraction (0.10: ACCO is
+    charged 10% more time per step). Measured on the GPT-2 benchmark: 32 steps to loss 2.8 for acco
+    against 27-29 for sync (BENCHMARKS.md); set 0 where your runs show no penalty."""
+    switch_margin: float = Field(default=0.05, ge=0.0, lt=1.0)
+    """Switch only when the other mode is predicted faster by at least this fraction (no flapping
+    between two modes that cost the same)."""
+
+
 class StreamingConfig(_Block):
     """Streaming DiLoCo (``mode: "streaming"``); see ``docs/algorithms.md``, section streaming."""
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from ds_acco.errors import AccoConfigError
 
 from .compare import flatten
-from .blocks import CheckpointConfig, PreemptionConfig, StreamingConfig, TelemetryConfig, _Block
+from .blocks import AutoConfig, CheckpointConfig, PreemptionConfig, StreamingConfig, TelemetryConfig, _Block
 
 TIMEOUT_RANGE_S = (1.0, 7 * 24 * 3600.0)  # [min, max] of acco.timeout_s, see AccoConfig.timeout_s
 LOCAL_BLOCKS = {"telemetry", "checkpoint", "preemption"}
@@ -31,9 +31,11 @@ class AccoConfig(_Block):
 
     enabled: bool = True
     """False makes the front ends behave exactly like the stock framework."""
-    mode: Literal["sync", "dpu", "acco", "streaming"] = "acco"
+    mode: Literal["sync", "dpu", "acco", "auto", "streaming"] = "acco"
     """``sync``: ZeRO-1 reference, no overlap. ``dpu``: one-step delayed update.
-    ``acco``: estimate/commit rounds that compensate the delay. ``streaming``:
+    ``acco``: estimate/commit rounds that compensate the delay. ``auto``: measures sync
+    steps, then runs ``sync`` or ``acco`` (with ``policy``), whichever is predicted to reach
+    a loss sooner, and re-checks every ``auto.check_every`` steps. ``streaming``:
     Streaming DiLoCo (``ds_acco.streaming.build``, configured by ``streaming``)."""
     policy: Literal["fixed", "adaptive"] = "fixed"
     """``fixed``: each round waits for its micro-batch quota (deterministic).
@@ -73,6 +75,8 @@ class AccoConfig(_Block):
     input (one fp32 buffer the size of the gradients per parameter group)."""
     streaming: StreamingConfig = Field(default_factory=StreamingConfig)
     """Options of ``mode: "streaming"`` (ignored by the other modes)."""
+    auto: AutoConfig = Field(default_factory=AutoConfig)
+    """Options of ``mode: "auto"`` (ignored by the other modes)."""
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     preemption: PreemptionConfig = Field(default_factory=PreemptionConfig)
@@ -111,7 +115,7 @@ class AccoConfig(_Block):
                 "applies to gradient rounds (sync/dpu/acco). Streaming sets its all-gather with "
                 "acco.streaming.all_gather_dtype"
             )
-        if self.all_gather_quantization == "int8_estimate" and self.mode != "acco":
+        if self.all_gather_quantization == "int8_estimate" and self.mode not in ("acco", "auto"):
             raise ValueError(
                 f"acco.all_gather_quantization: got 'int8_estimate' with mode {self.mode!r}, which has no "
                 "estimate rounds; allowed with sync/dpu: 'none' or 'int8'"
@@ -142,7 +146,7 @@ class AccoConfig(_Block):
 
     def quota(self, gradient_accumulation_steps: int) -> int:
         """Micro-batches per worker per round in the fixed policy."""
-        if self.mode == "acco":
+        if self.mode in ("acco", "auto"):  # auto: the quota once it runs acco
             return gradient_accumulation_steps // 2
         return gradient_accumulation_steps
 
@@ -154,17 +158,17 @@ class AccoConfig(_Block):
             raise AccoConfigError(
                 "acco.mode: got 'streaming'; Streaming DiLoCo runs through ds_acco.streaming.build(model, ...) "
                 "or ds_acco.initialize with zero_optimization.stage 0, not the gradient round engine. "
-                "Allowed here: 'sync', 'dpu', 'acco'"
+                "Allowed here: 'sync', 'dpu', 'acco', 'auto'"
             )
         if gradient_accumulation_steps < 1:
             raise AccoConfigError(
                 f"gradient_accumulation_steps: got {gradient_accumulation_steps}; must be >= 1"
             )
-        if self.mode == "acco" and gradient_accumulation_steps % 2:
+        if self.mode in ("acco", "auto") and gradient_accumulation_steps % 2:
             raise AccoConfigError(
                 f"gradient_accumulation_steps: got {gradient_accumulation_steps}; acco.mode "
-                "'acco' splits every optimizer step into an estimate and a commit half, so it "
-                "must be even (2, 4, 6, ...)"
+                f"{self.mode!r} {'may run' if self.mode == 'auto' else 'runs'} 'acco', which splits every "
+                "optimizer step into an estimate and a commit half, so it must be even (2, 4, 6, ...)"
             )
 
 
@@ -175,6 +179,7 @@ _LATER_DEFAULTS = {
     "all_gather_quantization": "none",
     "error_feedback": False,
     "streaming": StreamingConfig().model_dump(),
+    "auto": AutoConfig().model_dump(),
 }
 
 

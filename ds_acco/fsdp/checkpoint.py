@@ -234,7 +234,7 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
         saved = _unblob(state[rank_key(engine.rank)], weights_only, engine.device)
         with torch.no_grad():
             for i, (g, shard) in enumerate(zip(engine.groups, saved["compute"])):
-                engine.all_gather_compute(i, g.flat, shard.to(g.flat.dtype))
+                engine.work.all_gather_compute(i, g.flat, shard.to(g.flat.dtype))
         engine.load_state_dict(saved["rounds"])
     else:
         restart(trainer, meta["applied_commits"], meta["micro_batches"])

@@ -114,6 +114,6 @@ def restart(trainer: Any, commits: int, micro_batches: int) -> None:
         return
     with torch.no_grad():
         for i, g in enumerate(engine.groups):  # compute parameters = the loaded masters, as after a commit
-            engine.all_gather_masters(i, g.flat)
+            engine.work.all_gather_masters(i, g.flat)
     engine.reset_rounds(commits=commits)
     engine.micro_batches = micro_batches

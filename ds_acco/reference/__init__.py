@@ -7,6 +7,6 @@ line by line against the rules.
 May import: torch only (nothing of ds_acco: the spec must not share a bug with the code).
 """
 
-from ds_acco.reference.rules import ReferenceRun, reference_trajectory
+from ds_acco.reference.rules import ReferenceRun, reference_schedule, reference_trajectory
 
-__all__ = ["ReferenceRun", "reference_trajectory"]
+__all__ = ["ReferenceRun", "reference_schedule", "reference_trajectory"]

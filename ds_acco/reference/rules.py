@@ -140,3 +140,35 @@ def reference_trajectory(
             a_sum, a_cnt = run.gradients(theta_tilde, quota(half))  # A_{t+1} at θ̃_{t+1}
         return out
     raise ValueError(f"mode: got {mode!r}; allowed: 'sync', 'dpu', 'acco'")
+
+
+def reference_schedule(run: ReferenceRun, modes: Sequence[str], gradient_accumulation_steps: int,
+                       counts: Optional[Sequence[Sequence[int]]] = None) -> list[list[torch.Tensor]]:
+    """``θ`` after each step when step ``t`` runs in ``modes[t]`` (``sync`` or ``acco``), as ``mode: "auto"``
+    switches: a run of acco steps starts like acco after warmup (its first estimate's micro-batches are
+    computed at the committed ``θ``), and the step before a switch to sync commits without computing the
+    next estimate's micro-batches (sync's ``G`` then start at ``θ_{t+1}``)."""
+    G, N = gradient_accumulation_steps, run.N
+    rounds = iter(counts) if counts is not None else None
+
+    def quota(q: int) -> list[int]:
+        return list(next(rounds)) if rounds is not None else [q] * N
+
+    out: list[list[torch.Tensor]] = []
+    a_sum = a_cnt = None
+    for t, mode in enumerate(modes):
+        if mode == "sync":
+            run.step(*run.gradients(run.theta, quota(G)))
+        elif mode == "acco":
+            if a_sum is None:
+                a_sum, a_cnt = run.gradients(run.snapshot(), quota(G // 2))
+            theta_tilde = run.lookahead(a_sum, a_cnt)
+            b_sum, b_cnt = run.gradients(run.snapshot(), quota(G // 2))
+            run.step([a + b for a, b in zip(a_sum, b_sum)], a_cnt + b_cnt)
+            a_sum = None
+            if t + 1 < len(modes) and modes[t + 1] == "acco":
+                a_sum, a_cnt = run.gradients(theta_tilde, quota(G // 2))
+        else:
+            raise ValueError(f"modes[{t}]: got {mode!r}; allowed: 'sync', 'acco'")
+        out.append(run.snapshot())
+    return out

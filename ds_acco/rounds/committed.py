@@ -44,7 +44,7 @@ def gather_committed(engine: RoundEngine) -> list[torch.Tensor]:
     out = []
     for i, g in enumerate(engine.groups):
         full = g.layout.new_buffer(g.flat)
-        engine.all_gather_masters(i, full)
+        engine.work.all_gather_masters(i, full)
         out.append(full)
     return out
 

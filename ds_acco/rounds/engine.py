@@ -6,16 +6,7 @@ front ends (DeepSpeed, FSDP2, plain PyTorch) build those and call
 :meth:`RoundEngine.after_micro_batch` after every backward. What a round computes once it
 runs is :mod:`ds_acco.rounds.round_work`; its life (thread, group, close) is
 :class:`~ds_acco.comm.engine_lifecycle.EngineLifecycle`'s.
-
-[Note: how acco's estimate/commit is computed with two gradient buffers]
-docs/algorithms.md keeps ``A_t`` in the local accumulator so ``B_t`` adds on top of it
-and the commit reduce-scatters ``A_t + B_t``. Reduce-scatter is linear, so this
-engine reduce-scatters ``A_t`` in the estimate round, keeps this rank's summed
-shard of it (``O(params / N)`` fp32), and lets the commit reduce-scatter only
-``B_t`` and add the kept shard. The update is the same (up to fp32 summation
-order), and the commit moves the same bytes. The accumulator a round has
-reduce-scattered is where its all-gather lands (no staging buffer; see the note
-in ds_acco/rounds/landing.py), and it comes back to the training thread zeroed at the swap.
+The note on how acco's estimate/commit uses two gradient buffers is in ds_acco/rounds/round_work.py.
 """
 
 from __future__ import annotations
@@ -41,6 +32,7 @@ from ds_acco.telemetry.records import RoundRecord
 
 from . import state as round_state
 from .alignment import RoundAlignment
+from .auto_mode import SYNC, AutoMode
 from .describe import startup_fields
 from .group_buffers import build_group_buffers
 from .landing import Landing
@@ -126,8 +118,11 @@ class RoundEngine(EngineLifecycle):
         self.lr_clock = LrScheduleClock(self.G * self.world_size, by_tokens=self.config.policy == "adaptive")
         self.work = RoundWork(self.groups, self.buffers, self._landing, self.coll, shard_optimizer, self.lr_clock,
                               self.config, self.clip, on_stage)
-        self.state = RoundState(next_kind=self._first_kind(), active_scale=self._current_scale())
-        self._last_swap_t = time.perf_counter()
+        self.auto = AutoMode(self.config, self.G, self.world_size, self.rank) if self.config.mode == "auto" else None
+        """``mode: "auto"``'s timer and choices (:mod:`ds_acco.rounds.auto_mode`); None in the other modes."""
+        self.state = RoundState(mode=SYNC if self.auto else self.config.mode, active_scale=self._current_scale())
+        self.state.next_kind = self._first_kind()
+        self._last_swap_t, self._figures = time.perf_counter(), None
         self._start_thread()
 
     def startup_fields(self) -> dict:
@@ -153,16 +148,21 @@ class RoundEngine(EngineLifecycle):
         self.state.micro_batches = value
 
     @property
+    def mode(self) -> str:
+        """The mode rounds run in: the configured one, or the one ``mode: "auto"`` runs now."""
+        return self.state.mode
+
+    @property
     def overlapping(self) -> bool:
         """True once warmup is over and the mode overlaps rounds with compute."""
-        return self.config.mode != "sync" and self.commits >= self.config.warmup_steps
+        return self.mode != "sync" and self.commits >= self.config.warmup_steps
 
     @property
     def quota(self) -> int:
-        return self.config.quota(self.G) if self.overlapping else self.G
+        return self.G // 2 if self.overlapping and self.mode == "acco" else self.G
 
     def _first_kind(self) -> str:
-        return ESTIMATE if self.config.mode == "acco" else COMMIT
+        return ESTIMATE if self.mode == "acco" else COMMIT
 
     def _current_scale(self) -> float:
         return float(self._grad_scale() if callable(self._grad_scale) else self._grad_scale)
@@ -184,22 +184,33 @@ class RoundEngine(EngineLifecycle):
         s = self.state
         s.n += 1
         s.micro_batches += 1
+        if self.auto:
+            self.auto.timer.micro_batch()
         if not self.overlapping:
             if s.n < self.G:
                 return False
             self._launch(COMMIT, "sync")
             self._complete()
+            if self.auto and self.auto.due(s.commits):
+                s.mode = self.auto.decide(self._figures, s.mode, s.commits)
             if self.overlapping:
                 s.next_kind = self._first_kind()
             return self._stop_if_agreed(True)
         if self._inflight is None:  # bootstrap after start or warmup
             if s.n >= self.quota:
-                self._launch(s.next_kind, self.config.mode)
+                self._launch(s.next_kind, self.mode)
             return False
         if not self._round_ready():
             return False
+        landed = self._inflight.kind
         self._complete()
-        self._launch(s.next_kind, self.config.mode)
+        if landed == ESTIMATE and self.auto and self.auto.due(s.commits + 1):
+            if self.auto.decide(self._figures, s.mode, s.commits + 1) == SYNC:
+                self._launch(COMMIT, "acco")  # the commit of this step, waited for: sync runs from θ_{t+1}
+                self._complete()
+                s.mode, s.next_kind = SYNC, COMMIT
+                return self._stop_if_agreed(True)
+        self._launch(s.next_kind, self.mode)
         return self._stop_if_agreed(True)
 
     def _round_ready(self) -> bool:
@@ -220,7 +231,8 @@ class RoundEngine(EngineLifecycle):
         bases = [g.flat for g in self.groups]
         scale, s.active_scale = s.active_scale, self._current_scale()
         count, s.n = s.n, 0
-        handle = self._submit(kind, lambda h: self.work.run(h, kind, mode, grads, bases, count, scale))
+        figures = self.auto.timer.local() if self.auto else ()
+        handle = self._submit(kind, lambda h: self.work.run(h, kind, mode, grads, bases, count, scale, figures))
         self._inflight = InFlight(handle, kind, mode, s.commits)
         if mode == "acco":
             s.next_kind = COMMIT if kind == ESTIMATE else ESTIMATE
@@ -249,6 +261,10 @@ class RoundEngine(EngineLifecycle):
             nominal_step=self.lr_clock.nominal_steps,
         )
         self._last_swap_t = t1
+        self._figures = outcome.figures
+        if self.auto:
+            self.auto.timer.swap(compute_s=record.compute_s, round_s=outcome.round_s, now=t1,
+                                 committed=self.lr_clock.committed_micro_batches if flight.kind == COMMIT else None)
         if self.config.telemetry.enabled:
             self.telemetry.add(record)
         if self._on_swap is not None:
@@ -309,14 +325,6 @@ class RoundEngine(EngineLifecycle):
             return [g.flat for g in self.groups]
         return None
 
-    def all_gather_masters(self, i: int, full: torch.Tensor) -> None:
-        """All-gather every rank's master shard of group ``i`` into ``full``, in its dtype (collective)."""
-        self.work.all_gather_masters(i, full)
-
-    def all_gather_compute(self, i: int, full: torch.Tensor, part: torch.Tensor) -> None:
-        """All-gather every rank's shard ``part`` of group ``i`` into the compute buffer ``full`` (collective)."""
-        self.work.all_gather_compute(i, full, part)
-
     def finish(self) -> None:
         """Drain and commit everything accumulated, so the compute parameters equal the
         committed master parameters (end of training, before export).
@@ -330,13 +338,13 @@ class RoundEngine(EngineLifecycle):
         self._catch_up()
         self.wait()
         s = self.state
-        if self.overlapping and self.config.mode == "acco" and s.next_kind == COMMIT:
+        if self.overlapping and self.mode == "acco" and s.next_kind == COMMIT:
             self._launch(COMMIT, "acco")
             self._complete()
         elif self._align.anyone(s.n > 0):
             self._launch(COMMIT, "sync")
             self._complete()
-        if self.config.mode == "acco":
+        if self.mode == "acco":
             s.next_kind = ESTIMATE
         for buf in self.grads.active_buffers():
             buf.zero_()
@@ -360,7 +368,7 @@ class RoundEngine(EngineLifecycle):
                 g.read_master(own)
                 self.coll.all_gather(g.flat, own)  # in place: nothing reads the parameters while idle
             else:
-                self.all_gather_masters(i, g.flat)
+                self.work.all_gather_masters(i, g.flat)
 
     def _catch_up(self) -> None:
         """Launch the round some other rank has already launched (adaptive policy only)."""
@@ -368,7 +376,7 @@ class RoundEngine(EngineLifecycle):
         while self._round_index < target:
             if self._inflight is not None:
                 self._complete()
-            self._launch(self.state.next_kind, self.config.mode if self.overlapping else "sync")
+            self._launch(self.state.next_kind, self.mode if self.overlapping else "sync")
 
     # ------------------------------------------------------------ checkpoints
     def _identity(self) -> dict:
@@ -408,7 +416,7 @@ class RoundEngine(EngineLifecycle):
             raise AccoRoundError("load_state_dict needs an idle engine; a round is in flight")
         self.state, self._round_index, self.work.kept = round_state.restore(
             saved, identity=self._identity(), grads=self.grads, buffers=self.buffers, lr_clock=self.lr_clock,
-            block=self.config.compared_fields())
+            mode=self.mode, block=self.config.compared_fields())
         pending = saved["pending"]
         if pending is not None:
             for i, (full, part) in enumerate(zip(self._landing.in_flight_targets(), pending["staging_shards"])):

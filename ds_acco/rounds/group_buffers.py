@@ -89,7 +89,7 @@ def build_group_buffers(groups: Sequence[ShardedGroup], config: AccoConfig, accu
             publish_packed=torch.empty(g.layout.shard_numel, dtype=g.flat.dtype, device=device) if packed else None,
             int8_rs=Int8ReduceScatter(g.layout.padded_numel, world_size, block_size=block,
                                       error_feedback=config.error_feedback, device=device) if int8 else None,
-            kept=torch.zeros_like(shard32) if config.mode == "acco" else None,
+            kept=torch.zeros_like(shard32) if config.mode in ("acco", "auto") else None,
             delta_ag=Int8DeltaAllGather(g.layout.shard_numel, world_size, block_size=block, device=device)
             if delta else None,
             publish32=torch.empty_like(shard32) if publish32 else None,

@@ -7,6 +7,16 @@ reduce-scatter of the accumulator it was handed into this rank's fp32 shard, the
 kept shard (acco: the estimate keeps its reduced shard, the commit adds it back), the mean,
 clipping by the global norm, the optimizer's lookahead or step, and the all-gather of the new
 parameters into the landing buffer.
+
+[Note: how acco's estimate/commit is computed with two gradient buffers]
+docs/algorithms.md keeps ``A_t`` in the local accumulator so ``B_t`` adds on top of it
+and the commit reduce-scatters ``A_t + B_t``. Reduce-scatter is linear, so this
+round reduce-scatters ``A_t`` in the estimate round, keeps this rank's summed
+shard of it (``O(params / N)`` fp32), and lets the commit reduce-scatter only
+``B_t`` and add the kept shard. The update is the same (up to fp32 summation
+order), and the commit moves the same bytes. The accumulator a round has
+reduce-scattered is where its all-gather lands (no staging buffer; see the note
+in ds_acco/rounds/landing.py), and it comes back to the training thread zeroed at the swap.
 """
 
 from __future__ import annotations
@@ -48,6 +58,8 @@ class RoundOutcome:
     lr: float
     stop: bool = False
     """Some rank was sent SIGTERM before this round (:mod:`ds_acco.comm.stop_signal`): every rank stops here."""
+    figures: Optional[list] = None
+    """``mode: "auto"``: every rank's step figures, one row per rank (:mod:`ds_acco.rounds.auto_mode`)."""
 
 
 @dataclass
@@ -88,8 +100,9 @@ class RoundWork:
         return q == "int8" or (q == "int8_estimate" and kind == ESTIMATE)
 
     def run(self, handle: RoundHandle, kind: str, mode: str, grads: list[torch.Tensor], bases: list[torch.Tensor],
-            count: int, scale: float) -> RoundOutcome:
-        """One round over the accumulators ``grads``; ``bases`` are the parameters every rank held at launch."""
+            count: int, scale: float, figures: Sequence[int] = ()) -> RoundOutcome:
+        """One round over the accumulators ``grads``; ``bases`` are the parameters every rank held at launch;
+        ``figures`` (``mode: "auto"``) ride along in the count all-gather."""
         start = time.perf_counter()
         coll, bufs = self.coll, self.buffers
         sent0, recv0 = coll.wire.sent, coll.wire.received
@@ -98,7 +111,7 @@ class RoundWork:
             nonfinite = any(not all_finite(b) for b in grads)
         self._enter_stage(handle, "count all-gather")
         flags = int(nonfinite) | STOPPING * int(STOP.requested)  # two flags in one element: the gather's bytes stay
-        local = torch.tensor([count, flags, coll.pacing_vote()], dtype=torch.int64, device=self.device)
+        local = torch.tensor([count, flags, coll.pacing_vote(), *figures], dtype=torch.int64, device=self.device)
         per_rank = coll.all_gather_small(local).cpu()
         coll.adopt_pacing(per_rank[:, 2].tolist())  # piece sizes on gloo (ds_acco.comm.link_pacing)
         counts = per_rank[:, 0].tolist()
@@ -173,6 +186,7 @@ class RoundWork:
             skipped=skipped,
             lr=self.shard_optimizer.lr,
             stop=bool((per_rank[:, 1] & STOPPING).any()),
+            figures=per_rank[:, 3:].tolist() if figures else None,
         )
 
     def _enter_stage(self, handle: RoundHandle, stage: str) -> None:

@@ -1,0 +1,64 @@
+"""Workers for the ``mode: "auto"`` tests: the tiny exactness job with a link whose speed a test changes.
+
+The link is slowed where a round really waits: a sleep on the communication thread as the round
+enters its reduce-scatter (the engine's ``on_stage`` hook), while the compute of a micro-batch is a
+sleep on the training thread, so the two take the times a test sets on a 2-core machine too. Both
+ranks read the same schedule, indexed by the optimizer step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from tests import workloads as W
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        if "ds_acco auto" in record.getMessage():
+            self.lines.append(record.getMessage())
+
+
+def train_auto(rank, world, *, G, compute_s, link, steps, config):
+    """Train ``steps`` optimizer steps; ``link`` is ``[(from_step, seconds per round), ...]``."""
+    from ds_acco import plain
+
+    delay = [0.0]
+
+    def on_stage(index, stage):
+        if stage == "reduce-scatter" and delay[0]:
+            time.sleep(delay[0])
+
+    handler = _Lines()
+    log = logging.getLogger("ds_acco")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    model = W.make_model()
+    engine = plain.build(W.param_groups(model), torch.optim.AdamW, W.OPT_KWARGS, config=config,
+                         gradient_accumulation_steps=G, on_stage=on_stage)
+    trajectory, k = [], 0
+    try:
+        while engine.commits < steps:
+            delay[0] = [s for start, s in [(0, 0.0), *link] if engine.commits >= start][-1]
+            x, y = W.batch(rank, k)
+            k += 1
+            time.sleep(compute_s)
+            W.loss_fn(model(x), y).backward()
+            before = engine.commits
+            engine.after_micro_batch()
+            if engine.commits > before:
+                trajectory.append([p.detach().float().clone() for p in W.ordered_params(model)])
+    finally:
+        engine.close()
+        log.removeHandler(handler)
+    commits = [r for r in engine.telemetry.records if r.kind == "commit"]
+    return {"trajectory": trajectory, "modes": [r.mode for r in commits],
+            "counts": [r.counts for r in engine.telemetry.records], "choices": engine.auto.choices,
+            "lines": handler.lines}

@@ -1,0 +1,121 @@
+"""``mode: "auto"`` chooses the mode its measurements favour, says why, and switches without losing a step.
+
+Real 2-rank gloo runs of the tiny exactness job. Compute is a 50 ms sleep per micro-batch and the
+link a sleep on the communication thread as each round starts its reduce-scatter
+(tests/auto_workers.py), so the figures are known: with ``G = 4`` a sync step costs 200 ms + R and
+an acco step 2·max(100 ms, R), charged 10% for the delay. R ≈ 0 favours sync (acco would hide
+nothing worth its penalty), R = 100 ms favours acco (300 vs 220 ms), R = 500 ms favours sync again
+(700 vs 1100 ms: acco cannot hide a round longer than its compute).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ds_acco.config import parse_acco_config
+from ds_acco.errors import AccoConfigError
+from ds_acco.reference import ReferenceRun, reference_schedule
+from ds_acco.rounds.auto_mode import choose
+from tests import workloads as W
+from tests.auto_workers import train_auto
+from tests.dist_harness import run_distributed
+from tests.test_exactness import assert_trajectories_equal
+
+G, COMPUTE_S = 4, 0.05
+AUTO = {"mode": "auto", "auto": {"measure_steps": 3, "check_every": 2}}
+
+
+def run(link, steps, policy="fixed"):
+    results = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=COMPUTE_S, link=link, steps=steps,
+                              config=dict(AUTO, policy=policy))
+    assert results[0]["modes"] == results[1]["modes"]  # every rank made the same choices
+    assert_trajectories_equal(results[1]["trajectory"], results[0]["trajectory"], atol=0, rtol=0)
+    return results[0]
+
+
+def reference(modes, counts=None):
+    model = W.make_model()
+    ref = ReferenceRun(W.ordered_params(model), W.reference_grad_fn(model), W.make_reference_optimizer, 2)
+    return reference_schedule(ref, modes, G, counts=counts)
+
+
+def test_link_changes_make_auto_switch_and_the_trajectory_follows_the_rules():
+    got = run(link=[(8, 0.1), (20, 0.5)], steps=27)
+    modes, choices = got["modes"], got["choices"]
+    first = choices[0]
+    assert first["step"] == 3 and first["runs"] == "sync", first  # fast link: nothing worth hiding
+    assert first["round_ms"] < 40 and 150 < first["sync_step_ms"] < 320, first
+    to_acco = next(c for c in choices if c["runs"] == "acco")
+    assert 8 < to_acco["step"] <= 15 and to_acco["round_ms"] > 80, to_acco
+    assert to_acco["acco_charged_ms"] < to_acco["sync_step_ms"], to_acco
+    back = next(c for c in choices if c["step"] > to_acco["step"] and c["runs"] == "sync")
+    assert 20 < back["step"] <= 26 and back["round_ms"] > 400, back
+    assert back["sync_step_ms"] < back["acco_step_ms"], back
+    assert modes[:to_acco["step"]] == ["sync"] * to_acco["step"]
+    assert set(modes[to_acco["step"]:back["step"]]) == {"acco"}
+    assert modes[back["step"]:] == ["sync"] * (len(modes) - back["step"])
+    # the fixed-policy trajectory across both switches is the reference's for that schedule
+    assert_trajectories_equal(got["trajectory"], reference(modes))
+    with pytest.raises(AssertionError):  # ...and not the one of a run that never switched
+        assert_trajectories_equal(got["trajectory"], reference(["sync"] * len(modes)))
+    # one line per choice on rank 0, with its figures
+    assert len(got["lines"]) == len(choices)
+    switch = next(line for line in got["lines"] if "runs acco (was sync)" in line)
+    assert re.search(r"compute \d+\.\d ms per micro-batch .* round \d+\.\d ms; per step of 4 micro-batches: "
+                     r"sync \d+\.\d ms \(measured\), acco fixed \d+\.\d ms \(predicted; \d+\.\d ms with the 10% "
+                     r"delay penalty\)", switch), switch
+
+
+def test_adaptive_policy_switches_too_and_commits_what_workers_computed():
+    got = run(link=[(6, 0.1)], steps=16, policy="adaptive")
+    assert got["choices"][0]["runs"] == "sync"
+    assert "acco" in got["modes"] and got["modes"][0] == "sync"
+    assert_trajectories_equal(got["trajectory"], reference(got["modes"], counts=got["counts"]))
+
+
+def figures(c_sync_ms, round_ms, step_ms, c_acco_ms=0.0):
+    row = [int(c_sync_ms * 1e3), int(c_acco_ms * 1e3), int(round_ms * 1e3), int(step_ms * 1e3)]
+    return [row, row]
+
+
+@pytest.mark.parametrize("round_ms, want", [(2, "sync"), (100, "acco"), (500, "sync")])
+def test_choice_follows_the_step_model(round_ms, want):
+    cfg = parse_acco_config(AUTO)
+    choice = choose(figures(50, round_ms, 4 * 50 + round_ms), "sync", cfg, G, step=3)
+    assert choice.mode == want, choice.line
+    assert choice.figures["acco_step_ms"] == pytest.approx(2 * max(100, round_ms), rel=1e-3)
+
+
+def test_measured_interference_and_the_margin_keep_acco_from_flapping():
+    cfg = parse_acco_config(AUTO)
+    # in acco, compute per micro-batch rose 30% with a round in flight: the measured acco step is what counts
+    running = choose(figures(50, 100, 270, c_acco_ms=65), "acco", cfg, G, step=9)
+    assert running.mode == "acco" and running.figures["sync_step_ms"] == pytest.approx(300, rel=1e-3)
+    assert running.figures["in_flight_factor"] == pytest.approx(1.3, rel=1e-3)
+    # a tie within the switch margin keeps the running mode, whichever it is
+    cfg = parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0, "switch_margin": 0.05}))
+    assert choose(figures(50, 0, 200), "sync", cfg, G, step=3).mode == "sync"
+    assert choose(figures(50, 0, 200, c_acco_ms=50), "acco", cfg, G, step=3).mode == "acco"
+
+
+def test_auto_config_errors_name_the_field():
+    with pytest.raises(AccoConfigError, match=r"acco.auto.check_every: got 0"):
+        parse_acco_config({"mode": "auto", "auto": {"check_every": 0}})
+    with pytest.raises(AccoConfigError, match=r"acco.auto.every: unknown key .*allowed keys: acco_step_penalty, "
+                                              r"check_every, measure_steps, switch_margin"):
+        parse_acco_config({"mode": "auto", "auto": {"every": 3}})
+    with pytest.raises(AccoConfigError, match=r"gradient_accumulation_steps: got 3; acco.mode 'auto' may run"):
+        parse_acco_config({"mode": "auto"}).check_accumulation(3)
+
+
+def test_deepspeed_front_end_runs_auto_and_follows_the_rules_for_the_modes_it_chose():
+    from tests import ds_workloads as D
+
+    acco = {"mode": "auto", "auto": {"measure_steps": 2, "check_every": 1, "acco_step_penalty": 0.0,
+                                     "switch_margin": 0.0}}
+    got = run_distributed(D.train_ds, 2, config=D.ds_config(G, acco), steps=10, timeout=300)
+    modes = got[0]["modes"]
+    assert got[1]["modes"] == modes and len(modes) == 10 and modes[:2] == ["sync", "sync"]
+    assert_trajectories_equal(got[0]["trajectory"], reference(modes))

@@ -9,6 +9,9 @@
     python -m benchmarks report bench_results/results.json
     python -m benchmarks memory --params 25.6e6 --world-size 2
 
+    # time to loss over repeated sweeps (one out folder per repeat): medians, spread, ratios, targets
+    python -m benchmarks repeats /tmp/dsb/real100_a /tmp/dsb/real100_b --dest bench_results/ttl_real
+
 Every run goes through ``launchers/local_cluster.py``; see benchmarks/sweep/runner.py for
 what one run records and benchmarks/report/analysis.py for how the targets are computed.
 """
@@ -58,12 +61,20 @@ def main(argv=None) -> int:
     rp.add_argument("results")
     rr = sub.add_parser("reparse", help="re-read OUT/runs/* with the current parsing code; rewrite results.*")
     rr.add_argument("out")
+    rep = sub.add_parser("repeats", help="time to loss over repeated sweeps: median, spread, ratios, targets")
+    rep.add_argument("outs", nargs="+", help="the out folders of the repeats")
+    rep.add_argument("--dest", default=None, help="where repeats.json/.png go (default: the first out folder)")
     mm = sub.add_parser("memory", help="print the analytic memory model")
     mm.add_argument("--params", type=float, required=True)
     mm.add_argument("--world-size", type=int, default=2)
     mm.add_argument("--fsdp", action="store_true", help="the FSDP2 front end (rank-major packed units)")
     args = p.parse_args(argv)
 
+    if args.cmd == "repeats":
+        from benchmarks.report.repeats import main as repeats
+
+        repeats(args.outs, args.dest)
+        return 0
     if args.cmd == "memory":
         print_memory_model(args.params, args.world_size, args.fsdp)
         return 0

@@ -26,8 +26,9 @@ class _Lines(logging.Handler):
             self.lines.append(record.getMessage())
 
 
-def train_auto(rank, world, *, G, compute_s, link, steps, config):
-    """Train ``steps`` optimizer steps; ``link`` is ``[(from_step, seconds per round), ...]``."""
+def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu"):
+    """Train ``steps`` optimizer steps; ``link`` is ``[(from_step, seconds per round), ...]``; ``compute_s``
+    is the sleep per micro-batch (one per rank, or one for all)."""
     from ds_acco import plain
 
     delay = [0.0]
@@ -40,21 +41,21 @@ def train_auto(rank, world, *, G, compute_s, link, steps, config):
     log = logging.getLogger("ds_acco")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
-    model = W.make_model()
+    model = W.make_model().to(device)
     engine = plain.build(W.param_groups(model), torch.optim.AdamW, W.OPT_KWARGS, config=config,
                          gradient_accumulation_steps=G, on_stage=on_stage)
     trajectory, k = [], 0
     try:
         while engine.commits < steps:
             delay[0] = [s for start, s in [(0, 0.0), *link] if engine.commits >= start][-1]
-            x, y = W.batch(rank, k)
+            x, y = (t.to(device) for t in W.batch(rank, k))
             k += 1
-            time.sleep(compute_s)
+            time.sleep(compute_s[rank] if isinstance(compute_s, (list, tuple)) else compute_s)
             W.loss_fn(model(x), y).backward()
             before = engine.commits
             engine.after_micro_batch()
             if engine.commits > before:
-                trajectory.append([p.detach().float().clone() for p in W.ordered_params(model)])
+                trajectory.append([p.detach().float().cpu().clone() for p in W.ordered_params(model)])
     finally:
         engine.close()
         log.removeHandler(handler)

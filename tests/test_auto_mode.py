@@ -119,3 +119,37 @@ def test_deepspeed_front_end_runs_auto_and_follows_the_rules_for_the_modes_it_ch
     modes = got[0]["modes"]
     assert got[1]["modes"] == modes and len(modes) == 10 and modes[:2] == ["sync", "sync"]
     assert_trajectories_equal(got[0]["trajectory"], reference(modes))
+
+
+def test_the_example_auto_config_is_the_low_bit_preset_with_auto():
+    import json
+    import os
+
+    from ds_acco.deepspeed.checks import check_ds_config
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ds_configs")
+    auto, lowbit = (json.load(open(os.path.join(root, n))) for n in ("auto_lowbit.json", "acco_lowbit.json"))
+    block = parse_acco_config(auto["acco"])
+    check_ds_config(auto, block)
+    assert block.mode == "auto" and block.auto.check_every == 20
+    for key in ("comm_quantization", "error_feedback", "all_gather_quantization", "quantization_block_size"):
+        assert auto["acco"][key] == lowbit["acco"][key], key
+
+
+def test_fsdp_front_end_runs_auto_and_follows_the_rules_for_the_modes_it_chose():
+    from tests import fsdp_workloads as F
+
+    got = run_distributed(F.auto_job, 2, G=G, steps=10, timeout=300)
+    modes = got[0]["modes"]
+    assert got[1]["modes"] == modes and len(modes) >= 10 and modes[:2] == ["sync", "sync"]
+    assert_trajectories_equal(got[0]["trajectory"], reference(modes[:10]))
+
+
+def test_a_slow_worker_is_compute_not_link():
+    """Rank 1 computes at half speed on a fast link: rank 0's rounds wait for it in their first all-gather,
+    which auto must not read as a slow link (it would predict acco hides it)."""
+    results = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=[0.05, 0.1], link=[], steps=6,
+                              config=AUTO)
+    first = results[0]["choices"][0]
+    assert first["round_ms"] < 40 and first["compute_ms"] > 90, first
+    assert first["runs"] == "sync", first

@@ -93,6 +93,10 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
                                       telemetry_jsonl=str(tmp_path / "t.jsonl")) for name in configs.CONFIGS}
     for name, cfg in made.items():
         configs.validate(cfg)
+        if name == "sync_lowbit_half":  # the control: half the batch, the same warm-up in tokens
+            assert cfg["gradient_accumulation_steps"] == 2 and cfg["scheduler"]["params"]["warmup_num_steps"] == (
+                2 * made["zero1"]["scheduler"]["params"]["warmup_num_steps"])
+            continue
         assert cfg["train_micro_batch_size_per_gpu"] == 2 and cfg["gradient_accumulation_steps"] == 4
         assert cfg["optimizer"] == made["zero1"]["optimizer"] and cfg["scheduler"] == made["zero1"]["scheduler"]
     assert "acco" not in made["zero1"] and made["zero1_overlap"]["zero_optimization"]["overlap_comm"] is True
@@ -101,8 +105,9 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
                      "acco_adaptive": ("acco", "adaptive"), "streaming_int8": ("streaming", "fixed"),
                      "streaming_fp32": ("streaming", "fixed"), "sync_lowbit": ("sync", "fixed"),
                      "acco_lowbit_fixed": ("acco", "fixed"), "acco_lowbit_adaptive": ("acco", "adaptive"),
-                     "acco_bf16": ("acco", "fixed"), "acco_bf16_fp32acc": ("acco", "fixed")}
-    for name in ("sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive"):  # the low-bit rounds
+                     "acco_bf16": ("acco", "fixed"), "acco_bf16_fp32acc": ("acco", "fixed"),
+                     "auto_lowbit": ("auto", "fixed"), "sync_lowbit_half": ("sync", "fixed")}
+    for name in ("sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "auto_lowbit", "sync_lowbit_half"):
         acco = made[name]["acco"]
         assert (acco["comm_quantization"], acco["error_feedback"], acco["all_gather_quantization"]) == (
             "int8", True, "int8"), name
@@ -176,7 +181,9 @@ def test_cluster_shapes_links_and_tears_down(tmp_path):
     m = re.search(r"RATE_BIT_S (\S+) eth0 2", line)
     assert m, line
     rate = float(m.group(1))
-    assert 2e6 < rate < 20e6 * 1.15, f"received {rate / 1e6:.1f} Mbit/s over a 20mbit link"
+    # the payload crosses at the shaped rate: not above it (tbf's burst is small next to 3 MB), and not far
+    # below (a link that is not shaped as asked, or a transfer that waits on something else)
+    assert 0.6 * 20e6 < rate < 1.1 * 20e6, f"received {rate / 1e6:.1f} Mbit/s over a 20mbit link"
     st = json.loads(stats.read_text())
     assert [h["exit_code"] for h in st["hosts"]] == [0, 0]
     assert st["hosts"][1]["delta"]["tx_bytes"] >= 3_000_000  # the interface counters saw the payload
@@ -259,7 +266,16 @@ def test_bench_smoke_sweep(tmp_path):
     (block,) = ttl.values()
     assert block["target"] == runs["time_to_loss-zero1-unshaped-2h"]["val_loss"] and block["zero1_s"] > 0
     by = {e["config"]: e for e in block["entries"]}
-    assert by["zero1"]["vs_zero1"] == pytest.approx(1.0) and by["zero1"]["steps"] == 3
+    assert by["zero1"]["steps"] == 3 and by["zero1"]["seconds_to_target"] <= by["zero1"]["train_s"]
+    # repeats: two copies of one sweep give each run's seconds twice, a zero spread and ratios of medians
+    from benchmarks.report import repeats
+
+    summary = repeats.summarize(repeats.collect([str(out), str(out)]))
+    rows = {r["config"]: r for r in summary["sleep unshaped"]["rows"]}
+    lb = by["acco_lowbit_adaptive"]["seconds_to_target"]
+    assert rows["acco_lowbit_adaptive"]["seconds"] == [lb, lb] and rows["acco_lowbit_adaptive"]["spread_s"] in (0, None)
+    if lb:
+        assert rows["acco_lowbit_adaptive"]["vs_zero1"] == pytest.approx(lb / by["zero1"]["seconds_to_target"])
     lowbit = runs["time_to_loss-acco_lowbit_adaptive-unshaped-2h"]
     assert lowbit["tokens_last_step"] >= 768 and 1 <= lowbit["steps"] <= 3
     assert sum(1 for c in lowbit["curve"] if c.get("val_loss") is not None) >= 1

@@ -25,7 +25,7 @@ from ds_acco import plain
 from ds_acco.reference import ReferenceRun, reference_trajectory
 from tests import workloads as W
 from tests.dist_harness import free_port
-from tests.test_exactness import assert_trajectories_equal, reference
+from tests.test_exactness import BF16_ATOL, assert_follows_rules, assert_trajectories_equal, reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; CI has none")
 
@@ -58,7 +58,19 @@ def test_adaptive_policy_on_cuda_matches_reference_with_its_counts():
 def test_bf16_parameters_on_cuda_track_the_fp32_reference():
     cfg = {"mode": "acco", "grad_accum_dtype": "bf16", "comm_dtype": "bf16"}
     got = W.train_with_engine(0, 1, config=cfg, G=4, steps=8, dtype=torch.bfloat16, device="cuda")
-    assert_trajectories_equal(got["trajectory"], reference("acco", 1, 4, steps=8), atol=3e-2, rtol=3e-2)
+    assert_follows_rules(got["trajectory"], "acco", 1, 4, 8, atol=BF16_ATOL)
+
+
+def test_auto_mode_on_cuda_switches_to_acco_on_a_slow_link_and_follows_the_rules():
+    from ds_acco.reference import reference_schedule
+    from tests.auto_workers import train_auto
+
+    got = train_auto(0, 1, G=4, compute_s=0.05, link=[(5, 0.1)], steps=14, device="cuda",
+                     config={"mode": "auto", "auto": {"measure_steps": 3, "check_every": 2}})
+    assert got["modes"][:3] == ["sync"] * 3 and "acco" in got["modes"], got["lines"]
+    model = W.make_model()
+    ref = ReferenceRun(W.ordered_params(model), W.reference_grad_fn(model), W.make_reference_optimizer, 1)
+    assert_trajectories_equal(got["trajectory"], reference_schedule(ref, got["modes"], 4))
 
 
 def test_low_bit_rounds_on_cuda_stay_close_to_exact():

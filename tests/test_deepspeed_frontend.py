@@ -30,7 +30,7 @@ BASE = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "
          ["zero_optimization.offload_optimizer.device: got 'cpu'", "'none'"]),
         ({"gradient_accumulation_steps": 3}, ["gradient_accumulation_steps: got 3", "even"]),
         ({"acco": {"mode": "acco", "polcy": "fixed"}}, ["acco.polcy", "unknown key"]),
-        ({"acco": {"mode": "fast"}}, ["acco.mode", "'fast'", "'sync', 'dpu', 'acco' or 'streaming'"]),
+        ({"acco": {"mode": "fast"}}, ["acco.mode", "'fast'", "'sync', 'dpu', 'acco', 'auto' or 'streaming'"]),
         ({"managed_gradient_accumulation": False}, ["managed_gradient_accumulation: got false"]),
         ({"acco": {"backend": "fsdp"}}, ["acco.backend: got 'fsdp'", "acco_fully_shard"]),
         ({"fp16": {"enabled": True}, "acco": {"check_finite": False}}, ["acco.check_finite: got false"]),

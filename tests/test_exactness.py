@@ -10,6 +10,8 @@ from tests import workloads as W
 from tests.dist_harness import run_distributed
 
 STEPS = 20
+BF16_ATOL = 6e-3
+"""How far a run with bf16 compute parameters and fp32 masters may drift from the fp32 reference in 8 steps."""
 
 
 def reference(mode, world, G, steps=STEPS, clip=0.0, schedule=False, warmup=0, counts=None):
@@ -24,6 +26,21 @@ def assert_trajectories_equal(got, want, atol=2e-6, rtol=1e-5):
     for t, (g_step, w_step) in enumerate(zip(got, want)):
         for g, w in zip(g_step, w_step):
             torch.testing.assert_close(g, w, atol=atol, rtol=rtol, msg=lambda m: f"step {t}: {m}")
+
+
+def distance(got, want) -> float:
+    """The largest absolute difference between two trajectories, over every step and parameter."""
+    return max(float((g - w).abs().max()) for g_step, w_step in zip(got, want) for g, w in zip(g_step, w_step))
+
+
+def assert_follows_rules(got, mode, world, G, steps, atol):
+    """A run that cannot be exact (bf16 compute parameters) must still follow ``mode``'s rules: within ``atol``
+    of its reference and at most half as far from it as from the other mode's (acco against sync: their
+    references differ by 1.3e-2 on this job, so a tolerance that size could not tell them apart)."""
+    want = reference(mode, world, G, steps=steps)
+    other = reference("sync" if mode != "sync" else "acco", world, G, steps=steps)
+    assert_trajectories_equal(got, want, atol=atol, rtol=0)
+    assert distance(got, want) < 0.5 * distance(got, other), (distance(got, want), distance(got, other))
 
 
 def distributed(world, **kw):
@@ -105,7 +122,6 @@ def test_bf16_parameters_with_fp32_master(accum, comm):
     world, G, steps = 2, 4, 8
     cfg = {"mode": "acco", "grad_accum_dtype": accum, "comm_dtype": comm}
     got = distributed(world, config=cfg, G=G, steps=steps, dtype=torch.bfloat16)
-    want = reference("acco", world, G, steps=steps)
     # fp32 accumulation goes through hooks (p.grad stays None); same-dtype accumulation binds views
     assert got["grads_bound"] == [accum == "auto"] * 4
-    assert_trajectories_equal(got["trajectory"], want, atol=3e-2, rtol=3e-2)
+    assert_follows_rules(got["trajectory"], "acco", world, G, steps, atol=BF16_ATOL)

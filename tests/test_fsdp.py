@@ -24,7 +24,7 @@ from ds_acco.config import AccoConfig
 from ds_acco.errors import AccoConfigError
 from tests import fsdp_workloads as F
 from tests.dist_harness import run_distributed
-from tests.test_exactness import assert_trajectories_equal, reference
+from tests.test_exactness import BF16_ATOL, assert_follows_rules, assert_trajectories_equal, reference
 
 G, STEPS = 4, 8
 RESUME_STEPS, SAVE_AT = 8, 13  # micro-batch 13 of RESUME's job: mid-step, a round in flight
@@ -79,7 +79,7 @@ def test_layer_by_layer_bf16_adaptive_and_frozen(two):
     # bf16 compute parameters, fp32 masters (FSDP2's sharded parameters), fp32 accumulation from reduce_dtype
     assert got["bf16_dtypes"] == {"compute": {"torch.bfloat16"}, "master": {"torch.float32"},
                                   "accumulator": "torch.float32", "grads_bound": False}
-    assert_trajectories_equal(got["bf16"], reference("acco", 2, G, steps=STEPS), atol=3e-2, rtol=3e-2)
+    assert_follows_rules(got["bf16"], "acco", 2, G, STEPS, atol=BF16_ATOL)
     # adaptive policy: the slow rank contributes less; the update follows the recorded counts
     counts = got["adaptive_counts"]
     assert sum(c[0] for c in counts[1:]) > sum(c[1] for c in counts[1:]) and all(min(c) >= 1 for c in counts)

@@ -98,13 +98,17 @@ def table(runs) -> dict:
     for rate in rates_in_order([dict(r, scenario="bandwidth") for r in rows]):
         at = sorted((r for r in rows if r["rate"] == rate),
                     key=lambda r: TIME_TO_LOSS.index(r["config"]) if r["config"] in TIME_TO_LOSS else 99)
-        zero1 = next((r for r in at if r["config"] == "zero1"), None)
+        # ds_acco sync reproduces ZeRO-1 step for step: its final loss is the target where ZeRO-1 did not run
+        zero1 = next((r for r in at if r["config"] == "zero1"), None) or next(
+            (r for r in at if r["config"] == "sync"), None)
         target = zero1.get("val_loss") if zero1 else None
         reach = target * (1 + TOLERANCE) if target is not None else None
         zero1_s = seconds_to(val_time_points(zero1), reach) if zero1 and reach is not None else None
         ref_tokens = val_points(zero1) if zero1 else []
         sync_lb = next((r for r in at if r["config"] == "sync_lowbit"), None)
         sync_lb_s = seconds_to(val_time_points(sync_lb), reach) if sync_lb and reach is not None else None
+        sync = next((r for r in at if r["config"] == "sync"), None)
+        sync_s = seconds_to(val_time_points(sync), reach) if sync and reach is not None else None
         entries = []
         for r in at:
             e = {k: r.get(k) for k in ("config", "tokens_per_s", "steps_per_s", "iface_tx_bytes_per_step",
@@ -117,6 +121,7 @@ def table(runs) -> dict:
             e["vs_zero1"] = e["seconds_to_target"] / zero1_s if e["seconds_to_target"] and zero1_s else None
             e["vs_sync_lowbit"] = (e["seconds_to_target"] / sync_lb_s
                                    if e["seconds_to_target"] and sync_lb_s else None)
+            e["vs_sync"] = e["seconds_to_target"] / sync_s if e["seconds_to_target"] and sync_s else None
             z_bytes = zero1.get("iface_tx_bytes_per_step") if zero1 else None
             e["bytes_vs_zero1"] = (r["iface_tx_bytes_per_step"] / z_bytes
                                    if r.get("iface_tx_bytes_per_step") and z_bytes else None)
@@ -128,7 +133,8 @@ def table(runs) -> dict:
                 e["val_rel_vs_zero1"] = (mine - ref) / ref if mine is not None and ref else None
                 e["equal_tokens"] = at_tokens
             entries.append(e)
-        out[rate] = {"target": target, "zero1_s": zero1_s, "entries": entries}
+        out[rate] = {"target": target, "zero1_s": zero1_s, "sync_s": sync_s, "entries": entries,
+                     "target_from": zero1["config"] if zero1 else None}
     return out
 
 

@@ -27,6 +27,12 @@ run; only how gradients travel differs:
 ``acco_lowbit_fixed``     acco_lowbit.json (``mode: acco``, ``policy: fixed``)
 ``acco_lowbit_adaptive``  acco_lowbit.json with ``policy: adaptive`` and
                     acco_adaptive.json's ``max_micro_batches_per_round``
+``auto_lowbit``     acco_lowbit.json with ``mode: auto`` (sync or acco fixed, chosen
+                    from the measured step; the block's defaults otherwise)
+``sync_lowbit_half``  sync low-bit at half the accumulation steps and twice the
+                    scheduler's warm-up steps: the smaller batch the adaptive policy
+                    commits, as a control (is adaptive faster for its overlap or for
+                    its smaller batches?)
 ==================  ============================================================
 
 The streaming configs keep the optimizer, scheduler, clipping, micro-batch and
@@ -45,13 +51,13 @@ TEMPLATE_DIR = os.path.join(REPO, "ds_configs")
 
 CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive", "zero1_bf16", "streaming_int8",
            "streaming_fp32", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_bf16",
-           "acco_bf16_fp32acc")
+           "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half")
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
 """The configs of the sweep part ``streaming`` (not in the default bandwidth comparison)."""
 DEFAULT_CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive")
-TIME_TO_LOSS = ("zero1", "zero1_bf16", "sync_lowbit", "dpu", "acco_fixed", "acco_adaptive", "acco_lowbit_fixed",
-                "acco_lowbit_adaptive", "streaming_int8")
+TIME_TO_LOSS = ("zero1", "sync", "zero1_bf16", "sync_lowbit", "sync_lowbit_half", "dpu", "acco_fixed",
+                "acco_adaptive", "acco_lowbit_fixed", "acco_lowbit_adaptive", "auto_lowbit", "streaming_int8")
 """The configs of the sweep part ``time_to_loss`` (seconds to ZeRO-1's final validation loss)."""
 """What ``--configs`` means when not given, for every part but ``streaming``."""
 STREAMING_BLOCK = {"fragments": 4, "sync_every": 40, "overlap_steps": 2, "alpha": 0.5, "outer_lr": 0.7,
@@ -72,11 +78,14 @@ LABELS = {
     "acco_lowbit_adaptive": "ds_acco acco low-bit adaptive",
     "acco_bf16": "ds_acco acco bf16 (bf16 accumulation)",
     "acco_bf16_fp32acc": "ds_acco acco bf16 (fp32 accumulation)",
+    "auto_lowbit": "ds_acco auto low-bit",
+    "sync_lowbit_half": "ds_acco sync low-bit, half batch",
 }
 _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "acco_fixed.json",
                   "acco_adaptive": "acco_adaptive.json", "sync_lowbit": "acco_lowbit.json",
                   "acco_lowbit_fixed": "acco_lowbit.json", "acco_lowbit_adaptive": "acco_lowbit.json",
-                  "acco_bf16": "acco_bf16.json", "acco_bf16_fp32acc": "acco_bf16.json"}
+                  "acco_bf16": "acco_bf16.json", "acco_bf16_fp32acc": "acco_bf16.json",
+                  "auto_lowbit": "acco_lowbit.json", "sync_lowbit_half": "acco_lowbit.json"}
 
 
 def _load(name: str, template_dir: str) -> dict:
@@ -134,9 +143,14 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
         acco = copy.deepcopy(_load(_ACCO_TEMPLATE[name], template_dir)["acco"])
         if name == "acco_bf16":
             acco.update(grad_accum_dtype="bf16", comm_dtype="bf16")
-        if name in ("sync", "sync_lowbit"):
+        if name in ("sync", "sync_lowbit", "sync_lowbit_half"):
             acco["mode"] = "sync"
             acco.pop("max_micro_batches_per_round", None)
+        if name == "sync_lowbit_half":
+            cfg["gradient_accumulation_steps"] = max(1, grad_accum // 2)
+            cfg["scheduler"]["params"]["warmup_num_steps"] *= 2  # the same warm-up in tokens
+        if name == "auto_lowbit":
+            acco["mode"] = "auto"
         if name == "acco_lowbit_adaptive":
             acco["policy"] = "adaptive"
             acco["max_micro_batches_per_round"] = _load("acco_adaptive.json", template_dir)["acco"][

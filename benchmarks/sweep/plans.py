@@ -117,6 +117,8 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
         runs.extend(_streaming_runs(smoke, streaming_configs, rates, steps, netns, pin))
     if "time_to_loss" in parts:
         runs.extend(_time_to_loss_runs(smoke, only_configs, rates, steps, netns, pin))
+    if parts & {"time_to_loss_real", "time_to_loss_real_slow_host"}:
+        runs.extend(_real_compute_runs(smoke, only_configs, rates, steps, netns, root, pin, parts))
     if parts & {"fsdp", "fsdp_slow_host"}:
         runs.extend(_fsdp_runs(smoke, only_configs, rates, steps, netns, root, pin, parts))
     desc = f"sweep {name}: {len(runs)} runs, " + ("network namespaces" if netns else
@@ -171,6 +173,45 @@ def _time_to_loss_runs(smoke: bool, configs: Optional[Sequence[str]], rates: Opt
     return runs
 
 
+REAL_COMPUTE = ("zero1", "sync", "sync_lowbit", "sync_lowbit_half", "acco_lowbit_fixed", "acco_lowbit_adaptive",
+                "auto_lowbit", "streaming_int8")
+"""The configs of the real-compute time-to-loss bed (one host at half speed: all but zero1 and streaming)."""
+
+
+def _real_compute_runs(smoke: bool, configs: Optional[Sequence[str]], rates: Optional[Sequence[str]],
+                       steps: Optional[int], netns: bool, root: bool, pin: bool, parts: set) -> list[RunSpec]:
+    """Time to loss with real compute: no sleep, the 3.3 M-parameter GPT, so the communication thread's CPU
+    work (int8 quantisation, sums, the shard step) competes with compute for each host's one core, as on a
+    CPU cluster. At 100 Mbit/s a low-bit round (3.2 MiB) takes about a third of a step's compute; at 25
+    Mbit/s more than the whole of it. Run ids end in ``-real`` (``-real-h1q50``: host 1 at half speed), so
+    :mod:`benchmarks.report.repeats` keeps the beds apart; the target is ZeRO-1's final validation loss
+    (``sync``'s where ZeRO-1 did not run: ds_acco sync reproduces ZeRO-1 step for step)."""
+    nominal_steps = steps or 45
+    if smoke:
+        wl = Workload(model_size="tiny", seq_len=32, micro_batch=2, grad_accum=2, steps=1000, warmup_steps=1,
+                      eval_batches=2, max_tokens=3 * 2 * 2 * 32 * 2, eval_every_tokens=2 * 2 * 32 * 2)
+        return [RunSpec("time_to_loss", c, wl, cpus=_pins(2, pin), note="real")
+                for c in (configs or ("sync", "auto_lowbit"))]
+    nominal = 8 * 4 * 128 * 2
+    wl = Workload(model_size="small", seq_len=128, micro_batch=8, grad_accum=4, steps=100_000, warmup_steps=2,
+                  eval_batches=4, max_micro_batches_per_round=8, max_tokens=nominal_steps * nominal,
+                  eval_every_tokens=5 * nominal)
+    runs = []
+    for rate in (list(rates) if rates else ["100mbit", "25mbit"]):
+        if rate is not None and parse_rate(rate) is not None and not netns:
+            continue
+        if "time_to_loss_real" in parts:
+            runs.extend(RunSpec("time_to_loss", c, wl, rate=rate, cpus=_pins(2, pin), note="real")
+                        for c in (configs or REAL_COMPUTE))
+        if "time_to_loss_real_slow_host" in parts:
+            slow = wl if root else dataclasses.replace(wl, compute_delay_ms="0,250")
+            quota = ((1, 50.0),) if root else ()
+            wanted = configs or [c for c in REAL_COMPUTE if c not in ("zero1", "streaming_int8")]
+            runs.extend(RunSpec("time_to_loss", c, slow, rate=rate, cpu_quota=quota, cpus=_pins(2, pin),
+                                note="real" if root else "real-delay") for c in wanted)
+    return runs
+
+
 def _fsdp_runs(smoke: bool, configs: Optional[Sequence[str]], rates: Optional[Sequence[str]], steps: Optional[int],
                netns: bool, root: bool, pin: bool, parts: set) -> list[RunSpec]:
     """The FSDP2 front end against stock FSDP2: every config on every link (part ``fsdp``), and one host at
@@ -196,6 +237,6 @@ def _fsdp_runs(smoke: bool, configs: Optional[Sequence[str]], rates: Optional[Se
     return runs
 
 
-PARTS = ("bandwidth", "slow_host", "slow_host_small", "memory", "convergence", "streaming", "time_to_loss", "fsdp",
-         "fsdp_slow_host")
+PARTS = ("bandwidth", "slow_host", "slow_host_small", "memory", "convergence", "streaming", "time_to_loss",
+         "time_to_loss_real", "time_to_loss_real_slow_host", "fsdp", "fsdp_slow_host")
 DEFAULT_PARTS = ("bandwidth", "slow_host", "memory", "convergence", "streaming", "time_to_loss")

@@ -24,7 +24,9 @@ def startup_fields(engine) -> dict:
         reduce_scatter = f"int8(block {cfg.quantization_block_size})"
     else:
         reduce_scatter = dtype_name(resolve_dtype(cfg.comm_dtype, accum, "acco.comm_dtype"))
-    if cfg.mode == "sync" or cfg.policy == "fixed":
+    if cfg.mode == "auto" and cfg.policy == "fixed":
+        per_round = f"{engine.G}(sync)|{cfg.quota(engine.G)}(acco)"
+    elif cfg.mode == "sync" or cfg.policy == "fixed":
         per_round = str(engine.G if cfg.mode == "sync" else cfg.quota(engine.G))
     else:
         cap = cfg.max_micro_batches_per_round

@@ -263,7 +263,9 @@ class RoundEngine(EngineLifecycle):
         self._last_swap_t = t1
         self._figures = outcome.figures
         if self.auto:
-            self.auto.timer.swap(compute_s=record.compute_s, round_s=outcome.round_s, now=t1,
+            # the count all-gather is where a round waits for the slowest peer: not the link's time
+            wire_s = outcome.round_s - flight.handle.stage_s.get("count all-gather", 0.0)
+            self.auto.timer.swap(compute_s=record.compute_s, round_s=wire_s, now=t1,
                                  committed=self.lr_clock.committed_micro_batches if flight.kind == COMMIT else None)
         if self.config.telemetry.enabled:
             self.telemetry.add(record)

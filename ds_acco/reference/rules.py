@@ -112,34 +112,27 @@ def reference_trajectory(
     def quota(q: int) -> list[int]:
         return list(next(rounds)) if rounds is not None else [q] * N
 
+    if mode in ("sync", "acco"):  # warmup steps are sync steps, then acco's rounds: one schedule
+        warm = min(warmup_steps, steps) if mode == "acco" else steps
+        return reference_schedule(run, ["sync"] * warm + ["acco"] * (steps - warm), G, counts)
+    if mode != "dpu":
+        raise ValueError(f"mode: got {mode!r}; allowed: 'sync', 'dpu', 'acco'")
     out: list[list[torch.Tensor]] = []
-    warm = min(warmup_steps, steps) if mode != "sync" else steps
+    warm = min(warmup_steps, steps)
     for _ in range(warm):
         run.step(*run.gradients(run.theta, quota(G)))
         out.append(run.snapshot())
     left = steps - warm
     if left <= 0:
         return out
-    if mode == "dpu":
-        pending = run.gradients(run.snapshot(), quota(G))
-        for _ in range(left):
-            at = run.snapshot()  # compute parameters while round t is in flight: θ_t
-            following = run.gradients(at, quota(G))
-            run.step(*pending)
-            out.append(run.snapshot())
-            pending = following
-        return out
-    if mode == "acco":
-        half = G // 2
-        a_sum, a_cnt = run.gradients(run.snapshot(), quota(half))
-        for _ in range(left):
-            theta_tilde = run.lookahead(a_sum, a_cnt)  # E_t
-            b_sum, b_cnt = run.gradients(run.snapshot(), quota(half))  # B_t at θ_t
-            run.step([a + b for a, b in zip(a_sum, b_sum)], a_cnt + b_cnt)  # C_t
-            out.append(run.snapshot())
-            a_sum, a_cnt = run.gradients(theta_tilde, quota(half))  # A_{t+1} at θ̃_{t+1}
-        return out
-    raise ValueError(f"mode: got {mode!r}; allowed: 'sync', 'dpu', 'acco'")
+    pending = run.gradients(run.snapshot(), quota(G))
+    for _ in range(left):
+        at = run.snapshot()  # compute parameters while round t is in flight: θ_t
+        following = run.gradients(at, quota(G))
+        run.step(*pending)
+        out.append(run.snapshot())
+        pending = following
+    return out
 
 
 def reference_schedule(run: ReferenceRun, modes: Sequence[str], gradient_accumulation_steps: int,

@@ -188,8 +188,9 @@ def main(argv=None) -> int:
 
     def save() -> None:
         name = f"step{acco.commits}"
-        acco.save_checkpoint(os.path.join(args.save_dir, name), extra={"micro_batch_index": all_gather_ints(index)})
-        if rank == 0:
+        saved = acco.save_checkpoint(os.path.join(args.save_dir, name),
+                                     extra={"micro_batch_index": all_gather_ints(index)})
+        if saved and rank == 0:  # False: a failed save that on_save_error "continue" let training outlive
             with open(latest + ".tmp", "w", encoding="utf-8") as f:
                 f.write(name)
             os.replace(latest + ".tmp", latest)

@@ -16,18 +16,28 @@ from tests import trust_workloads as T
 from tests.dist_harness import run_distributed
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    whole, tag = run_distributed(T.one_save_size, 2, folder=str(tmp_path / "measure"), timeout=120)[0]
-    mount = tmp_path / "small"
+def _tmpfs(mount, size: int):
     mount.mkdir()
-    pages = (whole + tag // 2 + 4095) // 4096  # one save and half a tag
+    pages = (size + 4095) // 4096
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={pages * 4096}", "tmpfs", str(mount)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    yield str(mount), tag
+    yield str(mount)
     subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    whole, tag = run_distributed(T.one_save_size, 2, folder=str(tmp_path / "measure"), timeout=120)[0]
+    for mount in _tmpfs(tmp_path / "small", whole + tag // 2):  # one save and half a tag
+        yield mount, tag
+
+
+@pytest.fixture
+def small_fsdp_disk(tmp_path):
+    whole = run_distributed(T.fsdp_one_save_size, 2, folder=str(tmp_path / "measure"), timeout=120)[0]
+    yield from _tmpfs(tmp_path / "small", whole + whole // 2)
 
 
 def test_a_full_disk_fails_the_save_on_every_rank_and_keeps_the_last_tag(small_disk):
@@ -48,6 +58,24 @@ def test_a_full_disk_fails_the_save_on_every_rank_and_keeps_the_last_tag(small_d
         assert r["continue_returned"] is False and r["continue_trained"] >= 1 and r["finite"], r
 
 
+def test_a_full_disk_fails_an_fsdp_save_on_every_rank_and_keeps_the_earlier_save(small_fsdp_disk):
+    folder = small_fsdp_disk
+    got = run_distributed(T.fsdp_full_disk_job, 2, folder=folder, timeout=240)
+    for r in got:
+        for name, msg in r["raised"].items():
+            assert msg is not None, f"the save to {name} on a full disk did not raise"
+            assert msg == got[0]["raised"][name]  # one message, on every rank
+            assert f"{folder}/{name}" in msg and "could not be written" in msg and "free there now" in msg, msg
+            assert "No space left on device" in msg, msg
+            assert "a complete save needs about" in msg and "(the size of step2)" in msg, msg
+        assert "no earlier complete save" in r["raised"]["step4"], r["raised"]["step4"]
+        assert "still holds the last complete save" in r["raised"]["step2"], r["raised"]["step2"]
+        assert r["listing"] == ["step2"], r["listing"]  # no .partial left behind, the first save intact
+        assert r["loaded"] == 2 and r["resumed"] == 2  # the first save loads and trains on
+        assert r["returned"] is False and r["after"] == 2 and r["finite"], r
+        assert r["left"] == ["step2"], r["left"]
+
+
 def test_resume_under_a_changed_acco_block_carries_on_and_names_what_changed(tmp_path):
     got = run_distributed(T.changed_block_job, 2, folder=str(tmp_path / "ck"), timeout=300)
     expected = {"policy adaptive": ["acco.policy: saved 'fixed', now 'adaptive'",
@@ -56,7 +84,8 @@ def test_resume_under_a_changed_acco_block_carries_on_and_names_what_changed(tmp
                                                              "acco.error_feedback: saved False, now True"],
                 "int8 all-gathers": ["acco.all_gather_quantization: saved 'none', now 'int8'"],
                 "mode sync": ["acco.mode: saved 'acco', now 'sync'"],
-                "mode dpu": ["acco.mode: saved 'acco', now 'dpu'"]}
+                "mode dpu": ["acco.mode: saved 'acco', now 'dpu'"],
+                "mode auto": ["acco.mode: saved 'acco', now 'auto'"]}
     for r, res in enumerate(got):
         for label, fields in expected.items():
             run = res[label]
@@ -73,3 +102,19 @@ def test_resume_under_a_changed_acco_block_carries_on_and_names_what_changed(tmp
                 assert run["lines"] == []
         msg = res["ranks differ"]
         assert msg and msg.startswith("AccoConfigError") and "acco.policy: rank 0 'fixed', rank 1 'adaptive'" in msg, msg
+
+
+def test_fsdp_resume_under_a_changed_acco_block_names_what_changed(tmp_path):
+    got = run_distributed(T.fsdp_changed_block_job, 2, folder=str(tmp_path / "ck"), timeout=300)
+    fields = {"mode sync": ["acco.mode: saved 'acco', now 'sync'"],
+              "int8": ["acco.comm_quantization: saved 'none', now 'int8'", "acco.error_feedback: saved False, now True"]}
+    for rank, res in enumerate(got):
+        for label, want in fields.items():
+            run = res[label]
+            assert run["loaded"] >= 1 and run["trained"] == 2 and run["finite"], (label, run)
+            lines = [s for s in run["lines"] if "changed acco block" in s]
+            if rank == 0:
+                assert len(lines) == 1 and "rebuilt from the committed parameters" in lines[0], run["lines"]
+                assert all(f in lines[0] for f in want), lines[0]
+            else:
+                assert lines == []

@@ -191,6 +191,7 @@ SAFE_CHANGES = {
     "int8 all-gathers": {"all_gather_quantization": "int8"},
     "mode sync": {"mode": "sync"},
     "mode dpu": {"mode": "dpu"},
+    "mode auto": {"mode": "auto"},
 }
 
 
@@ -239,4 +240,94 @@ def changed_block_job(rank, world, *, folder) -> dict:
         out["ranks differ"] = None
     except Exception as exc:  # noqa: BLE001
         out["ranks differ"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+# ------------------------------------------------------------------ full disk under FSDP2 (DCP)
+def fsdp_one_save_size(rank, world, *, folder) -> int:
+    """Bytes one AccoFSDP save occupies (its folder: DCP files, metadata, manifest)."""
+    from tests import fsdp_workloads as F
+
+    model, acco = F.build(world, F.RESUME["config"], F.RESUME["G"])
+    F.train(rank, model, acco, 2)
+    acco.save_checkpoint(os.path.join(folder, "step2"))
+    acco.close()
+    return tag_blocks(folder)
+
+
+def fsdp_full_disk_job(rank, world, *, folder) -> dict:
+    """Save, train, then save again (to a new folder and over the first) on a filesystem with room for one
+    and a half saves: both fail on every rank with one message, nothing partial stays, the first save
+    loads and trains on; with on_save_error "continue" the failed save returns False and training goes on."""
+    from ds_acco.checkpoint.save_failure import CheckpointSaveError
+    from tests import fsdp_workloads as F
+
+    first = os.path.join(folder, "step2")
+    model, acco = F.build(world, F.RESUME["config"], F.RESUME["G"])
+    _, k = F.train(rank, model, acco, 2)
+    acco.save_checkpoint(first, extra={"k": k})
+    _, k = F.train(rank, model, acco, 4, k=k)
+    raised = {}
+    for name in ("step4", "step2"):  # a new folder; the same folder, overwritten
+        try:
+            acco.save_checkpoint(os.path.join(folder, name))
+            raised[name] = None
+        except CheckpointSaveError as exc:
+            raised[name] = str(exc)
+    acco.close()
+    dist.barrier()
+    listing = sorted(os.listdir(folder))
+    model, acco = F.build(world, F.RESUME["config"], F.RESUME["G"])
+    k = acco.load_checkpoint(first)["k"]
+    loaded = acco.commits
+    _, k = F.train(rank, model, acco, loaded + 2, k=k)
+    resumed = acco.commits - loaded
+    acco.close()
+    cfg = dict(F.RESUME["config"], checkpoint={"on_save_error": "continue"})
+    model, acco = F.build(world, cfg, F.RESUME["G"])
+    k = acco.load_checkpoint(first)["k"]
+    returned = acco.save_checkpoint(os.path.join(folder, "step4"))
+    before = acco.commits
+    F.train(rank, model, acco, before + 2, k=k)
+    after = acco.commits - before
+    finite = all(bool(torch.isfinite(p.unsharded).all()) for p in acco.params)
+    acco.close()
+    return {"raised": raised, "listing": listing, "loaded": loaded, "resumed": resumed, "returned": returned,
+            "after": after, "finite": finite, "left": sorted(os.listdir(folder))}
+
+
+def fsdp_changed_block_job(rank, world, *, folder) -> dict:
+    """AccoFSDP saved under acco fixed fp32 with a round in flight, resumed under each safe change: trains on,
+    and rank 0's one WARNING names the fields."""
+    import logging
+
+    from tests import fsdp_workloads as F
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    model, acco = F.build(world, F.RESUME["config"], F.RESUME["G"])
+    F.train(rank, model, acco, 3, save_at=10, ckpt=folder)  # micro-batch 10: a round in flight
+    acco.close()
+    out = {}
+    log = Lines()
+    logging.getLogger("ds_acco").addHandler(log)
+    try:
+        for label, change in (("mode sync", {"mode": "sync"}),
+                              ("int8", {"comm_quantization": "int8", "error_feedback": True})):
+            del log.lines[:]
+            model, acco = F.build(world, dict(F.RESUME["config"], **change), F.RESUME["G"])
+            k = acco.load_checkpoint(folder)["k"]
+            loaded = acco.commits
+            F.train(rank, model, acco, loaded + 2, k=k)
+            out[label] = {"loaded": loaded, "trained": acco.commits - loaded, "lines": list(log.lines),
+                          "finite": all(bool(torch.isfinite(p.unsharded).all()) for p in acco.params)}
+            acco.close()
+    finally:
+        logging.getLogger("ds_acco").removeHandler(log)
     return out

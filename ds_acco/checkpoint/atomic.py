@@ -99,13 +99,7 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str,
     _fail_if_any(failures, save_dir, tag, folder, global_rank)
     if global_rank == 0:
         final = os.path.join(save_dir, tag)
-        old = f"{final}.old{os.getpid()}"
-        if os.path.exists(final):
-            os.replace(final, old)
-        os.replace(folder, final)
-        if fsync:  # the complete tag is durable before the previous copy of it goes
-            fsync_path(save_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        publish(folder, final, fsync)
         if save_latest and non_finite:  # a load would refuse it: a restart from latest keeps the last good tag
             logger.warning("ds_acco: %s holds non-finite values, so %s still names %s; load the tag explicitly to "
                            "inspect it", final, os.path.join(save_dir, "latest"), latest_tag(save_dir))
@@ -121,6 +115,18 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str,
                 fsync_path(save_dir)
     dist.barrier()
     return result
+
+
+def publish(partial: str, final: str, fsync: bool) -> None:
+    """One rank: the complete ``partial`` folder becomes ``final`` at once; an earlier ``final`` is removed
+    only after (with ``fsync``, once the rename is durable), so a crash in between leaves one of the two."""
+    old = f"{final}.old{os.getpid()}"
+    if os.path.exists(final):
+        os.replace(final, old)
+    os.replace(partial, final)
+    if fsync:
+        fsync_path(os.path.dirname(final) or ".")
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _fail_if_any(failures: SaveFailures, save_dir: str, tag: str, folder: str, global_rank: int) -> None:

@@ -327,14 +327,6 @@ def read_manifest(folder: str) -> tuple[Optional[dict], Optional[str]]:
     return data, None
 
 
-def remove_manifest(folder: str) -> None:
-    """Make ``folder`` incomplete before it is overwritten in place (a crash then leaves no stale manifest)."""
-    try:
-        os.remove(os.path.join(folder, MANIFEST))
-    except FileNotFoundError:
-        pass
-
-
 def newest_complete_tag(parent: str, other_than: str) -> Optional[str]:
     """The newest sibling of ``other_than`` in ``parent`` whose manifest is intact (by save time), or None."""
     best: tuple[float, str] | None = None
@@ -351,15 +343,16 @@ def newest_complete_tag(parent: str, other_than: str) -> Optional[str]:
     return best[1] if best else None
 
 
-def clean_partials(save_dir: str) -> None:
-    """Report and remove what a crashed save left in ``save_dir`` (``<tag>.partial``, ``<tag>.old<pid>``)."""
+def clean_partials(save_dir: str, tag: Optional[str] = None) -> None:
+    """Report and remove what a crashed save left in ``save_dir`` (``<tag>.partial``, ``<tag>.old<pid>``; of
+    every tag, or of ``tag`` only where the folder is not ds_acco's alone)."""
     try:
-        names = sorted(os.listdir(save_dir))
+        names = sorted(os.listdir(save_dir or "."))
     except FileNotFoundError:
         return
     for name in names:
         stem, _, suffix = name.rpartition(".")
-        if stem and (suffix == "partial" or (suffix.startswith("old") and suffix[3:].isdigit())):
+        if stem and (tag is None or stem == tag) and (suffix == "partial" or (suffix.startswith("old") and suffix[3:].isdigit())):
             path = os.path.join(save_dir, name)
             logger.warning("ds_acco: removing %s, left by a save that did not finish (it was never a "
                            "complete checkpoint and was not loaded)", path)

@@ -89,25 +89,45 @@ class SaveFailures:
         self.needed = sum(n for _, n in out)
         return [line for lines, _ in out for line in lines]
 
-    def error(self, failures: list[str], save_dir: str, tag: str, last: Optional[str]) -> CheckpointSaveError:
-        """The one message: what failed, the space a save needs and the space there is."""
+    def error(self, failures: list[str], save_dir: str, tag: str, last: Optional[str],
+              kept: Optional[str] = None) -> CheckpointSaveError:
+        """The one message: what failed, the space a save needs and the space there is (``kept``: what
+        still holds the last complete save, where there is no ``latest`` to name it)."""
         size = tag_bytes(os.path.join(save_dir, last) if last else None)
         if size is not None:
-            need = f"a complete tag needs about {_mb(size)} (the size of {last}); "
+            need = f"a complete save needs about {_mb(size)} (the size of {last}); "
         elif self.needed:
-            need = f"the tensors that failed to write hold {_mb(self.needed)}; "
+            need = f"the tensors it was writing hold {_mb(self.needed)}; "
         else:
             need = ""
         try:
             free = _mb(shutil.disk_usage(save_dir).free)
         except OSError:
             free = "unknown"
-        keep = f"'latest' still names {last}" if last else "no earlier tag exists"
+        keep = kept or (f"'latest' still names {last}" if last else "no earlier tag exists")
         lines = "\n  ".join(failures[:6]) + (f"\n  ... and {len(failures) - 6} more" if len(failures) > 6 else "")
         return CheckpointSaveError(
             f"ds_acco: checkpoint save of tag {tag!r} in {save_dir} could not be written, so every rank abandoned "
             f"it (the partial tag was removed; {keep}):\n  {lines}\n{need}{free} free there now. Free space or "
             "point the save elsewhere; acco.checkpoint.on_save_error: \"continue\" keeps training and retries at the next save")
+
+
+def write_failures(exc: BaseException, folder: str) -> Optional[list[str]]:
+    """The failed writes ``torch.distributed.checkpoint`` reports in its ``CheckpointException`` (raised
+    alike on every rank, with each failed rank's exception), one line per rank; None when any of them is
+    not a filesystem error (a bug, which the caller re-raises as it is)."""
+    failures = getattr(exc, "failures", None)
+    if not failures:
+        return None
+    lines = []
+    for rank, (err, _) in sorted(failures.items()):
+        if isinstance(err, OSError):
+            lines.append(f"rank {rank}: {err.filename or folder}: {os.strerror(err.errno) if err.errno else err}")
+        elif isinstance(err, RuntimeError) and _looks_like_io(err):
+            lines.append(f"rank {rank}: {folder}: {str(err).splitlines()[0]}")
+        else:
+            return None
+    return lines
 
 
 def _looks_like_io(exc: RuntimeError) -> bool:

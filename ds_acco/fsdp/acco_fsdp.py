@@ -119,12 +119,14 @@ class AccoFSDP:
             self.fsdp.release()
 
     # ------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, checkpoint_id: Any, extra: Optional[dict] = None) -> None:
+    def save_checkpoint(self, checkpoint_id: Any, extra: Optional[dict] = None) -> bool:
         """Save model, optimizer, scheduler and round state with ``torch.distributed.checkpoint`` (collective).
 
-        ``extra``: replicated values of your own (e.g. every rank's data cursor, gathered).
+        ``extra``: replicated values of your own (e.g. every rank's data cursor, gathered). Returns False
+        when a write failed and ``acco.checkpoint.on_save_error`` is ``"continue"`` (else that raises
+        :class:`~ds_acco.checkpoint.save_failure.CheckpointSaveError` on every rank).
         """
-        checkpoint.save(self, checkpoint_id, extra)
+        return checkpoint.save(self, checkpoint_id, extra)
 
     def load_checkpoint(self, checkpoint_id: Any) -> Optional[dict]:
         """Load what :meth:`save_checkpoint` wrote (collective); returns its ``extra``.

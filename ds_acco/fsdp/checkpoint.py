@@ -24,8 +24,11 @@ parameters are all-gathered from the loaded masters and rounds bootstrap afresh
 entries without round state, so checkpoints move both ways between ACCO and
 stock FSDP2 (``"enabled": false``).
 
-Every save ends with ds_acco's manifest (sizes and hashes of the DCP files, written
-last; see :mod:`ds_acco.checkpoint.manifest`), and every load first verifies the files
+Every save writes into ``<folder>.partial`` and ends with ds_acco's manifest (sizes and
+hashes of the DCP files, written last; see :mod:`ds_acco.checkpoint.manifest`); only then
+does the partial folder replace ``folder``, so a save that a full disk fails (one message on
+every rank, :mod:`ds_acco.checkpoint.save_failure`) or a crash interrupts leaves the earlier
+save at that path loadable. Every load first verifies the files
 on every rank (:mod:`ds_acco.checkpoint.verify`): a damaged, partial or manifest-less
 ds_acco folder fails every rank, naming the file, before DCP reads anything. A folder
 that a stock FSDP2 job saved with DCP (no manifest, no ds_acco entry in its metadata)
@@ -42,14 +45,18 @@ from __future__ import annotations
 import io
 import logging
 import os
+import shutil
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
 from ds_acco.checkpoint import safe_load
-from ds_acco.checkpoint.manifest import remove_manifest, write_manifest
+from ds_acco.checkpoint.atomic import publish
+from ds_acco.checkpoint.manifest import MANIFEST, clean_partials, newest_complete_tag, write_manifest
+from ds_acco.checkpoint.save_failure import CheckpointSaveError, SaveFailures, nbytes, write_failures
 from ds_acco.checkpoint.verify import FiniteCheck, finite_at_save, verify_for_load
+from ds_acco.config.compare import differences
 from ds_acco.errors import AccoConfigError
 
 from .restore import (META_KEY, RANK_KEY_PREFIX, check_loaded, loaded_tensors, metadata_classes_beyond, restart,
@@ -105,15 +112,28 @@ def _dcp_files_of(rank: int) -> list[str]:
     return [".metadata"] * (rank == 0) + [f"__{rank}_{i}.distcp" for i in range(8)]
 
 
-def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> None:
-    """Write the full training state to ``checkpoint_id`` (a folder), manifest last; collective over all ranks."""
+def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> bool:
+    """Write the full training state to ``checkpoint_id`` (a folder), manifest last; collective over all ranks.
+
+    The files go to ``<folder>.partial``, which replaces ``folder`` once every rank wrote and the manifest
+    vouches for it: a save that fails or is interrupted leaves an earlier save at that path loadable.
+
+    Returns:
+        True; False when a write failed and ``acco.checkpoint.on_save_error`` is ``"continue"``.
+
+    Raises:
+        CheckpointSaveError: on every rank, when a write failed on any rank (full disk, quota, I/O error);
+            the partial folder is removed first (:mod:`ds_acco.checkpoint.save_failure`).
+    """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     trainer._check_checkpointable()
-    folder, group = _folder(checkpoint_id), trainer.fsdp.process_group
-    if dist.get_rank(group) == 0:
-        remove_manifest(folder)  # overwritten in place: incomplete until the new manifest is there
+    final, group = os.path.normpath(_folder(checkpoint_id)), trainer.fsdp.process_group
+    partial, rank = final + ".partial", dist.get_rank(group)
+    if rank == 0:
+        clean_partials(*os.path.split(final))  # what a crashed save of this folder left beside it
     dist.barrier(group=group)
     engine = getattr(trainer, "engine", None)
     fsync = engine.config.checkpoint.fsync if engine else True
@@ -126,6 +146,7 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
         format=FORMAT,
         world_size=len(trainer.fsdp.ranks),
         fingerprint=engine.config.fingerprint() if engine else None,
+        block=engine.config.compared_fields() if engine else None,
         mode=engine.config.mode if engine else "stock",
         policy=engine.config.policy if engine else None,
         commits=trainer.commits,
@@ -136,6 +157,7 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
         lr_scheduler=sched.state_dict() if sched is not None else None,
         extra=extra is not None,
     )
+    failures, failed = SaveFailures(partial), None
     trainer.fsdp.to_sharded()  # DCP's helpers name parameters through model.named_parameters()
     try:
         if has_optim:
@@ -150,15 +172,49 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
             state["optim"] = optim_sd
         if extra is not None:
             state[EXTRA_KEY] = _blob(extra)
+        failures.needed = nbytes(state)  # DTensors count whole: about what the folder needs
         finite = FiniteCheck(loaded_tensors(trainer))  # recorded in the manifest; spares the load its sums
-        # DCP flushes its files itself (sync_files), before the manifest that vouches for them
-        dcp.save(state, checkpoint_id=checkpoint_id, storage_writer=dcp.FileSystemWriter(folder, sync_files=fsync))
+        # DCP flushes its files itself (sync_files), before the manifest that vouches for them; a rank's failed
+        # write reaches every rank as one CheckpointException (a BaseException), after all ranks wrote
+        dcp.save(state, checkpoint_id=partial, storage_writer=dcp.FileSystemWriter(partial, sync_files=fsync))
+    except CheckpointException as exc:
+        failed = write_failures(exc, partial)
+        if failed is None:
+            raise
     finally:
         if engine:
             trainer.fsdp.to_unsharded()
-    write_manifest(folder, writer="ds_acco fsdp", tag=os.path.basename(os.path.normpath(folder)), key=trainer.signing_key,
-                   claim=_dcp_files_of(dist.get_rank(group)), fsync=fsync, group=group,
-                   non_finite=finite.local_result())
+    if not failed:
+        write_manifest(partial, writer="ds_acco fsdp", tag=os.path.basename(final), key=trainer.signing_key,
+                       claim=_dcp_files_of(rank), fsync=fsync, group=group, non_finite=finite.local_result(),
+                       guard=failures.guard)
+        failed = failures.agree(group)
+    if failed:
+        return _abandon(trainer, failures, failed, final, engine)
+    if rank == 0:
+        publish(partial, final, fsync)
+    dist.barrier(group=group)
+    return True
+
+
+def _abandon(trainer: Trainer, failures: SaveFailures, failed: list[str], final: str, engine) -> bool:
+    """Every rank: remove the partial folder, then raise one message (or log it, on_save_error "continue")."""
+    group = trainer.fsdp.process_group
+    parent, name = os.path.split(final)
+    complete = os.path.isfile(os.path.join(final, MANIFEST))
+    kept = f"{final} still holds the last complete save there" if complete else f"no earlier complete save at {final}"
+    last = name if complete else newest_complete_tag(parent, name)  # its size: what a save needs
+    message = [str(failures.error(failed, parent, name, last, kept=kept)) if dist.get_rank(group) == 0 else None]
+    dist.broadcast_object_list(message, src=dist.get_global_rank(group, 0), group=group)
+    if dist.get_rank(group) == 0:
+        shutil.rmtree(final + ".partial", ignore_errors=True)  # its space is what the next save needs
+    dist.barrier(group=group)
+    if engine is None or engine.config.checkpoint.on_save_error != "continue":
+        raise CheckpointSaveError(message[0])
+    if dist.get_rank(group) == 0:
+        logger.error("%s\nacco.checkpoint.on_save_error is \"continue\": training goes on; the next save tries again",
+                     message[0])
+    return False
 
 
 def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
@@ -239,8 +295,12 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
     else:
         restart(trainer, meta["applied_commits"], meta["micro_batches"])
         if engine and engine.rank == 0:
+            changed = differences(meta["block"], engine.config.compared_fields()) if meta.get("block") else []
             logger.warning(
-                "ds_acco.fsdp: %s was saved by %d ranks (mode %s, policy %s); model, optimizer and scheduler "
-                "loaded onto %d ranks (%s), rounds bootstrap afresh at step %d", checkpoint_id, meta["world_size"],
-                meta["mode"], meta["policy"], engine.world_size, engine.config.mode, engine.commits)
+                "ds_acco.fsdp: %s was saved by %d ranks (mode %s, policy %s%s); model, optimizer and scheduler "
+                "loaded onto %d ranks (%s): the round state was rebuilt from the committed parameters at step %d "
+                "(micro-batches accumulated after that commit, the kept estimate and error-feedback residuals "
+                "were reset)", checkpoint_id, meta["world_size"], meta["mode"], meta["policy"],
+                f"; changed acco block: {'; '.join(changed)}" if changed else "", engine.world_size,
+                engine.config.mode, engine.commits)
     return _unblob(state.get(EXTRA_KEY), weights_only)

@@ -76,9 +76,10 @@ class StockFSDP:
         self.module.set_requires_gradient_sync(True)
         self.module.set_reshard_after_backward(True)
 
-    def save_checkpoint(self, checkpoint_id: Any, extra: Optional[dict] = None) -> None:
-        """Same entries as :meth:`AccoFSDP.save_checkpoint`, without round state; at a step boundary."""
-        checkpoint.save(self, checkpoint_id, extra)
+    def save_checkpoint(self, checkpoint_id: Any, extra: Optional[dict] = None) -> bool:
+        """Same entries as :meth:`AccoFSDP.save_checkpoint`, without round state; at a step boundary (a
+        failed write raises on every rank)."""
+        return checkpoint.save(self, checkpoint_id, extra)
 
     def load_checkpoint(self, checkpoint_id: Any) -> Optional[dict]:
         """Load a checkpoint of either class (resharded by DCP when the world size differs)."""

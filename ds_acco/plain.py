@@ -14,6 +14,7 @@ master shards with the group's hyper-parameters. The training loop is::
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
@@ -23,6 +24,8 @@ from ds_acco.config import AccoConfig, no_preemption_dir, parse_acco_config
 from ds_acco.layout.sharded_group import build_sharded_groups
 from ds_acco.optim.shard_optimizer import ShardOptimizer
 from ds_acco.rounds.engine import RoundEngine
+
+logger = logging.getLogger("ds_acco")
 
 
 def _as_groups(params: Iterable[Any]) -> list[dict]:
@@ -98,7 +101,13 @@ def state_dict(engine: RoundEngine) -> dict:
 
 
 def load_state_dict(engine: RoundEngine, state: dict) -> None:
-    """Inverse of :func:`state_dict`; call on every rank of a job built the same way."""
+    """Inverse of :func:`state_dict`; call on every rank of a job built the same way.
+
+    Under a changed ``acco`` block (another mode, policy, quantisation or error-feedback switch; same world
+    size and layout) the job carries on from the committed parameters, with one WARNING naming the fields;
+    what cannot carry on is refused naming the fields (:class:`~ds_acco.errors.AccoConfigError`).
+    """
+    changed = engine.block_changes(state["rounds"])
     with torch.no_grad():
         for g, compute, master in zip(engine.groups, state["compute"], state["masters"]):
             g.flat.copy_(compute)
@@ -107,4 +116,19 @@ def load_state_dict(engine: RoundEngine, state: dict) -> None:
     sched = engine.shard_optimizer.lr_scheduler
     if sched is not None and state["lr_scheduler"] is not None:
         sched.load_state_dict(state["lr_scheduler"])
-    engine.load_state_dict(state["rounds"])
+    if not changed:
+        engine.load_state_dict(state["rounds"])  # refuses, naming the fields, what cannot carry on
+        return
+    rounds = state["rounds"]
+    # a commit that finished but was not swapped in is already in the masters and the optimizer
+    pending = rounds.get("pending")
+    commits = rounds["commits"] + int(bool(pending) and pending["kind"] == "commit")
+    with torch.no_grad():
+        for i, g in enumerate(engine.groups):  # compute parameters = the committed masters
+            engine.work.all_gather_masters(i, g.flat)
+    engine.reset_rounds(commits=commits)
+    engine.micro_batches = rounds["micro_batches"]
+    if engine.rank == 0:
+        logger.warning("ds_acco: resuming under a changed acco block (%s): the round state was rebuilt from the "
+                       "committed parameters at step %d (micro-batches accumulated after that commit, the kept "
+                       "estimate and error-feedback residuals were reset)", "; ".join(changed), commits)

@@ -62,11 +62,34 @@ class _CollectiveCounter:
 
 def train_ds_streaming(rank, world, *, config, steps, save_at_step=None, ckpt_dir=None, resume=False,
                        count_collectives=False, use_ds_acco=True, consolidate=False):
-    """Inner steps of the tiny job; the replica after each inner step (``model.parameters()`` order)."""
+    """Inner steps of the tiny job; the replica after each inner step (``model.parameters()`` order);
+    ``out["warnings"]``: ds_acco's WARNING lines of the run."""
+    import logging
+
     import deepspeed
 
     import ds_acco
 
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    log = Lines()
+    logging.getLogger("ds_acco").addHandler(log)
+    try:
+        out = _train_ds_streaming(deepspeed, ds_acco, rank, config, steps, save_at_step, ckpt_dir, resume,
+                                  count_collectives, use_ds_acco, consolidate)
+    finally:
+        logging.getLogger("ds_acco").removeHandler(log)
+    return dict(out, warnings=log.lines)
+
+
+def _train_ds_streaming(deepspeed, ds_acco, rank, config, steps, save_at_step, ckpt_dir, resume, count_collectives,
+                        use_ds_acco, consolidate):
     torch.manual_seed(rank)
     model = W.make_model(seed=rank)  # replicas start different: rank 0's θ_0 must reach every rank
     init = ds_acco.initialize if use_ds_acco else deepspeed.initialize

@@ -104,6 +104,40 @@ def test_resume_on_another_world_size_reshards_the_global_state(tmp_path):
             assert not torch.equal(runs[1]["loaded_replica"][0], runs[0]["loaded_replica"][0])
 
 
+def test_resume_under_a_changed_streaming_block_carries_on_or_names_the_layout_field(tmp_path):
+    block = dict(fragments=2, sync_every=4, overlap_steps=1, alpha=0.5, quantize="int8", all_gather_dtype="bf16")
+    cfg = S.ds_streaming_config(block, acco_extra={"error_feedback": True, "quantization_block_size": 8})
+    ckpt = str(tmp_path / "ckpt")
+    saved = run_distributed(S.train_ds_streaming, WORLD, config=cfg, steps=8, save_at_step=4, ckpt_dir=ckpt,
+                            timeout=300)
+    assert saved[0]["in_flight_at_save"]
+    changed = dict(block, sync_every=6, alpha=0.3, quantize="none", all_gather_dtype="fp32")
+    cfg2 = S.ds_streaming_config(changed, acco_extra={"error_feedback": False, "quantization_block_size": 8,
+                                                      "streaming": dict(changed, outer_lr=0.5)})
+    runs = run_distributed(S.train_ds_streaming, WORLD, config=cfg2, steps=10, ckpt_dir=ckpt, resume=True,
+                           timeout=300)
+    for rank, run in enumerate(runs):
+        assert run["loaded_steps"] == 4 and len(run["trajectory"]) == 10
+        for (m, mom), (m0, mom0) in zip(run["loaded_global"], saved[rank]["saved_global"]):
+            assert torch.equal(m, m0) and torch.equal(mom, mom0), f"rank {rank}: the global state did not carry on"
+        assert all(torch.isfinite(p).all() for p in run["trajectory"][-1])
+        # the round in flight at the save merged at its step (5); then fragment syncs on the new H = 6
+        assert [r[:3] for r in run["records"] if r[0] > 4] == [(6, 0, 7), (9, 1, 10)], run["records"]
+        lines = [w for w in run["warnings"] if "changed acco block" in w]
+        if rank == 0:
+            assert len(lines) == 1, run["warnings"]
+            for field in ("acco.streaming.sync_every: saved 4, now 6", "acco.streaming.alpha: saved 0.5, now 0.3",
+                          "acco.streaming.quantize: saved 'int8', now 'none'", "acco.streaming.outer_lr: saved 0.7, "
+                          "now 0.5", "acco.error_feedback: saved True, now False"):
+                assert field in lines[0], lines[0]
+        else:
+            assert lines == []
+    other = S.ds_streaming_config(dict(block, fragments=1), acco_extra={"error_feedback": True,
+                                                                        "quantization_block_size": 8})
+    with pytest.raises(RuntimeError, match=r"acco.streaming.fragments: saved 2, now 1"):
+        run_distributed(S.train_ds_streaming, WORLD, config=other, steps=8, ckpt_dir=ckpt, resume=True, timeout=300)
+
+
 def test_consolidate_gives_every_rank_the_exact_global_parameters():
     block = dict(fragments=2, sync_every=4, overlap_steps=1, alpha=0.5, quantize="int8", all_gather_dtype="bf16")
     runs = run_distributed(S.train_ds_streaming, WORLD, config=S.ds_streaming_config(block), steps=6,

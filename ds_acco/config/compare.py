@@ -36,6 +36,20 @@ def rank_differences(blocks: Sequence[Mapping[str, Any]]) -> list[str]:
             if len({repr(b.get(k)) for b in blocks}) > 1]
 
 
+def carry_on_changes(saved: Mapping[str, Any], identity: Mapping[str, Any], block: Mapping[str, Any],
+                     fixed: Sequence[str] = ()) -> list[str]:
+    """The ``acco`` fields that differ from a saved state's, when only they differ (``identity``'s other
+    entries, world size and layout, equal) and none of them is in ``fixed``: the front end may then carry
+    the state on under the new block. Empty: the same block, or a state :func:`check_saved_state_fits`
+    must judge (and refuse, naming the fields)."""
+    if saved.get("fingerprint") == identity["fingerprint"] or saved.get("block") is None:
+        return []
+    if any(saved.get(k) != v for k, v in identity.items() if k != "fingerprint"):
+        return []
+    changed = differences(saved["block"], block)
+    return [] if any(line.split(":")[0] in fixed for line in changed) else changed
+
+
 def check_saved_state_fits(state: Mapping[str, Any], mine: Mapping[str, Any], what: str, advice: str,
                            block: Optional[Mapping[str, Any]] = None) -> None:
     """Raise unless a saved engine state was written by a job like this one.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ds_acco.config import check_saved_state_fits
-from ds_acco.config.compare import differences
+from ds_acco.config.compare import carry_on_changes
 from ds_acco.layout.grad_buffers import GradBuffers
 from ds_acco.optim.lr_schedule import LrScheduleClock
 
@@ -129,9 +129,5 @@ def reset_buffers(grads: GradBuffers, buffers: Sequence[GroupBuffers]) -> None:
 def block_changes(saved: dict, *, identity: dict, block: dict) -> list[str]:
     """The ``acco`` fields that differ from a saved round state's, when only they differ (same world size
     and layout): a front end may then rebuild the round state from the committed parameters instead of
-    refusing. Empty: the same block, or a state :func:`restore` must judge (and refuse, naming the fields)."""
-    if saved.get("fingerprint") == identity["fingerprint"] or saved.get("block") is None:
-        return []
-    if any(saved.get(k) != v for k, v in identity.items() if k != "fingerprint"):
-        return []
-    return differences(saved["block"], block)
+    refusing (:func:`ds_acco.config.compare.carry_on_changes`)."""
+    return carry_on_changes(saved, identity, block)

@@ -57,6 +57,7 @@ from ds_acco.comm.engine_lifecycle import EngineLifecycle
 from ds_acco.comm.stop_signal import STOP
 from ds_acco.comm.int8_collectives import Int8ReduceScatter, ShardAllGather
 from ds_acco.config import AccoConfig, check_saved_state_fits, parse_acco_config
+from ds_acco.config.compare import carry_on_changes
 from ds_acco.errors import AccoConfigError, AccoRoundError
 from ds_acco.layout.flat_buffer import FlatLayout, flatten_into
 from ds_acco.telemetry.records import RoundRecord
@@ -65,6 +66,10 @@ from .reshard import load_resharded
 from .schedule import sync_fragment, sync_offset
 
 logger = logging.getLogger("ds_acco")
+
+FRAGMENT_LAYOUT = ("acco.streaming.fragments", "acco.streaming.fragment_modules")
+"""Fields that cut the model into other fragments: a saved streaming state does not fit another cut. Every
+other field (schedule, merge weight, outer hyper-parameters, quantisation) carries on at a resume."""
 
 
 @dataclass
@@ -343,18 +348,27 @@ class StreamingEngine(EngineLifecycle):
         self._ensure_open()
         if self._inflight is not None:
             raise AccoRoundError("load_state_dict needs an idle streaming engine; a round is in flight")
-        check_saved_state_fits(
-            state, {"fingerprint": self.config.fingerprint(), "world_size": self.world_size,
-                    "padded_numels": [f.layout.padded_numel for f in self.fragments]},
-            "the streaming state", "Resume with the same acco block and model (another world size: load_resharded).",
-            block=self.config.compared_fields())
+        identity = {"fingerprint": self.config.fingerprint(), "world_size": self.world_size,
+                    "padded_numels": [f.layout.padded_numel for f in self.fragments]}
+        changed = carry_on_changes(state, identity, self.config.compared_fields(), fixed=FRAGMENT_LAYOUT)
+        if not changed:
+            check_saved_state_fits(
+                state, identity, "the streaming state", "Resume with the same acco block and model (another "
+                f"world size: load_resharded; {', '.join(FRAGMENT_LAYOUT)} cannot change at a resume).",
+                block=self.config.compared_fields())
+        elif self.rank == 0:
+            logger.warning("ds_acco: resuming under a changed acco block (%s): the streaming state carries on "
+                           "(global fragments, outer momentum, schedule position, a round in flight); the int8 "
+                           "error-feedback residuals were reset", "; ".join(changed))
         for frag, saved in zip(self.fragments, state["fragments"]):
             frag.anchor.copy_(saved["anchor"])
             frag.master.copy_(saved["master"])
             frag.outer.load_state_dict(saved["outer"])
+            for group in frag.outer.param_groups:  # the outer hyper-parameters are this block's
+                group.update(lr=self.config.streaming.outer_lr, momentum=self.config.streaming.outer_momentum)
             frag.last_sync = saved["last_sync"]
             if frag.rs is not None and frag.rs.residual is not None:
-                if saved["residual"] is None:
+                if saved["residual"] is None or changed:
                     frag.rs.reset_error_feedback()
                 else:
                     frag.rs.residual.copy_(saved["residual"])

@@ -17,7 +17,7 @@ import pytest
 from ds_acco.config import parse_acco_config
 from ds_acco.errors import AccoConfigError
 from ds_acco.reference import ReferenceRun, reference_schedule
-from ds_acco.rounds.auto_mode import choose
+from ds_acco.rounds.auto_mode import StepTimer, choose
 from tests import workloads as W
 from tests.auto_workers import train_auto
 from tests.dist_harness import run_distributed
@@ -63,7 +63,8 @@ def test_link_changes_make_auto_switch_and_the_trajectory_follows_the_rules():
     # one line per choice on rank 0, with its figures
     assert len(got["lines"]) == len(choices)
     switch = next(line for line in got["lines"] if "runs acco (was sync)" in line)
-    assert re.search(r"compute \d+\.\d ms per micro-batch .* round \d+\.\d ms; per step of 4 micro-batches: "
+    assert re.search(r"compute \d+\.\d ms per micro-batch .* round \d+\.\d ms in sync \(x\d\.\d\d in acco\); "
+                     r"per step of 4 micro-batches: "
                      r"sync \d+\.\d ms \(measured\), acco fixed \d+\.\d ms \(predicted; \d+\.\d ms with the 10% "
                      r"delay penalty\)", switch), switch
 
@@ -75,8 +76,8 @@ def test_adaptive_policy_switches_too_and_commits_what_workers_computed():
     assert_trajectories_equal(got["trajectory"], reference(got["modes"], counts=got["counts"]))
 
 
-def figures(c_sync_ms, round_ms, step_ms, c_acco_ms=0.0):
-    row = [int(c_sync_ms * 1e3), int(c_acco_ms * 1e3), int(round_ms * 1e3), int(step_ms * 1e3)]
+def figures(c_sync_ms, round_ms, step_ms, c_acco_ms=0.0, wire=0.0):
+    row = [int(c_sync_ms * 1e3), int(c_acco_ms * 1e3), int(round_ms * 1e3), int(step_ms * 1e3), int(wire * 1e3)]
     return [row, row]
 
 
@@ -98,6 +99,37 @@ def test_measured_interference_and_the_margin_keep_acco_from_flapping():
     cfg = parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0, "switch_margin": 0.05}))
     assert choose(figures(50, 0, 200), "sync", cfg, G, step=3).mode == "sync"
     assert choose(figures(50, 0, 200, c_acco_ms=50), "acco", cfg, G, step=3).mode == "acco"
+
+
+def test_the_wire_factor_keeps_a_round_slowed_by_compute_from_pricing_sync():
+    """On a CPU a round in acco shares the core with compute: 150 ms there is 100 ms in sync (factor 1.5)."""
+    cfg = parse_acco_config(AUTO)
+    unscaled = choose(figures(50, 150, 290, c_acco_ms=60), "acco", cfg, G, step=9)
+    assert unscaled.figures["sync_step_ms"] == pytest.approx(350, rel=1e-3) and unscaled.mode == "acco"
+    scaled = choose(figures(50, 150, 290, c_acco_ms=60, wire=1.5), "acco", cfg, G, step=9)
+    assert scaled.figures["sync_step_ms"] == pytest.approx(300, rel=1e-3) and scaled.mode == "sync", scaled.line
+    assert "round 150.0 ms in acco (x0.67 in sync)" in scaled.line
+    # from sync, the acco round is predicted 1.5x the measured one
+    ahead = choose(figures(50, 150, 350, wire=1.5), "sync", cfg, G, step=3)
+    assert ahead.figures["acco_step_ms"] == pytest.approx(2 * 225, rel=1e-3)
+
+
+def test_the_timer_measures_the_wire_factor_across_a_switch():
+    timer = StepTimer(G, 2)
+    for i in range(5):  # sync: 100 ms rounds (the first interval is skipped as start-up)
+        timer.micro_batch()
+        timer.swap(compute_s=0.05, round_s=0.1, committed=None, now=float(i))
+    assert timer.local()[4] == 0
+    timer.enter("acco")
+    for i in range(4):  # the first interval after a switch is skipped too
+        timer.micro_batch()
+        timer.swap(compute_s=0.05, round_s=0.16, committed=None, now=float(5 + i))
+        assert timer.local()[4] == (1600 if i == 3 else 0)  # once acco's first window is full
+    timer.enter("sync")
+    for i in range(4):  # a slower link later
+        timer.micro_batch()
+        timer.swap(compute_s=0.05, round_s=0.2, committed=None, now=float(9 + i))
+    assert timer.local()[4] == 800  # 0.16 / 0.2: measured again across this switch
 
 
 def test_auto_config_errors_name_the_field():

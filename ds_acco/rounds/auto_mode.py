@@ -16,7 +16,11 @@ micro-batches per worker per step:
   ``T = max(R, max_r c'_r)``, scaled to ``G`` micro-batches per worker.
 
 The running mode's step is *measured* (wall time between two commits, per ``G·N``
-micro-batches committed); only the other mode's is predicted. ``acco`` is charged
+micro-batches committed); only the other mode's is predicted, with the round time scaled by
+the *wire factor*: in ``acco`` a round shares the core with compute (its quantisation, sums
+and shard step run on the communication thread) and takes longer than the same round in
+``sync`` (1.55x on a one-core host at 100 Mbit/s), which the factor measures across the first
+switch (1 before). ``acco`` is charged
 ``auto.acco_step_penalty`` for the extra steps its one-step delay costs to reach the same
 loss, and a switch needs a gain of ``auto.switch_margin``. Every rank reports its figures
 in the all-gather each round already makes (:mod:`ds_acco.rounds.round_work`), so every
@@ -39,9 +43,10 @@ from ds_acco.config import AccoConfig
 logger = logging.getLogger("ds_acco")
 
 SYNC, ACCO = "sync", "acco"
-FIGURES = 4
+FIGURES = 5
 """Integers each rank adds to a round's all-gather: µs per micro-batch without and with a round in
-flight, µs per round on the wire, µs per nominal step measured in the running mode (0: not measured)."""
+flight, µs per round on the wire in the running mode, µs per nominal step measured in the running mode,
+and the wire factor in thousandths (0: not measured yet)."""
 _WINDOW = 3  # medians of the last few samples: one slow step (a checkpoint, a GC pause) does not decide
 
 
@@ -60,6 +65,13 @@ class StepTimer:
         self.compute = {SYNC: deque(maxlen=_WINDOW), ACCO: deque(maxlen=_WINDOW)}
         self.rounds: deque = deque(maxlen=_WINDOW)
         self.steps: deque = deque(maxlen=_WINDOW)
+        self.wire_factor = 0.0
+        """A round's wire time in ``acco`` over ``sync`` (0: not measured): on a CPU the round shares the
+        core with compute in ``acco`` and has it to itself in ``sync`` (1.55x on the real-compute bed at
+        100 Mbit/s), so the other mode's round time is the running one's scaled by it. Measured across a
+        switch (the old mode's last window against the new mode's first), then kept: a link that changes
+        later moves both modes' rounds alike."""
+        self._across: Optional[tuple[str, float]] = None
         self._mode = SYNC
         self._mb_since_swap = 0
         self._skip = 1  # the first interval holds start-up (first forward, allocations)
@@ -70,6 +82,8 @@ class StepTimer:
 
     def enter(self, mode: str) -> None:
         """A new mode runs from now: its round and step figures start afresh (not its compute)."""
+        if self.rounds and mode != self._mode:
+            self._across = (self._mode, statistics.median(self.rounds))
         self._mode = mode
         self.rounds.clear()
         self.steps.clear()
@@ -86,6 +100,12 @@ class StepTimer:
             if mbs:
                 self.compute[self._mode].append(compute_s / mbs)
             self.rounds.append(round_s)
+            if self._across is not None and len(self.rounds) == _WINDOW:
+                old, before = self._across
+                now_s = statistics.median(self.rounds)
+                if before > 0 and now_s > 0:
+                    self.wire_factor = now_s / before if self._mode == ACCO else before / now_s
+                self._across = None
         if committed is None:
             return
         if self._last_commit is not None:
@@ -97,7 +117,8 @@ class StepTimer:
     def local(self) -> list[int]:
         def us(xs) -> int:
             return int(round(statistics.median(xs) * 1e6)) if xs else 0
-        return [us(self.compute[SYNC]), us(self.compute[ACCO]), us(self.rounds), us(self.steps)]
+        return [us(self.compute[SYNC]), us(self.compute[ACCO]), us(self.rounds), us(self.steps),
+                int(round(self.wire_factor * 1000))]
 
 
 def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G: int, step: int) -> Optional[Choice]:
@@ -105,17 +126,18 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     N = len(figures)
     c_sync = [r[0] or r[1] for r in figures]  # a job resumed in acco has no sync figure: its acco one bounds it
     c_acco = [r[1] or r[0] * _interference(figures) for r in figures]
-    R = max(r[2] for r in figures) / 1e6
+    R = max(r[2] for r in figures) / 1e6  # in the running mode
     measured = max(r[3] for r in figures) / 1e6
+    wire = max((r[4] for r in figures if len(r) > 4), default=0) / 1e3 or 1.0
     if min(c_sync) <= 0 or measured <= 0:
         return None
     c_sync_s = [c / 1e6 for c in c_sync]
     c_acco_s = [c / 1e6 for c in c_acco]
     auto = config.auto
     if current == SYNC:
-        sync_s, acco_s = measured, _predict_acco(c_acco_s, R, G, config)
+        sync_s, acco_s = measured, _predict_acco(c_acco_s, R * wire, G, config)
     else:
-        sync_s, acco_s = G * max(c_sync_s) + R, measured
+        sync_s, acco_s = G * max(c_sync_s) + R / wire, measured
     charged = acco_s * (1.0 + auto.acco_step_penalty)
     if current == SYNC:
         mode = ACCO if charged < sync_s * (1.0 - auto.switch_margin) else SYNC
@@ -123,11 +145,13 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
         mode = SYNC if sync_s < charged * (1.0 - auto.switch_margin) else ACCO
     k = max(c_acco_s) / max(c_sync_s)
     figs = {"step": step, "compute_ms": 1e3 * max(c_sync_s), "in_flight_factor": k, "round_ms": 1e3 * R,
+            "wire_factor": wire,
             "sync_step_ms": 1e3 * sync_s, "acco_step_ms": 1e3 * acco_s, "acco_charged_ms": 1e3 * charged,
             "was": current, "runs": mode, "world_size": N}
     sync_how, acco_how = ("measured", "predicted") if current == SYNC else ("predicted", "measured")
     line = (f"ds_acco auto at step {step}: compute {figs['compute_ms']:.1f} ms per micro-batch (x{k:.2f} with a "
-            f"round in flight), round {figs['round_ms']:.1f} ms; per step of {G} micro-batches: sync "
+            f"round in flight), round {figs['round_ms']:.1f} ms in {current} "
+            f"({f'x{wire:.2f} in acco' if current == SYNC else f'x{1 / wire:.2f} in sync'}); per step of {G} micro-batches: sync "
             f"{figs['sync_step_ms']:.1f} ms ({sync_how}), acco {config.policy} {figs['acco_step_ms']:.1f} ms "
             f"({acco_how}; {charged * 1e3:.1f} ms with the {auto.acco_step_penalty:.0%} delay penalty): runs {mode}"
             + ("" if mode == current else f" (was {current})"))

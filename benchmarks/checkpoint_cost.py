@@ -291,6 +291,11 @@ def signing_ab(engine, args) -> None:
                   f"{spread[True][1]:.3f}), unsigned {med[False]:.3f} s (range {spread[False][0]:.3f}-"
                   f"{spread[False][1]:.3f}); cost {med[True] - med[False]:+.3f} s "
                   f"({100 * (med[True] - med[False]) / med[False]:+.1f}%)")
+            # each repeat ran both, back to back: the difference within a repeat cancels slower drifts
+            paired = sorted(a[j] - b[j] for got in gathered for a, b in zip(got[True], got[False]))
+            print(f"[checkpoint_cost] {what}, paired within a repeat: median {statistics.median(paired):+.3f} s "
+                  f"({100 * statistics.median(paired) / med[False]:+.1f}%), range {paired[0]:+.3f} to "
+                  f"{paired[-1]:+.3f} s over {len(paired)} rank-repeats")
         shutil.rmtree(args.dir, ignore_errors=True)
 
 

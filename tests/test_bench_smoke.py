@@ -106,8 +106,13 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
                      "streaming_fp32": ("streaming", "fixed"), "sync_lowbit": ("sync", "fixed"),
                      "acco_lowbit_fixed": ("acco", "fixed"), "acco_lowbit_adaptive": ("acco", "adaptive"),
                      "acco_bf16": ("acco", "fixed"), "acco_bf16_fp32acc": ("acco", "fixed"),
-                     "auto_lowbit": ("auto", "fixed"), "sync_lowbit_half": ("sync", "fixed")}
-    for name in ("sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "auto_lowbit", "sync_lowbit_half"):
+                     "auto_lowbit": ("auto", "fixed"), "sync_lowbit_half": ("sync", "fixed"),
+                     "acco_lowbit_lrwarm": ("acco", "fixed")}
+    # sync steps for as long as the learning rate warms up; the others keep the benchmark's warm-up
+    assert made["acco_lowbit_lrwarm"]["acco"]["warmup_steps"] == made["zero1"]["scheduler"]["params"][
+        "warmup_num_steps"] and made["acco_lowbit_fixed"]["acco"]["warmup_steps"] == 1
+    for name in ("sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "auto_lowbit", "sync_lowbit_half",
+                 "acco_lowbit_lrwarm"):
         acco = made[name]["acco"]
         assert (acco["comm_quantization"], acco["error_feedback"], acco["all_gather_quantization"]) == (
             "int8", True, "int8"), name

@@ -29,6 +29,9 @@ run; only how gradients travel differs:
                     acco_adaptive.json's ``max_micro_batches_per_round``
 ``auto_lowbit``     acco_lowbit.json with ``mode: auto`` (sync or acco fixed, chosen
                     from the measured step; the block's defaults otherwise)
+``acco_lowbit_lrwarm``    acco low-bit fixed whose ``warmup_steps`` (sync steps) last as long
+                    as the scheduler's learning-rate warm-up: ACCO's one-step delay costs most
+                    while the learning rate climbs, so those steps run sync
 ``sync_lowbit_half``  sync low-bit at half the accumulation steps and twice the
                     scheduler's warm-up steps: the smaller batch the adaptive policy
                     commits, as a control (is adaptive faster for its overlap or for
@@ -51,7 +54,7 @@ TEMPLATE_DIR = os.path.join(REPO, "ds_configs")
 
 CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive", "zero1_bf16", "streaming_int8",
            "streaming_fp32", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_bf16",
-           "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half")
+           "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half", "acco_lowbit_lrwarm")
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
 """The configs of the sweep part ``streaming`` (not in the default bandwidth comparison)."""
@@ -80,12 +83,14 @@ LABELS = {
     "acco_bf16_fp32acc": "ds_acco acco bf16 (fp32 accumulation)",
     "auto_lowbit": "ds_acco auto low-bit",
     "sync_lowbit_half": "ds_acco sync low-bit, half batch",
+    "acco_lowbit_lrwarm": "ds_acco acco low-bit fixed, sync while the LR warms up",
 }
 _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "acco_fixed.json",
                   "acco_adaptive": "acco_adaptive.json", "sync_lowbit": "acco_lowbit.json",
                   "acco_lowbit_fixed": "acco_lowbit.json", "acco_lowbit_adaptive": "acco_lowbit.json",
                   "acco_bf16": "acco_bf16.json", "acco_bf16_fp32acc": "acco_bf16.json",
-                  "auto_lowbit": "acco_lowbit.json", "sync_lowbit_half": "acco_lowbit.json"}
+                  "auto_lowbit": "acco_lowbit.json", "sync_lowbit_half": "acco_lowbit.json",
+                  "acco_lowbit_lrwarm": "acco_lowbit.json"}
 
 
 def _load(name: str, template_dir: str) -> dict:
@@ -157,6 +162,8 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
                 "max_micro_batches_per_round"]
         if warmup_steps is not None:
             acco["warmup_steps"] = warmup_steps
+        if name == "acco_lowbit_lrwarm":
+            acco["warmup_steps"] = max(acco["warmup_steps"], cfg["scheduler"]["params"]["warmup_num_steps"])
         if max_micro_batches_per_round is not None and acco.get("policy") == "adaptive":
             acco["max_micro_batches_per_round"] = max_micro_batches_per_round
         telemetry = dict(acco.get("telemetry", {}))

@@ -215,6 +215,11 @@ def test_crashed_save_debris_is_reported_and_removed(tmp_path, caplog):
         clean_partials(str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["global_step4"]
     assert sum("did not finish" in r.getMessage() for r in caplog.records) == 2
+    # an FSDP2 save cleans only its own folder's debris: the folder may hold other things
+    for name in ("step8.partial", "step8.old77", "step10.partial", "notes.partial"):
+        (tmp_path / name).mkdir()
+    clean_partials(str(tmp_path), "step8")
+    assert sorted(os.listdir(tmp_path)) == ["global_step4", "notes.partial", "step10.partial"]
 
 
 def test_manifest_seal_and_hashes(tmp_path):

@@ -19,6 +19,11 @@ def test_bytes_counts_and_log_line():
     assert r0["summary"]["bytes_sent"] == 3 * rec.bytes_sent
     assert r0["summary"]["peak_round_bytes"] == rec.bytes_sent  # every sync round sends the same
     assert any("hidden" in line and "round 0" in line for line in r0["log"]), r0["log"]
+    # the communication thread's CPU per stage: what a round takes from compute on a shared core
+    for rec in r0["records"]:
+        assert set(rec.stage_cpu_s) == set(rec.stage_s) == {"count all-gather", "reduce-scatter", "shard step",
+                                                            "all-gather"}
+        assert all(0 < rec.stage_cpu_s[k] <= rec.stage_s[k] + 1e-3 for k in rec.stage_s), (rec.stage_cpu_s, rec.stage_s)
 
 
 def test_hidden_fraction_sync_vs_adaptive():

@@ -76,6 +76,28 @@ def tokens_by_step(rounds: list[dict], tokens_per_micro_batch: int) -> dict[int,
     return out
 
 
+def _cpu_share(rr: list[dict], r: int, w: dict, last_step: int) -> dict:
+    """Where a host's one core went: compute per micro-batch with and without a round in flight,
+    the communication thread's CPU per round, how often the training thread was switched out,
+    and the kernel's softirq time (the emulated link's network stack) on the host's core."""
+    out: dict = {}
+    for key, rounds in (("compute_s_per_mb_sync", [x for x in rr if x["mode"] == "sync"]),
+                        ("compute_s_per_mb_overlapped", [x for x in rr if x["mode"] != "sync"])):
+        per_mb = [x["compute_s"] / x["counts"][r] for x in rounds if x["counts"][r]]
+        if per_mb:
+            out[key] = statistics.median(per_mb)
+    cpu = [sum(x["stage_cpu_s"].values()) for x in rr if x.get("stage_cpu_s")]
+    if cpu:
+        out["comm_thread_cpu_s_per_round"] = statistics.median(cpu)
+    if w.get("main_preempted") is not None and last_step:
+        out["preempted_per_step"] = w["main_preempted"] / last_step
+    pinned = w.get("pinned_cpu")  # an unpinned host shares every core's softirq time with the others
+    ticks = (w.get("cpu_ticks") or {}).get(f"cpu{pinned}") if pinned is not None else None
+    if ticks and last_step:
+        out["softirq_s_per_step"] = ticks[6] / w["clock_ticks_per_s"] / last_step
+    return out
+
+
 def parse_run(spec: "RunSpec", run_dir: str, rc: int, wall_s: float, load: Optional[dict] = None) -> dict:
     """One result row (plus curves) from a finished run's folder; missing pieces become None."""
     wl = spec.workload
@@ -177,6 +199,7 @@ def parse_run(spec: "RunSpec", run_dir: str, rc: int, wall_s: float, load: Optio
             sync_commits = [x for x in commits if x["mode"] == "sync"]
             if len(sync_commits) > 1:  # the first one also holds the time from engine start-up to the loop
                 d["sync_compute_s_per_step"] = statistics.median(x["compute_s"] for x in sync_commits[1:])
+            d.update(_cpu_share(rr[1:], r, w, last_step=recs[-1]["step"] if recs else 0))
         ranks.append(d)
     row["ranks"] = ranks
     h = (cluster.get("hosts") or [])

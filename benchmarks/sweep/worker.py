@@ -28,6 +28,7 @@ import json
 import os
 import resource
 import sys
+import threading
 import time
 import traceback
 
@@ -54,6 +55,38 @@ def _cuda_stat(name: str) -> int:
     return int(getattr(torch.cuda, name)())
 
 
+def _thread_cpu_s() -> dict[str, float]:
+    """CPU seconds (user + system) of every live thread of this process, keyed ``name/tid``.
+
+    Why: on a CPU host the communication thread and gloo's I/O threads share the cores with
+    compute, so what a round costs the step is their CPU time, not the round's wall time."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat", encoding="utf-8") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended between listdir and open
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[f"{name}/{tid}"] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _cpu_ticks() -> dict[str, list[int]]:
+    """Per-CPU tick counters from /proc/stat (user nice system idle iowait irq softirq ...): the
+    host's pinned core also runs the kernel's network stack for its link, which no thread is charged."""
+    with open("/proc/stat", encoding="utf-8") as f:
+        return {line.split()[0]: [int(v) for v in line.split()[1:8]] for line in f if line.startswith("cpu")}
+
+
+def _preemptions() -> int:
+    """How often this (the training) thread was switched out while it could have run."""
+    with open(f"/proc/self/task/{threading.get_native_id()}/status", encoding="utf-8") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt_switches"))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 3 or argv[0] != "--out" or argv[2] != "--":
@@ -75,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     baseline_kb = _status_kb("VmRSS")
     steps: list[dict] = []
     summary: dict = {}
+    thread_cpu: dict[str, float] = {}
     original_write = train_metrics.JsonlLog.write
 
     def write(self, **record):
@@ -83,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
             steps.append({"t": time.time(), "step": record["step"], "loss": record.get("loss"),
                           "val_loss": record.get("val_loss"), "micro_batch_index": record.get("micro_batch_index"),
                           "train_s": record.get("train_s"), "tx_bytes": tx, "rx_bytes": rx,
-                          "rss_kb": _status_kb("VmRSS"), "cuda_allocated": _cuda_stat("memory_allocated")})
+                          "rss_kb": _status_kb("VmRSS"), "cuda_allocated": _cuda_stat("memory_allocated"),
+                          "main_cpu_s": time.thread_time(), "main_preempted": _preemptions()})
+            thread_cpu.update(_thread_cpu_s())  # threads that end before the summary keep their last reading
         elif record.get("event") == "summary":
             summary.update(record)
         return original_write(self, **record)
@@ -92,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_code, error = 1, None
     t_train0 = time.time()
     tx0, rx0 = iface_bytes(iface)
+    ticks0, preempted0 = _cpu_ticks(), _preemptions()
     try:
         exit_code = train_lm.main(train_argv) or 0
     except SystemExit as exc:
@@ -119,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
             "iface_end": [tx1, rx1],
             "steps": steps,
             "summary": summary,
+            "thread_cpu_s": thread_cpu,
+            "process_cpu_s": sum(resource.getrusage(resource.RUSAGE_SELF)[:2]),
+            "main_preempted": _preemptions() - preempted0,
+            "cpu_ticks": {cpu: [b - a for a, b in zip(ticks0[cpu], t)] for cpu, t in _cpu_ticks().items()},
+            "clock_ticks_per_s": os.sysconf("SC_CLK_TCK"),
+            "pinned_cpu": next(iter(os.sched_getaffinity(0))) if len(os.sched_getaffinity(0)) == 1 else None,
         }
         os.makedirs(out_dir, exist_ok=True)
         path = os.path.join(out_dir, f"worker_rank{rank}.json")

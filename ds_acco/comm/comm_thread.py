@@ -63,7 +63,11 @@ class RoundHandle:
         self.stage_s: dict[str, float] = {}
         """Seconds the communication thread spent in each stage (host time; on a GPU the
         collectives are asynchronous, so there it is the time to enqueue them)."""
+        self.stage_cpu_s: dict[str, float] = {}
+        """CPU seconds of the communication thread in each stage. On a CPU host this thread shares
+        the cores with compute: what a round costs the training thread is this, not ``stage_s``."""
         self._stage_t0: Optional[float] = None
+        self._stage_cpu0 = 0.0
         self._finished = threading.Event()
         self._result: Any = None
         self._error: Optional[BaseException] = None
@@ -78,10 +82,11 @@ class RoundHandle:
 
     def enter_stage(self, stage: str) -> None:
         """Move to ``stage``, charging the time since the last call to the stage left."""
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.thread_time()
         if self._stage_t0 is not None and self.stage != "queued":
             self.stage_s[self.stage] = self.stage_s.get(self.stage, 0.0) + (now - self._stage_t0)
-        self.stage, self._stage_t0 = stage, now
+            self.stage_cpu_s[self.stage] = self.stage_cpu_s.get(self.stage, 0.0) + (cpu - self._stage_cpu0)
+        self.stage, self._stage_t0, self._stage_cpu0 = stage, now, cpu
 
     def _finish(self, result: Any, error: Optional[BaseException], done_event) -> None:
         self._result, self._error, self._done_event = result, error, done_event

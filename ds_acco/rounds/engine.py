@@ -258,6 +258,7 @@ class RoundEngine(EngineLifecycle):
             compute_s=t0 - self._last_swap_t, round_s=outcome.round_s, waited_s=t1 - t0,
             bytes_sent=outcome.bytes_sent, bytes_received=outcome.bytes_received, grad_norm=outcome.grad_norm,
             skipped=outcome.skipped, lr=outcome.lr, stage_s={k: round(v, 6) for k, v in flight.handle.stage_s.items()},
+            stage_cpu_s={k: round(v, 6) for k, v in flight.handle.stage_cpu_s.items()},
             nominal_step=self.lr_clock.nominal_steps,
         )
         self._last_swap_t = t1

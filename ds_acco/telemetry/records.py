@@ -45,6 +45,9 @@ class RoundRecord:
     stage_s: dict = field(default_factory=dict)
     """Communication-thread seconds per stage ("count all-gather", "reduce-scatter",
     "shard step", "all-gather"): where a round's time goes, next to ``bytes_sent``."""
+    stage_cpu_s: dict = field(default_factory=dict)
+    """The communication thread's CPU seconds per stage (quantisation, sums, the shard step): on
+    a CPU host it shares the cores with compute, so this is what a round takes from compute."""
     nominal_step: int = 0
     """The learning-rate schedule's position after this round: one per commit under the fixed
     policy, committed micro-batches / (G × N) under the adaptive one."""

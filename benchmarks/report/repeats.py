@@ -11,7 +11,8 @@ low-bit and ZeRO-1, and for ``auto`` the share of its steps that ran acco. It wr
 ``repeats.json`` (every figure, with the run ids they come from) and ``repeats.png``.
 
 The two targets come from the baseline run of the same sweep, bed and link (ZeRO-1, or ds_acco
-sync where ZeRO-1 did not run: it reproduces ZeRO-1 step for step):
+sync where ZeRO-1 did not run: it reproduces ZeRO-1 step for step; for a sweep of low-bit configs
+only, sync low-bit, the mode ACCO is compared with):
 
 * **the loss at 3/4 of the budget**: the baseline's validation loss at 75% of its tokens. Every
   config that trains at all reaches it before its budget ends, so the seconds compare speed;
@@ -35,7 +36,8 @@ from .time_to_loss import SCENARIO, TOLERANCE, seconds_to, table, val_time_point
 AT = 0.75
 """The early target: the baseline's validation loss at this fraction of its token budget."""
 
-HAND_PICKED = ("sync", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "streaming_int8")
+HAND_PICKED = ("sync", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_lowbit_lrwarm",
+               "streaming_int8")
 """The modes a user could pick by hand instead of ``auto`` at the same batch (stock ZeRO-1 aside; the half-batch
 sync control changes the batch, which no mode does)."""
 
@@ -50,6 +52,15 @@ def acco_share(run: dict) -> Optional[float]:
     return sum(x.get("mode") == "acco" for x in commits) / len(commits) if commits else None
 
 
+def compute_ratio(run: dict) -> Optional[float]:
+    """Compute per micro-batch with a round in flight over compute without one (the sync rounds of the
+    same run), the mean over ranks: what the communication thread and the network stack take from
+    compute (:func:`benchmarks.sweep.parse._cpu_share`)."""
+    ratios = [d["compute_s_per_mb_overlapped"] / d["compute_s_per_mb_sync"] for d in run.get("ranks") or []
+              if d.get("compute_s_per_mb_overlapped") and d.get("compute_s_per_mb_sync")]
+    return sum(ratios) / len(ratios) if ratios else None
+
+
 def collect(out_dirs: list[str]) -> dict:
     """``{(bed, rate): {config: [sample per repeat]}}``; a sample holds a run's figures and its id."""
     groups: dict = {}
@@ -60,7 +71,7 @@ def collect(out_dirs: list[str]) -> dict:
             mine = [r for r in runs if bed_of(r) == bed]
             by_id = {(r["rate"], r["config"]): r for r in mine}
             for rate, block in table(mine).items():
-                base = by_id.get((rate, "zero1")) or by_id.get((rate, "sync"))
+                base = by_id.get((rate, "zero1")) or by_id.get((rate, "sync")) or by_id.get((rate, "sync_lowbit"))
                 curve = val_points(base) if base else []
                 early = interp(curve, AT * curve[-1][0]) if curve else None
                 for e in block["entries"]:
@@ -72,6 +83,7 @@ def collect(out_dirs: list[str]) -> dict:
                         "s_per_step": 1 / e["steps_per_s"] if e.get("steps_per_s") else None, "steps": e["steps"],
                         "mb_per_commit": e["mean_counts_per_commit"], "val_equal_tokens": e.get("val_equal_tokens"),
                         "target": block["target"], "target_from": block["target_from"], "acco_share": acco_share(run),
+                        "early_from": base["config"] if base else None, "compute_ratio": compute_ratio(run),
                     })
     return groups
 
@@ -101,17 +113,24 @@ def summarize(groups: dict) -> dict:
                 "s_per_step": _median([s["s_per_step"] for s in samples]), "steps": _median([s["steps"] for s in samples]),
                 "mb_per_commit": _median([s["mb_per_commit"] for s in samples]),
                 "acco_share": [s["acco_share"] for s in samples] if c == "auto_lowbit" else None,
+                "compute_ratio": _median([s["compute_ratio"] for s in samples]),
                 "runs": [f"{os.path.basename(s['out'].rstrip('/'))}/{s['id']}" for s in samples],
             })
         some = next(iter(by_config.values()))[0]
-        out[f"{bed} {rate}"] = {"bed": bed, "rate": rate, "rows": rows, "targets": _targets(bed, rate, med),
+        ratios = {r["config"]: r["compute_ratio"] for r in rows if r["compute_ratio"]}
+        out[f"{bed} {rate}"] = {"bed": bed, "rate": rate, "rows": rows, "targets": _targets(bed, rate, med, ratios),
                                 "early_target": [s["early_target"] for s in next(iter(by_config.values()))],
-                                "final_target": some["target"], "target_from": some["target_from"]}
+                                "final_target": some["target"], "target_from": some["target_from"],
+                                "early_from": some["early_from"]}
     return out
 
 
-def _targets(bed: str, rate: str, med: dict) -> list[dict]:
+def _targets(bed: str, rate: str, med: dict, compute_ratios: Optional[dict] = None) -> list[dict]:
     found = []
+    for c in ("acco_lowbit_fixed", "acco_lowbit_adaptive"):
+        if (compute_ratios or {}).get(c):
+            found.append(target(f"compute per micro-batch with a round in flight within 3% of without, {c} "
+                                f"({bed}, {rate})", compute_ratios[c], 1.03, "<=", "median over runs of the ranks' mean"))
     hand = {c: med[c] for c in HAND_PICKED if med.get(c)}
     if med.get("auto_lowbit") and hand:
         best = min(hand, key=hand.get)
@@ -120,7 +139,7 @@ def _targets(bed: str, rate: str, med: dict) -> list[dict]:
     if med.get("auto_lowbit") and med.get("sync_lowbit"):
         found.append(target(f"auto never worse than sync low-bit ({bed}, {rate})",
                             med["auto_lowbit"] / med["sync_lowbit"], 1.0, "<=", "ratio of medians"))
-    acco = {c: med[c] for c in ("acco_lowbit_fixed", "acco_lowbit_adaptive") if med.get(c)}
+    acco = {c: med[c] for c in ("acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_lowbit_lrwarm") if med.get(c)}
     if acco and med.get("sync_lowbit") and bed.startswith("real"):
         best = min(acco, key=acco.get)
         limit = 0.75 if "%" in bed else 0.85
@@ -138,14 +157,15 @@ def print_summary(summary: dict, p: Callable[..., None] = print) -> None:
     for block in summary.values():
         for r in block["rows"]:
             each = ", ".join("never" if s is None else f"{s:.1f}" for s in r["seconds"])
-            final = ", ".join("never" if s is None else f"{s:.1f}" for s in r["seconds_final"])
+            final = "-" if block["final_target"] is None else ", ".join(  # no ZeRO-1 or sync fp32 run: no final target
+                "never" if s is None else f"{s:.1f}" for s in r["seconds_final"])
             share = "-" if not r["acco_share"] else ", ".join(f(s, ".0%") for s in r["acco_share"])
             p(f"| {block['bed']} | {block['rate']} | {r['config']} | {each} | {f(r['median_s'], '.1f')} "
               f"| {f(r['spread_s'], '.1f')} | {f(r['vs_sync'], '.2f')}x | {f(r['vs_sync_lowbit'], '.2f')}x "
               f"| {f(r['vs_zero1'], '.2f')}x | {f(r['s_per_step'], '.2f')} | {f(r['steps'], '.0f')} "
               f"| {f(r['mb_per_commit'], '.1f')} | {final} | {share} |")
         early = ", ".join(f(x, ".4f") for x in block["early_target"])
-        p(f"| {block['bed']} | {block['rate']} | target | val loss {early} (from {block['target_from']} at {AT:.0%}) "
+        p(f"| {block['bed']} | {block['rate']} | target | val loss {early} (from {block['early_from']} at {AT:.0%}) "
           f"| | | | | | | | | final {f(block['final_target'], '.4f')} | |")
     p("\ntargets:")
     for block in summary.values():

@@ -157,13 +157,14 @@ def test_the_example_auto_config_is_the_low_bit_preset_with_auto():
     import json
     import os
 
-    from ds_acco.deepspeed.checks import check_ds_config
+    from ds_acco.deepspeed.initialize import acco_config_of
 
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ds_configs")
     auto, lowbit = (json.load(open(os.path.join(root, n))) for n in ("auto_lowbit.json", "acco_lowbit.json"))
-    block = parse_acco_config(auto["acco"])
-    check_ds_config(auto, block)
-    assert block.mode == "auto" and block.auto.check_every == 20
+    block = acco_config_of(config=auto)
+    assert block.mode == "auto" and block.auto.check_every == 20 and block.auto.acco_step_penalty == 0.05
+    # sync while the learning rate warms up: the first choice comes after the scheduler's warm-up
+    assert block.warmup_steps == auto["scheduler"]["params"]["warmup_num_steps"] == 10
     for key in ("comm_quantization", "error_feedback", "all_gather_quantization", "quantization_block_size"):
         assert auto["acco"][key] == lowbit["acco"][key], key
 

@@ -108,9 +108,15 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
                      "acco_bf16": ("acco", "fixed"), "acco_bf16_fp32acc": ("acco", "fixed"),
                      "auto_lowbit": ("auto", "fixed"), "sync_lowbit_half": ("sync", "fixed"),
                      "acco_lowbit_lrwarm": ("acco", "fixed")}
-    # sync steps for as long as the learning rate warms up; the others keep the benchmark's warm-up
-    assert made["acco_lowbit_lrwarm"]["acco"]["warmup_steps"] == made["zero1"]["scheduler"]["params"][
-        "warmup_num_steps"] and made["acco_lowbit_fixed"]["acco"]["warmup_steps"] == 1
+    # sync steps for as long as the learning rate warms up (lrwarm, and the auto preset); the others keep the
+    # benchmark's warm-up
+    from ds_acco.deepspeed.initialize import acco_config_of
+
+    warm = made["zero1"]["scheduler"]["params"]["warmup_num_steps"]
+    assert {n: acco_config_of(config=made[n]).warmup_steps for n in ("acco_lowbit_lrwarm", "auto_lowbit",
+                                                                     "acco_lowbit_fixed")} == {
+        "acco_lowbit_lrwarm": warm, "auto_lowbit": warm, "acco_lowbit_fixed": 1}
+    assert acco_config_of(config=made["auto_lowbit"]).auto.acco_step_penalty == 0.05
     for name in ("sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "auto_lowbit", "sync_lowbit_half",
                  "acco_lowbit_lrwarm"):
         acco = made[name]["acco"]
@@ -257,6 +263,9 @@ def test_bench_smoke_sweep(tmp_path):
     zero1 = next(r for r in runs.values() if r["scenario"] == "bandwidth" and r["config"] == "zero1")
     assert 0 <= acco["comm_hidden_pct"] <= 100 and zero1["comm_hidden_pct"] is None
     assert acco["ring_bytes_sent_per_step"] > 0 and len(acco["timeline"]) == 2 and acco["timeline"][0]
+    for d in acco["ranks"]:  # where the host's core went (parse._cpu_share)
+        assert 0 < d["comm_thread_cpu_s_per_round"] < 5 and d["preempted_per_step"] >= 0, d
+        assert _finite_positive(d["compute_s_per_mb_overlapped"]), d
     if result["netns"]:
         assert zero1["iface_tx_bytes_per_step"] > 0 and acco["iface_tx_bytes_per_step"] > 0
     # streaming (H = P = 4: fragments 1, 2, 3 sync at steps 1, 2, 3; one fragment's bytes at a time)

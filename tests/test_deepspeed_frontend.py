@@ -34,6 +34,11 @@ BASE = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "
         ({"managed_gradient_accumulation": False}, ["managed_gradient_accumulation: got false"]),
         ({"acco": {"backend": "fsdp"}}, ["acco.backend: got 'fsdp'", "acco_fully_shard"]),
         ({"fp16": {"enabled": True}, "acco": {"check_finite": False}}, ["acco.check_finite: got false"]),
+        ({"acco": {"warmup_steps": "scheduler"}}, ["acco.warmup_steps: got 'scheduler'", "no scheduler block"]),
+        ({"acco": {"warmup_steps": "scheduler"}, "scheduler": {"type": "OneCycle", "params": {}}},
+         ["scheduler.type is 'OneCycle', which has no learning-rate warm-up", "WarmupLR"]),
+        ({"acco": {"warmup_steps": "scheduler"}, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 2.5}}},
+         ["scheduler.params.warmup_num_steps: got 2.5", "integer >= 0"]),
     ],
 )
 def test_bad_config_fails_before_any_process_group_work(change, needles):
@@ -43,6 +48,23 @@ def test_bad_config_fails_before_any_process_group_work(change, needles):
     for needle in needles:
         assert needle in str(info.value), (needle, str(info.value))
     assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("scheduler, steps", [
+    ({"type": "WarmupLR", "params": {"warmup_num_steps": 7}}, 7),
+    ({"type": "WarmupCosineLR", "params": {"total_num_steps": 50, "warmup_num_steps": 3}}, 3),
+    ({"type": "WarmupDecayLR", "params": {"total_num_steps": 5000}}, 1000),  # DeepSpeed's own default
+])
+def test_warmup_steps_scheduler_reads_the_scheduler_block(scheduler, steps):
+    import ds_acco.plain
+    from ds_acco.deepspeed.initialize import acco_config_of
+
+    cfg = {**BASE, "scheduler": scheduler, "acco": {"mode": "acco", "warmup_steps": "scheduler"}}
+    assert acco_config_of(config=cfg).warmup_steps == steps
+    # the other front ends have no DeepSpeed scheduler block: the string is refused, naming the field
+    with pytest.raises(AccoConfigError, match="acco.warmup_steps: got 'scheduler'.*integer >= 0"):
+        ds_acco.plain.build(W.make_model().parameters(), config={"warmup_steps": "scheduler"},
+                            gradient_accumulation_steps=2)
 
 
 def test_config_file_path_is_read_like_deepspeed(tmp_path):

@@ -27,8 +27,9 @@ run; only how gradients travel differs:
 ``acco_lowbit_fixed``     acco_lowbit.json (``mode: acco``, ``policy: fixed``)
 ``acco_lowbit_adaptive``  acco_lowbit.json with ``policy: adaptive`` and
                     acco_adaptive.json's ``max_micro_batches_per_round``
-``auto_lowbit``     acco_lowbit.json with ``mode: auto`` (sync or acco fixed, chosen
-                    from the measured step; the block's defaults otherwise)
+``auto_lowbit``     ds_configs/auto_lowbit.json: acco_lowbit.json's rounds with
+                    ``mode: auto`` (sync or acco fixed, chosen from the measured step),
+                    sync while the learning rate warms up, a 5% delay penalty
 ``acco_lowbit_lrwarm``    acco low-bit fixed whose ``warmup_steps`` (sync steps) last as long
                     as the scheduler's learning-rate warm-up: ACCO's one-step delay costs most
                     while the learning rate climbs, so those steps run sync
@@ -89,7 +90,7 @@ _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "a
                   "acco_adaptive": "acco_adaptive.json", "sync_lowbit": "acco_lowbit.json",
                   "acco_lowbit_fixed": "acco_lowbit.json", "acco_lowbit_adaptive": "acco_lowbit.json",
                   "acco_bf16": "acco_bf16.json", "acco_bf16_fp32acc": "acco_bf16.json",
-                  "auto_lowbit": "acco_lowbit.json", "sync_lowbit_half": "acco_lowbit.json",
+                  "auto_lowbit": "auto_lowbit.json", "sync_lowbit_half": "acco_lowbit.json",
                   "acco_lowbit_lrwarm": "acco_lowbit.json"}
 
 
@@ -160,10 +161,10 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
             acco["policy"] = "adaptive"
             acco["max_micro_batches_per_round"] = _load("acco_adaptive.json", template_dir)["acco"][
                 "max_micro_batches_per_round"]
-        if warmup_steps is not None:
+        if warmup_steps is not None and acco.get("warmup_steps") != "scheduler":  # a preset's "scheduler" stays
             acco["warmup_steps"] = warmup_steps
         if name == "acco_lowbit_lrwarm":
-            acco["warmup_steps"] = max(acco["warmup_steps"], cfg["scheduler"]["params"]["warmup_num_steps"])
+            acco["warmup_steps"] = "scheduler"  # sync for the scheduler's warm-up (ds_acco.deepspeed.checks)
         if max_micro_batches_per_round is not None and acco.get("policy") == "adaptive":
             acco["max_micro_batches_per_round"] = max_micro_batches_per_round
         telemetry = dict(acco.get("telemetry", {}))
@@ -178,10 +179,9 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
 def validate(cfg: dict) -> None:
     """Check the ``"acco"`` block the way ds_acco will at start-up (raises AccoConfigError)."""
     if "acco" in cfg:
-        from ds_acco.config import parse_acco_config
-        from ds_acco.deepspeed.checks import check_ds_config
+        from ds_acco.deepspeed.initialize import acco_config_of
 
-        check_ds_config(cfg, parse_acco_config(cfg["acco"]))
+        acco_config_of(config=cfg)
 
 
 FSDP_CONFIGS = ("fsdp_stock", "fsdp_sync", "fsdp_dpu", "fsdp_acco_fixed", "fsdp_acco_adaptive")

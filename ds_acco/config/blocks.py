@@ -105,7 +105,9 @@ class AutoConfig(_Block):
     """The extra steps ACCO's one-step delay costs to reach the same loss, as a fraction (0.10: ACCO is
     charged 10% more time per step). Measured on BENCHMARKS.md's real-compute bed (3.3 M-parameter GPT,
     100 Mbit/s, two runs): acco fixed's steps took 0.97x sync's, its time to the loss 1.07x, so its
-    steps bought about 10% less loss; set 0 where your runs show no penalty."""
+    steps bought about 10% less loss; set 0 where your runs show no penalty. With sync steps for the
+    learning-rate warm-up (``warmup_steps: "scheduler"``) the same bed measured about 4% (acco from
+    step 2: 9%, four runs each), and ds_configs/auto_lowbit.json charges 0.05."""
     switch_margin: float = Field(default=0.05, ge=0.0, lt=1.0)
     """Switch only when the other mode is predicted faster by at least this fraction (no flapping
     between two modes that cost the same)."""

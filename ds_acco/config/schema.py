@@ -22,6 +22,8 @@ from .compare import flatten
 from .blocks import AutoConfig, CheckpointConfig, PreemptionConfig, StreamingConfig, TelemetryConfig, _Block
 
 TIMEOUT_RANGE_S = (1.0, 7 * 24 * 3600.0)  # [min, max] of acco.timeout_s, see AccoConfig.timeout_s
+SCHEDULER_WARMUP = "scheduler"
+"""``acco.warmup_steps`` value: sync steps for as long as the DeepSpeed scheduler warms the learning rate up."""
 LOCAL_BLOCKS = {"telemetry", "checkpoint", "preemption"}
 """Blocks that may differ between ranks and between a save and its resume: they change no update."""
 
@@ -42,7 +44,9 @@ class AccoConfig(_Block):
     ``adaptive``: a round ends when its communication ends; workers contribute
     however many micro-batches they finished meanwhile."""
     warmup_steps: int = Field(default=0, ge=0)
-    """Optimizer steps run in ``sync`` mode before overlapped rounds start."""
+    """Optimizer steps run in ``sync`` mode before overlapped rounds start. ``"scheduler"`` (DeepSpeed
+    front end): as many as the config's scheduler warms the learning rate up for, resolved before this
+    block is parsed (:func:`ds_acco.deepspeed.scheduler_warmup.resolve_scheduler_warmup`)."""
     backend: Literal["deepspeed", "fsdp"] = "deepspeed"
     """Front end the block is meant for: ``ds_acco.initialize`` (DeepSpeed) or
     ``ds_acco.fsdp`` (PyTorch FSDP2); each rejects a block meant for the other."""
@@ -80,6 +84,17 @@ class AccoConfig(_Block):
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     preemption: PreemptionConfig = Field(default_factory=PreemptionConfig)
+
+    @field_validator("warmup_steps", mode="before")
+    @classmethod
+    def _unresolved_scheduler(cls, value: Any) -> Any:
+        if value == SCHEDULER_WARMUP:
+            raise ValueError(
+                "'scheduler' (sync steps while the learning rate warms up) is read from a DeepSpeed config's "
+                "scheduler block by ds_acco.initialize; this front end has no such block: allowed here, an "
+                "integer >= 0 (your scheduler's warm-up steps)"
+            )
+        return value
 
     @field_validator("timeout_s")
     @classmethod

@@ -26,7 +26,7 @@ from ds_acco.comm.engine_lifecycle import EXIT_ORDER
 from ds_acco.config.schema import AccoConfig, parse_acco_config
 
 from . import _internals as internals
-from .checks import check_deepspeed_version, check_ds_config, check_model
+from .checks import check_deepspeed_version, check_ds_config, check_model, resolve_scheduler_warmup
 from .hf_trainer import install_trainer_hook
 from .shm import release_shm_names
 
@@ -47,7 +47,8 @@ def _raw_config(args: Any, config: Any, config_params: Any) -> Any:
 def acco_config_of(args: Any = None, config: Any = None, config_params: Any = None) -> AccoConfig:
     """Parse and validate the ``"acco"`` block of a DeepSpeed config (disabled when absent)."""
     raw = _raw_config(args, config, config_params)
-    acco = parse_acco_config(raw.get("acco") if isinstance(raw, Mapping) else None)
+    block = raw.get("acco") if isinstance(raw, Mapping) else None
+    acco = parse_acco_config(resolve_scheduler_warmup(raw, block))
     if acco.enabled:
         check_ds_config(raw, acco)
     return acco

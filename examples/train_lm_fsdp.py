@@ -217,7 +217,7 @@ def main(argv=None) -> int:
             recorder.step(step, index, meter.train_s, step_loss)
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
             with meter.pause():  # what the compute parameters give now (in acco: the latest estimate or commit)
-                val = distributed_validation_loss(model, val_batches, rank, world)
+                val = distributed_validation_loss(model, val_batches, rank, world, lockstep=True)
             if recorder is not None:
                 recorder.eval(step, meter.train_s, val)
         if rank == 0 and args.log_every and step % args.log_every == 0:
@@ -228,7 +228,7 @@ def main(argv=None) -> int:
 
     # ---- end of run: committed parameters, final numbers over all ranks (collectives)
     acco.finish()
-    val_loss = distributed_validation_loss(model, val_batches, rank, world)
+    val_loss = distributed_validation_loss(model, val_batches, rank, world, lockstep=True)
     loss_sum, loss_count, tokens = all_reduce_sum(
         [sum(meter.last_step_losses), len(meter.last_step_losses), meter.local_tokens])
     train_s = all_reduce_max(meter.train_s)

@@ -64,14 +64,22 @@ def all_gather_ints(value: int) -> list[int]:
     return [int(t.item()) for t in out]
 
 
-def distributed_validation_loss(model: torch.nn.Module, batches: list, rank: int, world_size: int) -> float:
+def distributed_validation_loss(model: torch.nn.Module, batches: list, rank: int, world_size: int,
+                                lockstep: bool = False) -> float:
     """Token-weighted mean loss over ``batches``; each rank scores ``batches[rank::world_size]``
-    and the sums are all-reduced, so every rank returns the same number. Collective."""
+    and the sums are all-reduced, so every rank returns the same number. Collective.
+
+    ``lockstep``: every rank runs the same number of forwards, a rank with fewer batches scoring
+    ``batches[0]`` again and dropping it. Under FSDP a forward is itself a collective (its
+    all-gathers), so 3 batches on 2 ranks would otherwise leave one rank waiting for ever."""
     mine = batches[rank::world_size]
     total = count = 0.0
     if mine:
         count = float(sum(int((b["labels"][:, 1:] != -100).sum()) for b in mine))
         total = validation_loss(model, mine) * count
+    extra = -(-len(batches) // world_size) - len(mine)
+    if lockstep and extra and batches:
+        validation_loss(model, batches[:1] * extra)  # for its collectives; the loss is dropped
     total, count = all_reduce_sum([total, count])
     return total / count if count else float("nan")
 

@@ -275,7 +275,7 @@ def test_config_files(monkeypatch):
     from deepspeed.runtime.config import DeepSpeedConfig
 
     import ds_acco
-    from ds_acco.deepspeed.checks import check_ds_config
+    from ds_acco.deepspeed.checks import check_ds_config, resolve_scheduler_warmup
 
     paths = sorted(glob.glob(os.path.join(CONFIGS, "*.json")))
     names = {os.path.splitext(os.path.basename(p))[0] for p in paths}
@@ -293,7 +293,8 @@ def test_config_files(monkeypatch):
         backend = block.get("backend", "deepspeed") if isinstance(block, dict) else "deepspeed"
         if isinstance(block, dict) and "backend" not in ds_acco.AccoConfig.model_fields:
             block = {k: v for k, v in block.items() if k != "backend"}  # read by the front end, not AccoConfig
-        acco = ds_acco.parse_acco_config(block)
+        # "warmup_steps": "scheduler" is read from the scheduler block by the DeepSpeed front end
+        acco = ds_acco.parse_acco_config(resolve_scheduler_warmup(cfg, block) if backend == "deepspeed" else block)
         ds = DeepSpeedConfig(cfg)
         assert ds.world_size == 2, name
         assert ds.train_batch_size == ds.train_micro_batch_size_per_gpu * ds.gradient_accumulation_steps * 2, name

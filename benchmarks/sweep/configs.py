@@ -30,6 +30,8 @@ run; only how gradients travel differs:
 ``auto_lowbit``     ds_configs/auto_lowbit.json: acco_lowbit.json's rounds with
                     ``mode: auto`` (sync or acco fixed, chosen from the measured step),
                     sync while the learning rate warms up, a 5% delay penalty
+``auto_lowbit_adaptive``  the same with ``policy: adaptive`` (auto runs sync or acco adaptive)
+                    and acco_adaptive.json's ``max_micro_batches_per_round``
 ``acco_lowbit_lrwarm``    acco low-bit fixed whose ``warmup_steps`` (sync steps) last as long
                     as the scheduler's learning-rate warm-up: ACCO's one-step delay costs most
                     while the learning rate climbs, so those steps run sync
@@ -55,7 +57,7 @@ TEMPLATE_DIR = os.path.join(REPO, "ds_configs")
 
 CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive", "zero1_bf16", "streaming_int8",
            "streaming_fp32", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_bf16",
-           "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half", "acco_lowbit_lrwarm")
+           "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half", "acco_lowbit_lrwarm", "auto_lowbit_adaptive")
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
 """The configs of the sweep part ``streaming`` (not in the default bandwidth comparison)."""
@@ -83,6 +85,7 @@ LABELS = {
     "acco_bf16": "ds_acco acco bf16 (bf16 accumulation)",
     "acco_bf16_fp32acc": "ds_acco acco bf16 (fp32 accumulation)",
     "auto_lowbit": "ds_acco auto low-bit",
+    "auto_lowbit_adaptive": "ds_acco auto low-bit, adaptive policy",
     "sync_lowbit_half": "ds_acco sync low-bit, half batch",
     "acco_lowbit_lrwarm": "ds_acco acco low-bit fixed, sync while the LR warms up",
 }
@@ -91,7 +94,7 @@ _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "a
                   "acco_lowbit_fixed": "acco_lowbit.json", "acco_lowbit_adaptive": "acco_lowbit.json",
                   "acco_bf16": "acco_bf16.json", "acco_bf16_fp32acc": "acco_bf16.json",
                   "auto_lowbit": "auto_lowbit.json", "sync_lowbit_half": "acco_lowbit.json",
-                  "acco_lowbit_lrwarm": "acco_lowbit.json"}
+                  "acco_lowbit_lrwarm": "acco_lowbit.json", "auto_lowbit_adaptive": "auto_lowbit.json"}
 
 
 def _load(name: str, template_dir: str) -> dict:
@@ -157,7 +160,7 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
             cfg["scheduler"]["params"]["warmup_num_steps"] *= 2  # the same warm-up in tokens
         if name == "auto_lowbit":
             acco["mode"] = "auto"
-        if name == "acco_lowbit_adaptive":
+        if name in ("acco_lowbit_adaptive", "auto_lowbit_adaptive"):
             acco["policy"] = "adaptive"
             acco["max_micro_batches_per_round"] = _load("acco_adaptive.json", template_dir)["acco"][
                 "max_micro_batches_per_round"]

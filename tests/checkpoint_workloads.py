@@ -321,13 +321,12 @@ def agreement_timeout_job(rank, world, *, folder) -> dict:
 def stock_fsdp2_job(rank, world, *, out) -> dict:
     """Stock FSDP2 + AdamW trains 2 steps and saves with DCP as torch's recipe does (a Stateful ``app``
     holding ``model`` and ``optim``; no ds_acco anywhere); a fresh ACCO trainer loads it and trains on."""
-    import logging
-
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.checkpoint.stateful import Stateful
 
     from tests import fsdp_workloads as F
+    from tests.log_capture import ds_acco_lines
 
     class App(Stateful):
         def __init__(self, model, opt):
@@ -344,16 +343,10 @@ def stock_fsdp2_job(rank, world, *, out) -> dict:
     trajectory, model, opt = F.stock_fsdp(rank, world, G=2, steps=2, keep=True)
     dcp.save({"app": App(model, opt)}, checkpoint_id=ckpt)
 
-    captured: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: captured.append(record.getMessage())
-    logging.getLogger("ds_acco").addHandler(handler)
-    try:
+    with ds_acco_lines() as captured:
         R = F.RESUME
         model, acco = F.build(world, R["config"], R["G"], R["clip"], R["schedule"])
         acco.load_checkpoint(ckpt)
-    finally:
-        logging.getLogger("ds_acco").removeHandler(handler)
     loaded = {"commits": acco.commits, "params_equal": _equal([F._full(model)], [trajectory[-1]])}
     losses, k = [], 0
     while acco.commits < loaded["commits"] + 2:

@@ -64,28 +64,15 @@ def train_ds_streaming(rank, world, *, config, steps, save_at_step=None, ckpt_di
                        count_collectives=False, use_ds_acco=True, consolidate=False):
     """Inner steps of the tiny job; the replica after each inner step (``model.parameters()`` order);
     ``out["warnings"]``: ds_acco's WARNING lines of the run."""
-    import logging
-
     import deepspeed
 
     import ds_acco
+    from tests.log_capture import ds_acco_lines
 
-    class Lines(logging.Handler):
-        def __init__(self):
-            super().__init__(logging.WARNING)
-            self.lines = []
-
-        def emit(self, record):
-            self.lines.append(record.getMessage())
-
-    log = Lines()
-    logging.getLogger("ds_acco").addHandler(log)
-    try:
+    with ds_acco_lines() as lines:
         out = _train_ds_streaming(deepspeed, ds_acco, rank, config, steps, save_at_step, ckpt_dir, resume,
                                   count_collectives, use_ds_acco, consolidate)
-    finally:
-        logging.getLogger("ds_acco").removeHandler(log)
-    return dict(out, warnings=log.lines)
+    return dict(out, warnings=lines)
 
 
 def _train_ds_streaming(deepspeed, ds_acco, rank, config, steps, save_at_step, ckpt_dir, resume, count_collectives,

@@ -31,23 +31,11 @@ def test_resume_is_bit_identical(tmp_path, mode, save_at, extra):
 
 def _resume_logging(rank, world, **kw):
     """``train_with_engine`` resumed, with ds_acco's WARNING lines of the resume."""
-    import logging
+    from tests.log_capture import ds_acco_lines
 
-    class Lines(logging.Handler):
-        def __init__(self):
-            super().__init__(logging.WARNING)
-            self.lines = []
-
-        def emit(self, record):
-            self.lines.append(record.getMessage())
-
-    log = Lines()
-    logging.getLogger("ds_acco").addHandler(log)
-    try:
+    with ds_acco_lines() as lines:
         out = W.train_with_engine(rank, world, **kw)
-    finally:
-        logging.getLogger("ds_acco").removeHandler(log)
-    return dict(out, warnings=log.lines)
+    return dict(out, warnings=lines)
 
 
 CHANGES = {"mode sync": ({"mode": "sync"}, ["acco.mode: saved 'acco', now 'sync'"]),

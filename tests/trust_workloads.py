@@ -210,31 +210,21 @@ def _fit_losses(engine, rank, micro_batches) -> list[float]:
 def changed_block_job(rank, world, *, folder) -> dict:
     """Save under ACCO fixed fp32 with a round in flight; resume under each safe change and train on; then
     ranks started with different blocks, and a streaming state resumed with another fragment count."""
-    import logging
+    from tests.log_capture import ds_acco_lines
 
-    class Lines(logging.Handler):
-        def __init__(self):
-            super().__init__(logging.WARNING)
-            self.lines = []
-
-        def emit(self, record):
-            self.lines.append(record.getMessage())
-
-    log = Lines()
-    logging.getLogger("ds_acco").addHandler(log)
     e = engine_of(ACCO)
     train(e, 0, 3, [], save=(folder, (10,)))  # micro-batch 10: an estimate round in flight
     e.destroy()
     out = {}
-    for label, change in SAFE_CHANGES.items():
-        del log.lines[:]
-        r = engine_of(dict(ACCO, acco=dict(ACCO["acco"], **change)))
-        r.load_checkpoint(folder)
-        steps = r.global_steps
-        losses = _fit_losses(r, rank, 24)
-        out[label] = {"steps": steps, "losses": losses, "lines": [s for s in log.lines if "changed acco block" in s]}
-        r.destroy()
-    logging.getLogger("ds_acco").removeHandler(log)
+    with ds_acco_lines() as lines:
+        for label, change in SAFE_CHANGES.items():
+            del lines[:]
+            r = engine_of(dict(ACCO, acco=dict(ACCO["acco"], **change)))
+            r.load_checkpoint(folder)
+            steps = r.global_steps
+            losses = _fit_losses(r, rank, 24)
+            out[label] = {"steps": steps, "losses": losses, "lines": [s for s in lines if "changed acco block" in s]}
+            r.destroy()
     try:
         engine_of(dict(ACCO, acco=dict(ACCO["acco"], policy="adaptive" if rank == 1 else "fixed"))).destroy()
         out["ranks differ"] = None
@@ -299,35 +289,22 @@ def fsdp_full_disk_job(rank, world, *, folder) -> dict:
 def fsdp_changed_block_job(rank, world, *, folder) -> dict:
     """AccoFSDP saved under acco fixed fp32 with a round in flight, resumed under each safe change: trains on,
     and rank 0's one WARNING names the fields."""
-    import logging
-
     from tests import fsdp_workloads as F
-
-    class Lines(logging.Handler):
-        def __init__(self):
-            super().__init__(logging.WARNING)
-            self.lines = []
-
-        def emit(self, record):
-            self.lines.append(record.getMessage())
+    from tests.log_capture import ds_acco_lines
 
     model, acco = F.build(world, F.RESUME["config"], F.RESUME["G"])
     F.train(rank, model, acco, 3, save_at=10, ckpt=folder)  # micro-batch 10: a round in flight
     acco.close()
     out = {}
-    log = Lines()
-    logging.getLogger("ds_acco").addHandler(log)
-    try:
+    with ds_acco_lines() as lines:
         for label, change in (("mode sync", {"mode": "sync"}),
                               ("int8", {"comm_quantization": "int8", "error_feedback": True})):
-            del log.lines[:]
+            del lines[:]
             model, acco = F.build(world, dict(F.RESUME["config"], **change), F.RESUME["G"])
             k = acco.load_checkpoint(folder)["k"]
             loaded = acco.commits
             F.train(rank, model, acco, loaded + 2, k=k)
-            out[label] = {"loaded": loaded, "trained": acco.commits - loaded, "lines": list(log.lines),
+            out[label] = {"loaded": loaded, "trained": acco.commits - loaded, "lines": list(lines),
                           "finite": all(bool(torch.isfinite(p.unsharded).all()) for p in acco.params)}
             acco.close()
-    finally:
-        logging.getLogger("ds_acco").removeHandler(log)
     return out

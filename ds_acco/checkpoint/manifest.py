@@ -352,7 +352,8 @@ def clean_partials(save_dir: str, tag: Optional[str] = None) -> None:
         return
     for name in names:
         stem, _, suffix = name.rpartition(".")
-        if stem and (tag is None or stem == tag) and (suffix == "partial" or (suffix.startswith("old") and suffix[3:].isdigit())):
+        debris = suffix == "partial" or (suffix.startswith("old") and suffix[3:].isdigit())
+        if stem and debris and (tag is None or stem == tag):
             path = os.path.join(save_dir, name)
             logger.warning("ds_acco: removing %s, left by a save that did not finish (it was never a "
                            "complete checkpoint and was not loaded)", path)

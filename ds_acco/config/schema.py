@@ -46,7 +46,7 @@ class AccoConfig(_Block):
     warmup_steps: int = Field(default=0, ge=0)
     """Optimizer steps run in ``sync`` mode before overlapped rounds start. ``"scheduler"`` (DeepSpeed
     front end): as many as the config's scheduler warms the learning rate up for, resolved before this
-    block is parsed (:func:`ds_acco.deepspeed.scheduler_warmup.resolve_scheduler_warmup`)."""
+    block is parsed (:func:`ds_acco.deepspeed.checks.resolve_scheduler_warmup`)."""
     backend: Literal["deepspeed", "fsdp"] = "deepspeed"
     """Front end the block is meant for: ``ds_acco.initialize`` (DeepSpeed) or
     ``ds_acco.fsdp`` (PyTorch FSDP2); each rejects a block meant for the other."""

@@ -17,10 +17,10 @@ micro-batches per worker per step:
 
 The running mode's step is *measured* (wall time between two commits, per ``G·N``
 micro-batches committed); only the other mode's is predicted, with the round time scaled by
-the *wire factor*: in ``acco`` a round shares the core with compute (its quantisation, sums
-and shard step run on the communication thread) and takes longer than the same round in
-``sync`` (1.55x on a one-core host at 100 Mbit/s), which the factor measures across the first
-switch (1 before). ``acco`` is charged
+the *wire factor*: in ``acco`` a round shares the core with compute (its CPU work, ds_acco's
+quantisation and sums and the network stack's, competes with the training thread) and takes
+longer than the same round in ``sync`` (1.55x on a one-core host at 100 Mbit/s), which the
+factor measures across the first switch (1 before). ``acco`` is charged
 ``auto.acco_step_penalty`` for the extra steps its one-step delay costs to reach the same
 loss, and a switch needs a gain of ``auto.switch_margin``. Every rank reports its figures
 in the all-gather each round already makes (:mod:`ds_acco.rounds.round_work`), so every
@@ -71,7 +71,8 @@ class StepTimer:
         100 Mbit/s), so the other mode's round time is the running one's scaled by it. Measured across a
         switch (the old mode's last window against the new mode's first), then kept: a link that changes
         later moves both modes' rounds alike."""
-        self._across: Optional[tuple[str, float]] = None
+        self._across: Optional[float] = None
+        """The old mode's median round just before a switch, until the new mode's first window fills."""
         self._mode = SYNC
         self._mb_since_swap = 0
         self._skip = 1  # the first interval holds start-up (first forward, allocations)
@@ -83,7 +84,7 @@ class StepTimer:
     def enter(self, mode: str) -> None:
         """A new mode runs from now: its round and step figures start afresh (not its compute)."""
         if self.rounds and mode != self._mode:
-            self._across = (self._mode, statistics.median(self.rounds))
+            self._across = statistics.median(self.rounds)
         self._mode = mode
         self.rounds.clear()
         self.steps.clear()
@@ -101,8 +102,7 @@ class StepTimer:
                 self.compute[self._mode].append(compute_s / mbs)
             self.rounds.append(round_s)
             if self._across is not None and len(self.rounds) == _WINDOW:
-                old, before = self._across
-                now_s = statistics.median(self.rounds)
+                before, now_s = self._across, statistics.median(self.rounds)
                 if before > 0 and now_s > 0:
                     self.wire_factor = now_s / before if self._mode == ACCO else before / now_s
                 self._across = None
@@ -151,7 +151,8 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     sync_how, acco_how = ("measured", "predicted") if current == SYNC else ("predicted", "measured")
     line = (f"ds_acco auto at step {step}: compute {figs['compute_ms']:.1f} ms per micro-batch (x{k:.2f} with a "
             f"round in flight), round {figs['round_ms']:.1f} ms in {current} "
-            f"({f'x{wire:.2f} in acco' if current == SYNC else f'x{1 / wire:.2f} in sync'}); per step of {G} micro-batches: sync "
+            f"({f'x{wire:.2f} in acco' if current == SYNC else f'x{1 / wire:.2f} in sync'}); "
+            f"per step of {G} micro-batches: sync "
             f"{figs['sync_step_ms']:.1f} ms ({sync_how}), acco {config.policy} {figs['acco_step_ms']:.1f} ms "
             f"({acco_how}; {charged * 1e3:.1f} ms with the {auto.acco_step_penalty:.0%} delay penalty): runs {mode}"
             + ("" if mode == current else f" (was {current})"))

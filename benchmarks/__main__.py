@@ -40,6 +40,9 @@ def main(argv=None) -> int:
                    f"{','.join(cfgs.DEFAULT_CONFIGS)}; part streaming: {','.join(cfgs.STREAMING_COMPARISON)}; parts "
                    f"fsdp*: {','.join(cfgs.FSDP_CONFIGS)})")
     r.add_argument("--rates", default=None, help="comma list of link rates, e.g. unshaped,100mbit,10mbit")
+    r.add_argument("--mtu", type=int, default=None,
+                   help="every link's MTU in bytes (default 1500; 9000 emulates jumbo frames: fewer packets, less "
+                        "network-stack CPU per byte)")
     r.add_argument("--steps", type=int, default=None, help="override optimizer steps of the runs")
     r.add_argument("--no-netns", action="store_true", help="loopback: no namespaces (unshaped runs only)")
     r.add_argument("--no-pin", action="store_true", help="do not pin host i to CPU i")
@@ -118,7 +121,7 @@ def main(argv=None) -> int:
     try:
         sweep = build_sweep(args.sweep, netns=netns, root=root, pin=False if args.no_pin else None,
                             configs=split(args.configs), rates=split(args.rates), only=split(args.only),
-                            steps=args.steps)
+                            steps=args.steps, mtu=args.mtu)
     except ValueError as exc:
         print(f"python -m benchmarks run: {exc}", file=sys.stderr)
         return 2

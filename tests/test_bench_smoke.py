@@ -80,6 +80,8 @@ def test_parsers_and_errors():
         units.parse_host_map(["host2=50"], 2, "--cpu-quota")
     with pytest.raises(ValueError, match="loopback"):
         hosts.LocalCluster(2, rate=1e8, netns=False)
+    with pytest.raises(ValueError, match=r"mtu: got 70000; allowed: 576..65535"):
+        hosts.LocalCluster(2, mtu=70000)
 
 
 def test_not_root_is_refused(monkeypatch, capsys):
@@ -107,7 +109,8 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
                      "acco_lowbit_fixed": ("acco", "fixed"), "acco_lowbit_adaptive": ("acco", "adaptive"),
                      "acco_bf16": ("acco", "fixed"), "acco_bf16_fp32acc": ("acco", "fixed"),
                      "auto_lowbit": ("auto", "fixed"), "sync_lowbit_half": ("sync", "fixed"),
-                     "acco_lowbit_lrwarm": ("acco", "fixed"), "auto_lowbit_adaptive": ("auto", "adaptive")}
+                     "acco_lowbit_lrwarm": ("acco", "fixed"), "auto_lowbit_adaptive": ("auto", "adaptive"),
+                     "auto_lowbit_policy": ("auto", "auto")}
     # sync steps for as long as the learning rate warms up (lrwarm, and the auto preset); the others keep the
     # benchmark's warm-up
     from ds_acco.deepspeed.initialize import acco_config_of
@@ -118,7 +121,7 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
         "acco_lowbit_lrwarm": warm, "auto_lowbit": warm, "acco_lowbit_fixed": 1}
     assert acco_config_of(config=made["auto_lowbit"]).auto.acco_step_penalty == 0.05
     for name in ("sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "auto_lowbit", "sync_lowbit_half",
-                 "acco_lowbit_lrwarm", "auto_lowbit_adaptive"):
+                 "acco_lowbit_lrwarm", "auto_lowbit_adaptive", "auto_lowbit_policy"):
         acco = made[name]["acco"]
         assert (acco["comm_quantization"], acco["error_feedback"], acco["all_gather_quantization"]) == (
             "int8", True, "int8"), name
@@ -183,7 +186,7 @@ def test_loopback_sweep_has_no_shaped_runs():
 def test_cluster_shapes_links_and_tears_down(tmp_path):
     stats = tmp_path / "stats.json"
     args = [sys.executable, LAUNCHER, "--hosts", "2", "--rate", "20mbit", "--quiet", "--log-dir", str(tmp_path),
-            "--stats-json", str(stats), "--timeout", "60"]
+            "--stats-json", str(stats), "--timeout", "60", "--mtu", "9000"]
     if CGROUP:
         args += ["--cpu-quota", "host1=50"]
     proc = subprocess.run(args + ["--", sys.executable, "-c", TRANSFER], capture_output=True, text=True, timeout=90)
@@ -198,6 +201,8 @@ def test_cluster_shapes_links_and_tears_down(tmp_path):
     st = json.loads(stats.read_text())
     assert [h["exit_code"] for h in st["hosts"]] == [0, 0]
     assert st["hosts"][1]["delta"]["tx_bytes"] >= 3_000_000  # the interface counters saw the payload
+    # jumbo frames: the payload crossed in packets larger than the default MTU allows
+    assert st["mtu"] == 9000 and st["hosts"][1]["delta"]["tx_bytes"] / st["hosts"][1]["delta"]["tx_packets"] > 3000
     assert [h["ip"] for h in st["hosts"]] == ["10.77.0.1", "10.77.0.2"]
     if CGROUP:
         assert st["hosts"][1]["cpu_quota_pct"] == 50.0

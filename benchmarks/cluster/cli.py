@@ -41,6 +41,8 @@ def build_parser():
     p.add_argument("--hosts", type=int, default=2, help="emulated hosts = ranks (default 2)")
     p.add_argument("--rate", default=None,
                    help="link rate per host and direction, tc units (100mbit, 1gbit); default unshaped")
+    p.add_argument("--mtu", type=int, default=None,
+                   help="MTU of every link in bytes (default 1500; 9000 emulates jumbo frames)")
     p.add_argument("--delay", default=None, help="one-way netem latency host -> switch, e.g. 1ms (needs sch_netem)")
     p.add_argument("--cpu-quota", action="append", default=[], metavar="hostI=PCT",
                    help="CPU quota of a host in percent of one CPU (cgroup cpu.cfs_quota_us); repeatable")
@@ -82,7 +84,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         log_dir = args.log_dir or os.path.join("/tmp", f"local_cluster_{os.getpid()}")
         cluster = LocalCluster(args.hosts, rate=rate, delay=delay, cpu_quota=quota, cpus=cpus,
                                netns=not args.no_netns, log_dir=log_dir, echo=None if args.quiet else sys.stdout,
-                               prefix=args.prefix, master_port=args.port)
+                               prefix=args.prefix, master_port=args.port, mtu=args.mtu)
     except ValueError as exc:
         print(f"local_cluster.py: {exc}", file=sys.stderr)
         return 2
@@ -96,7 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         cluster.setup()
         desc = (f"{args.hosts} host(s) on {SUBNET}.0/24, link {format_rate(rate)}"
-                + (f", delay {args.delay}" if delay else "") if cluster.netns else f"{args.hosts} host(s) on loopback")
+                + (f", delay {args.delay}" if delay else "") + (f", MTU {args.mtu}" if args.mtu else "") if cluster.netns else f"{args.hosts} host(s) on loopback")
         if quota:
             desc += ", CPU quota " + ", ".join(f"host{i}={q:g}%" for i, q in sorted(quota.items()))
         print(f"[local_cluster] {desc}; logs in {log_dir}", file=sys.stderr, flush=True)

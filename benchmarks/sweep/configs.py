@@ -32,6 +32,8 @@ run; only how gradients travel differs:
                     sync while the learning rate warms up, a 5% delay penalty
 ``auto_lowbit_adaptive``  the same with ``policy: adaptive`` (auto runs sync or acco adaptive)
                     and acco_adaptive.json's ``max_micro_batches_per_round``
+``auto_lowbit_policy``  the same with ``policy: auto`` (auto also chooses fixed or adaptive,
+                    pricing adaptive's smaller batches with the measured gradient noise scale)
 ``acco_lowbit_lrwarm``    acco low-bit fixed whose ``warmup_steps`` (sync steps) last as long
                     as the scheduler's learning-rate warm-up: ACCO's one-step delay costs most
                     while the learning rate climbs, so those steps run sync
@@ -57,7 +59,8 @@ TEMPLATE_DIR = os.path.join(REPO, "ds_configs")
 
 CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive", "zero1_bf16", "streaming_int8",
            "streaming_fp32", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_bf16",
-           "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half", "acco_lowbit_lrwarm", "auto_lowbit_adaptive")
+           "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half", "acco_lowbit_lrwarm", "auto_lowbit_adaptive",
+           "auto_lowbit_policy")
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
 """The configs of the sweep part ``streaming`` (not in the default bandwidth comparison)."""
@@ -86,6 +89,7 @@ LABELS = {
     "acco_bf16_fp32acc": "ds_acco acco bf16 (fp32 accumulation)",
     "auto_lowbit": "ds_acco auto low-bit",
     "auto_lowbit_adaptive": "ds_acco auto low-bit, adaptive policy",
+    "auto_lowbit_policy": "ds_acco auto low-bit, policy auto",
     "sync_lowbit_half": "ds_acco sync low-bit, half batch",
     "acco_lowbit_lrwarm": "ds_acco acco low-bit fixed, sync while the LR warms up",
 }
@@ -94,7 +98,8 @@ _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "a
                   "acco_lowbit_fixed": "acco_lowbit.json", "acco_lowbit_adaptive": "acco_lowbit.json",
                   "acco_bf16": "acco_bf16.json", "acco_bf16_fp32acc": "acco_bf16.json",
                   "auto_lowbit": "auto_lowbit.json", "sync_lowbit_half": "acco_lowbit.json",
-                  "acco_lowbit_lrwarm": "acco_lowbit.json", "auto_lowbit_adaptive": "auto_lowbit.json"}
+                  "acco_lowbit_lrwarm": "acco_lowbit.json", "auto_lowbit_adaptive": "auto_lowbit.json",
+                  "auto_lowbit_policy": "auto_lowbit.json"}
 
 
 def _load(name: str, template_dir: str) -> dict:
@@ -160,15 +165,15 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
             cfg["scheduler"]["params"]["warmup_num_steps"] *= 2  # the same warm-up in tokens
         if name == "auto_lowbit":
             acco["mode"] = "auto"
-        if name in ("acco_lowbit_adaptive", "auto_lowbit_adaptive"):
-            acco["policy"] = "adaptive"
+        if name in ("acco_lowbit_adaptive", "auto_lowbit_adaptive", "auto_lowbit_policy"):
+            acco["policy"] = "auto" if name == "auto_lowbit_policy" else "adaptive"
             acco["max_micro_batches_per_round"] = _load("acco_adaptive.json", template_dir)["acco"][
                 "max_micro_batches_per_round"]
         if warmup_steps is not None and acco.get("warmup_steps") != "scheduler":  # a preset's "scheduler" stays
             acco["warmup_steps"] = warmup_steps
         if name == "acco_lowbit_lrwarm":
             acco["warmup_steps"] = "scheduler"  # sync for the scheduler's warm-up (ds_acco.deepspeed.checks)
-        if max_micro_batches_per_round is not None and acco.get("policy") == "adaptive":
+        if max_micro_batches_per_round is not None and acco.get("policy") in ("adaptive", "auto"):
             acco["max_micro_batches_per_round"] = max_micro_batches_per_round
         telemetry = dict(acco.get("telemetry", {}))
         telemetry["log_every"] = 0

@@ -27,7 +27,8 @@ def _pins(hosts: int, pin: bool, first_cpu: int = 0) -> tuple:
 
 def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = None,
                 configs: Optional[Sequence[str]] = None, rates: Optional[Sequence[str]] = None,
-                only: Optional[Sequence[str]] = None, steps: Optional[int] = None) -> Sweep:
+                only: Optional[Sequence[str]] = None, steps: Optional[int] = None,
+                mtu: Optional[int] = None) -> Sweep:
     """The runs of a named sweep, adapted to what this machine can do.
 
     Without namespaces only unshaped (loopback) runs are possible; without root the
@@ -121,8 +122,13 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
         runs.extend(_real_compute_runs(smoke, only_configs, rates, steps, netns, root, pin, parts))
     if parts & {"fsdp", "fsdp_slow_host"}:
         runs.extend(_fsdp_runs(smoke, only_configs, rates, steps, netns, root, pin, parts))
+    if mtu is not None:
+        if not netns:
+            raise ValueError(f"mtu: got {mtu}; an MTU needs network namespaces (this run is on loopback)")
+        runs = [dataclasses.replace(r, mtu=mtu) for r in runs]
     desc = f"sweep {name}: {len(runs)} runs, " + ("network namespaces" if netns else
                                                    "loopback (no namespaces: unshaped only)")
+    desc += f", MTU {mtu}" if mtu else ""
     return Sweep(name, desc, runs, timeout_s=timeout)
 
 

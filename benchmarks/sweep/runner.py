@@ -80,6 +80,8 @@ def launch_command(spec: RunSpec, run_dir: str, config_path: str, *, netns: bool
         cmd.append("--no-netns")
     if spec.rate and parse_rate(spec.rate) is not None:
         cmd += ["--rate", spec.rate]
+    if spec.mtu:
+        cmd += ["--mtu", str(spec.mtu)]
     for i, q in spec.cpu_quota:
         cmd += ["--cpu-quota", f"host{i}={q:g}"]
     for i, cpus in spec.cpus:

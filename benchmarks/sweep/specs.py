@@ -48,6 +48,8 @@ class RunSpec:
     cpus: tuple = ()
     """``((host index, (cpu, ...)), ...)``; empty: not pinned."""
     note: str = ""
+    mtu: Optional[int] = None
+    """Every link's MTU (None: 1500); set sweep-wide by ``python -m benchmarks run --mtu``."""
 
     @property
     def run_id(self) -> str:
@@ -55,6 +57,8 @@ class RunSpec:
         parts += [f"h{i}q{q:g}" for i, q in self.cpu_quota]
         if self.note:
             parts.append(self.note)
+        if self.mtu:
+            parts.append(f"mtu{self.mtu}")
         return "-".join(parts)
 
 

@@ -26,9 +26,10 @@ class _Lines(logging.Handler):
             self.lines.append(record.getMessage())
 
 
-def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu"):
+def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", roundtrip=False):
     """Train ``steps`` optimizer steps; ``link`` is ``[(from_step, seconds per round), ...]``; ``compute_s``
-    is the sleep per micro-batch (one per rank, or one for all)."""
+    is the sleep per micro-batch (one per rank, or one for all); ``roundtrip``: save the round state at the end
+    and load it back into the engine, returning the saved mode and policy and what the load restored."""
     from ds_acco import plain
 
     delay = [0.0]
@@ -56,10 +57,16 @@ def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu"):
             engine.after_micro_batch()
             if engine.commits > before:
                 trajectory.append([p.detach().float().cpu().clone() for p in W.ordered_params(model)])
+        if roundtrip:
+            saved = engine.state_dict()
+            engine.wait()  # a resume starts from an idle engine
+            engine.state.mode, engine.state.policy = "sync", "fixed"
+            engine.load_state_dict(saved)
+            roundtrip = {"saved": (saved["mode"], saved["policy"]), "loaded": (engine.mode, engine.state.policy)}
     finally:
         engine.close()
         log.removeHandler(handler)
     commits = [r for r in engine.telemetry.records if r.kind == "commit"]
     return {"trajectory": trajectory, "modes": [r.mode for r in commits],
             "counts": [r.counts for r in engine.telemetry.records], "choices": engine.auto.choices,
-            "lines": handler.lines}
+            "lines": handler.lines, "roundtrip": roundtrip}

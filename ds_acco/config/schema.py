@@ -39,10 +39,12 @@ class AccoConfig(_Block):
     steps, then runs ``sync`` or ``acco`` (with ``policy``), whichever is predicted to reach
     a loss sooner, and re-checks every ``auto.check_every`` steps. ``streaming``:
     Streaming DiLoCo (``ds_acco.streaming.build``, configured by ``streaming``)."""
-    policy: Literal["fixed", "adaptive"] = "fixed"
+    policy: Literal["fixed", "adaptive", "auto"] = "fixed"
     """``fixed``: each round waits for its micro-batch quota (deterministic).
     ``adaptive``: a round ends when its communication ends; workers contribute
-    however many micro-batches they finished meanwhile."""
+    however many micro-batches they finished meanwhile. ``auto`` (with ``mode: "auto"``):
+    auto chooses the policy too, pricing the adaptive policy's smaller batches with the
+    gradient noise scale it measures (``ds_acco.rounds.noise_scale``)."""
     warmup_steps: int = Field(default=0, ge=0)
     """Optimizer steps run in ``sync`` mode before overlapped rounds start. ``"scheduler"`` (DeepSpeed
     front end): as many as the config's scheduler warms the learning rate up for, resolved before this
@@ -109,10 +111,15 @@ class AccoConfig(_Block):
 
     @model_validator(mode="after")
     def _combinations(self) -> "AccoConfig":
-        if self.max_micro_batches_per_round is not None and self.policy != "adaptive":
+        if self.max_micro_batches_per_round is not None and self.policy == "fixed":
             raise ValueError(
-                "max_micro_batches_per_round only applies to policy 'adaptive' "
+                "max_micro_batches_per_round only applies to policy 'adaptive' (or 'auto') "
                 f"(policy is {self.policy!r}); remove it or set policy to 'adaptive'"
+            )
+        if self.policy == "auto" and self.mode != "auto":
+            raise ValueError(
+                f"acco.policy: got 'auto' with mode {self.mode!r}; the policy is chosen only by mode 'auto'. "
+                "Allowed: 'fixed' or 'adaptive' (or set acco.mode to 'auto')"
             )
         if self.mode == "streaming" and self.comm_quantization != "none":
             raise ValueError(

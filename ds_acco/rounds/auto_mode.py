@@ -40,6 +40,8 @@ from typing import Optional, Sequence
 
 from ds_acco.config import AccoConfig
 
+from .noise_scale import NoiseScale
+
 logger = logging.getLogger("ds_acco")
 
 SYNC, ACCO = "sync", "acco"
@@ -55,6 +57,8 @@ class Choice:
     mode: str
     figures: dict
     line: str
+    policy: Optional[str] = None
+    """The acco policy to run (or the one priced best, when ``mode`` is sync)."""
 
 
 class StepTimer:
@@ -65,6 +69,7 @@ class StepTimer:
         self.compute = {SYNC: deque(maxlen=_WINDOW), ACCO: deque(maxlen=_WINDOW)}
         self.rounds: deque = deque(maxlen=_WINDOW)
         self.steps: deque = deque(maxlen=_WINDOW)
+        self.batches: deque = deque(maxlen=_WINDOW)
         self.wire_factor = 0.0
         """A round's wire time in ``acco`` over ``sync`` (0: not measured): on a CPU the round shares the
         core with compute in ``acco`` and has it to itself in ``sync`` (1.55x on the real-compute bed at
@@ -73,7 +78,7 @@ class StepTimer:
         later moves both modes' rounds alike."""
         self._across: Optional[float] = None
         """The old mode's median round just before a switch, until the new mode's first window fills."""
-        self._mode = SYNC
+        self._mode, self._policy = SYNC, None
         self._mb_since_swap = 0
         self._skip = 1  # the first interval holds start-up (first forward, allocations)
         self._last_commit: Optional[tuple[float, int]] = None
@@ -81,13 +86,14 @@ class StepTimer:
     def micro_batch(self) -> None:
         self._mb_since_swap += 1
 
-    def enter(self, mode: str) -> None:
-        """A new mode runs from now: its round and step figures start afresh (not its compute)."""
+    def enter(self, mode: str, policy: Optional[str] = None) -> None:
+        """A new mode (or acco policy) runs from now: its round and step figures start afresh (not its compute)."""
         if self.rounds and mode != self._mode:
             self._across = statistics.median(self.rounds)
-        self._mode = mode
+        self._mode, self._policy = mode, policy
         self.rounds.clear()
         self.steps.clear()
+        self.batches.clear()
         self._skip = 1
         self._last_commit = None
 
@@ -112,7 +118,12 @@ class StepTimer:
             t, done = self._last_commit
             if committed > done:
                 self.steps.append((now - t) * self.per_step / (committed - done))
+                self.batches.append(committed - done)
         self._last_commit = (now, committed)
+
+    def batch(self) -> Optional[float]:
+        """Micro-batches committed per step in the running mode (the same on every rank: counts are gathered)."""
+        return float(statistics.median(self.batches)) if self.batches else None
 
     def local(self) -> list[int]:
         def us(xs) -> int:
@@ -121,8 +132,14 @@ class StepTimer:
                 int(round(self.wire_factor * 1000))]
 
 
-def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G: int, step: int) -> Optional[Choice]:
-    """The mode to run from ``figures`` (one row of :data:`FIGURES` per rank); None while they do not suffice."""
+def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G: int, step: int,
+           policy: Optional[str] = None, noise: Optional[float] = None,
+           batch: Optional[float] = None) -> Optional[Choice]:
+    """The mode to run from ``figures`` (one row of :data:`FIGURES` per rank); None while they do not suffice.
+
+    ``policy``: the acco policy running (``current == "acco"``); ``noise``: the gradient noise scale in
+    micro-batches (:mod:`ds_acco.rounds.noise_scale`; None: not measured, batches are then priced per sample);
+    ``batch``: micro-batches per step measured in the running mode (the adaptive policy's varies)."""
     N = len(figures)
     c_sync = [r[0] or r[1] for r in figures]  # a job resumed in acco has no sync figure: its acco one bounds it
     c_acco = [r[1] or r[0] * _interference(figures) for r in figures]
@@ -133,30 +150,60 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
         return None
     c_sync_s = [c / 1e6 for c in c_sync]
     c_acco_s = [c / 1e6 for c in c_acco]
-    auto = config.auto
-    if current == SYNC:
-        sync_s, acco_s = measured, _predict_acco(c_acco_s, R * wire, G, config)
-    else:
-        sync_s, acco_s = G * max(c_sync_s) + R / wire, measured
-    charged = acco_s * (1.0 + auto.acco_step_penalty)
-    if current == SYNC:
-        mode = ACCO if charged < sync_s * (1.0 - auto.switch_margin) else SYNC
-    else:
-        mode = SYNC if sync_s < charged * (1.0 - auto.switch_margin) else ACCO
+    auto, full = config.auto, float(G * N)
+    running = (SYNC, None) if current == SYNC else (ACCO, policy or _policies(config)[0])
+    # seconds per nominal step (G·N micro-batches) and micro-batches per committed step, for each candidate
+    step_s = {(SYNC, None): measured if current == SYNC else G * max(c_sync_s) + R / wire}
+    batches = {(SYNC, None): full}
+    R_acco = R * wire if current == SYNC else R
+    predicted = {p: _predict_acco(c_acco_s, R_acco, G, config, p) for p in _policies(config)}
+    # in acco, the running policy's measured step calibrates the other's prediction
+    calibration = measured / predicted[running[1]][0] if current == ACCO and running[1] in predicted else 1.0
+    for p, (t, b) in predicted.items():
+        step_s[(ACCO, p)] = measured if (ACCO, p) == running else t * calibration
+        batches[(ACCO, p)] = batch if (ACCO, p) == running and batch else b
+    priced = noise is not None and noise != float("inf") and noise > 0
+
+    def score(c) -> float:  # seconds to a loss, up to a constant: per sample, times the samples a batch needs
+        per_loss = step_s[c] * (1.0 + batches[c] / noise if priced else 1.0)
+        return per_loss * (1.0 + auto.acco_step_penalty if c[0] == ACCO else 1.0)
+
+    best = min(step_s, key=score)
+    if best == (ACCO, "adaptive") and (ACCO, "fixed") in step_s and \
+            score((ACCO, "fixed")) <= score(best) * (1.0 + auto.switch_margin):
+        best = (ACCO, "fixed")  # a near tie goes to the fixed policy: deterministic, and exact to the rules
+    chosen = best if score(best) < score(running) * (1.0 - auto.switch_margin) else running
+    acco_c = chosen if chosen[0] == ACCO else min((c for c in step_s if c[0] == ACCO), key=score)
     k = max(c_acco_s) / max(c_sync_s)
     figs = {"step": step, "compute_ms": 1e3 * max(c_sync_s), "in_flight_factor": k, "round_ms": 1e3 * R,
-            "wire_factor": wire,
-            "sync_step_ms": 1e3 * sync_s, "acco_step_ms": 1e3 * acco_s, "acco_charged_ms": 1e3 * charged,
-            "was": current, "runs": mode, "world_size": N}
-    sync_how, acco_how = ("measured", "predicted") if current == SYNC else ("predicted", "measured")
+            "wire_factor": wire, "sync_step_ms": 1e3 * step_s[(SYNC, None)], "acco_step_ms": 1e3 * step_s[acco_c],
+            "acco_charged_ms": 1e3 * step_s[acco_c] * (1.0 + auto.acco_step_penalty),
+            "was": current, "runs": chosen[0], "policy": acco_c[1], "world_size": N,
+            "noise_scale": noise, "candidates": {f"{m} {p}" if p else m: {
+                "step_ms": 1e3 * step_s[c], "batch": batches[c], "score_ms": 1e3 * score(c)}
+                for c in step_s for m, p in [c]}}
+    how = lambda c: "measured" if c == running else "predicted"  # noqa: E731
     line = (f"ds_acco auto at step {step}: compute {figs['compute_ms']:.1f} ms per micro-batch (x{k:.2f} with a "
             f"round in flight), round {figs['round_ms']:.1f} ms in {current} "
             f"({f'x{wire:.2f} in acco' if current == SYNC else f'x{1 / wire:.2f} in sync'}); "
-            f"per step of {G} micro-batches: sync "
-            f"{figs['sync_step_ms']:.1f} ms ({sync_how}), acco {config.policy} {figs['acco_step_ms']:.1f} ms "
-            f"({acco_how}; {charged * 1e3:.1f} ms with the {auto.acco_step_penalty:.0%} delay penalty): runs {mode}"
-            + ("" if mode == current else f" (was {current})"))
-    return Choice(mode, figs, line)
+            f"per step of {G} micro-batches: sync {figs['sync_step_ms']:.1f} ms ({how((SYNC, None))}), "
+            + ", ".join(f"acco {c[1]} {1e3 * step_s[c]:.1f} ms ({how(c)}; {1e3 * step_s[c] * (1 + auto.acco_step_penalty):.1f}"
+                        f" ms with the {auto.acco_step_penalty:.0%} delay penalty)" for c in step_s if c[0] == ACCO)
+            + (_noise_words(noise, batches, step_s, score) if noise is not None else "")
+            + f": runs {chosen[0]}" + (f" {chosen[1]}" if chosen[1] and len(predicted) > 1 else "")
+            + ("" if chosen == running else f" (was {current}{f' {running[1]}' if running[1] and len(predicted) > 1 else ''})"))
+    return Choice(chosen[0], figs, line, acco_c[1])
+
+
+def _policies(config: AccoConfig) -> tuple:
+    return ("fixed", "adaptive") if config.policy == "auto" else (config.policy,)
+
+
+def _noise_words(noise: float, batches: dict, step_s: dict, score) -> str:
+    parts = ", ".join(f"{c[0]}{f' {c[1]}' if c[1] else ''} {batches[c]:.1f} micro-batches per step: "
+                      f"{1e3 * score(c):.1f} ms" for c in step_s)
+    return (f"; gradient noise scale {noise:.1f} micro-batches, so per step to a loss (delay penalty in) "
+            f"{parts}")
 
 
 def _interference(figures: Sequence[Sequence[int]]) -> float:
@@ -165,22 +212,26 @@ def _interference(figures: Sequence[Sequence[int]]) -> float:
     return max(ratios) if ratios else 1.0
 
 
-def _predict_acco(c: Sequence[float], R: float, G: int, config: AccoConfig) -> float:
-    if config.policy == "fixed":
-        return 2.0 * max(G / 2 * max(c), R)
+def _predict_acco(c: Sequence[float], R: float, G: int, config: AccoConfig, policy: str) -> tuple[float, float]:
+    """Seconds per nominal step and micro-batches committed per step of ``acco`` under ``policy``."""
+    full = float(G * len(c))
+    if policy == "fixed":
+        return 2.0 * max(G / 2 * max(c), R), full
     T = max(R, max(c))
     cap = config.max_micro_batches_per_round
     counts = [min(max(1.0, T / ci), cap or float("inf")) for ci in c]
     T = max(R, max(n * ci for n, ci in zip(counts, c)))
-    return 2.0 * T * (G * len(c)) / (2.0 * sum(counts))
+    return 2.0 * T * full / (2.0 * sum(counts)), 2.0 * sum(counts)
 
 
 class AutoMode:
-    """The engine's side of ``mode: "auto"``: its timer, when a choice is due, and the choices made."""
+    """The engine's side of ``mode: "auto"``: its timer, the noise scale, when a choice is due, the choices made."""
 
     def __init__(self, config: AccoConfig, G: int, world_size: int, rank: int):
         self.config, self.G, self.rank = config, G, rank
         self.timer = StepTimer(G, world_size)
+        self.noise = NoiseScale() if config.policy != "fixed" else None
+        """The gradient noise scale, where a policy with smaller batches is a candidate (None otherwise)."""
         self.first = max(config.warmup_steps, config.auto.measure_steps)
         self.choices: list[dict] = []
         """Every choice's figures, in order (for telemetry, tests and benchmarks)."""
@@ -189,14 +240,28 @@ class AutoMode:
         """Whether the step that ends with commit ``step`` is one where the mode is chosen."""
         return step >= self.first and (step - self.first) % self.config.auto.check_every == 0
 
-    def decide(self, figures: Optional[list], current: str, step: int) -> str:
-        """The mode to run after ``step`` (``current`` while the figures do not suffice); logs the figures."""
-        choice = choose(figures, current, self.config, self.G, step) if figures else None
+    def after_round(self, record, outcome, *, now: float, committed: Optional[int]) -> None:
+        """Feed one swapped-in round: its times to the timer, its norms to the noise scale."""
+        # the count all-gather is where a round waits for the slowest peer: not the link's time
+        wire_s = outcome.round_s - record.stage_s.get("count all-gather", 0.0)
+        self.timer.swap(compute_s=record.compute_s, round_s=wire_s, now=now, committed=committed)
+        if self.noise is not None and outcome.noise is not None and not outcome.skipped:
+            self.noise.add(outcome.noise[0], outcome.counts, outcome.noise[1])
+
+    def decide(self, figures: Optional[list], state, step: int) -> str:
+        """The mode (and, under ``policy: "auto"``, the acco policy) to run after ``step``: sets them on the engine's
+        ``state`` and returns the mode (unchanged while the figures do not suffice); logs the figures."""
+        running = state.policy if state.mode == ACCO else None
+        choice = choose(figures, state.mode, self.config, self.G, step, policy=running,
+                        noise=self.noise.value() if self.noise else None, batch=self.timer.batch()) if figures else None
         if choice is None:
-            return current
+            return state.mode
         self.choices.append(choice.figures)
         if self.rank == 0:
             logger.info(choice.line)
-        if choice.mode != current:
-            self.timer.enter(choice.mode)
+        if choice.mode != state.mode or (choice.mode == ACCO and choice.policy != state.policy):
+            self.timer.enter(choice.mode, choice.policy)
+        state.mode = choice.mode
+        if choice.mode == ACCO:
+            state.policy = choice.policy
         return choice.mode

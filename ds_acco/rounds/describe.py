@@ -31,6 +31,8 @@ def startup_fields(engine) -> dict:
     else:
         cap = cfg.max_micro_batches_per_round
         per_round = f"adaptive(>=1{'' if cap is None else f',<={cap}'},nominal {cfg.quota(engine.G)})"
+        if cfg.policy == "auto":
+            per_round = f"{engine.G}(sync)|{cfg.quota(engine.G)}(acco fixed)|{per_round}"
     return {
         "mode": cfg.mode, "policy": cfg.policy, "world_size": engine.world_size,
         "gradient_accumulation_steps": engine.G, "micro_batches_per_round": per_round,

@@ -107,7 +107,7 @@ class RoundEngine(EngineLifecycle):
             (self.config.fingerprint(), self.G, self.clip, [g.layout.padded_numel for g in self.groups]),
             "acco config, gradient_accumulation_steps, gradient_clipping or model layout "
             "(fingerprint, G, clip, buffer sizes)")
-        self._align = RoundAlignment(self.coll, self.config.policy == "adaptive", self.config.timeout_s, self.device)
+        self._align = RoundAlignment(self.coll, self.config.policy != "fixed", self.config.timeout_s, self.device)
 
         accum = resolve_dtype(self.config.grad_accum_dtype, self.groups[0].flat.dtype, "acco.grad_accum_dtype")
         self.grads = GradBuffers(self.groups, accum)
@@ -115,12 +115,13 @@ class RoundEngine(EngineLifecycle):
         self.buffers = build_group_buffers(self.groups, self.config, accum,
                                            resolve_dtype(self.config.comm_dtype, accum, "acco.comm_dtype"),
                                            self.world_size, self.device)
-        self.lr_clock = LrScheduleClock(self.G * self.world_size, by_tokens=self.config.policy == "adaptive")
+        self.lr_clock = LrScheduleClock(self.G * self.world_size, by_tokens=self.config.policy != "fixed")
         self.work = RoundWork(self.groups, self.buffers, self._landing, self.coll, shard_optimizer, self.lr_clock,
                               self.config, self.clip, on_stage)
         self.auto = AutoMode(self.config, self.G, self.world_size, self.rank) if self.config.mode == "auto" else None
         """``mode: "auto"``'s timer and choices (:mod:`ds_acco.rounds.auto_mode`); None in the other modes."""
-        self.state = RoundState(mode=SYNC if self.auto else self.config.mode, active_scale=self._current_scale())
+        self.state = RoundState(mode=SYNC if self.auto else self.config.mode, active_scale=self._current_scale(),
+                                policy="fixed" if self.config.policy == "auto" else self.config.policy)
         self.state.next_kind = self._first_kind()
         self._last_swap_t, self._figures = time.perf_counter(), None
         self._start_thread()
@@ -192,7 +193,7 @@ class RoundEngine(EngineLifecycle):
             self._launch(COMMIT, "sync")
             self._complete()
             if self.auto and self.auto.due(s.commits):
-                s.mode = self.auto.decide(self._figures, s.mode, s.commits)
+                self.auto.decide(self._figures, s, s.commits)
             if self.overlapping:
                 s.next_kind = self._first_kind()
             return self._stop_if_agreed(True)
@@ -205,7 +206,7 @@ class RoundEngine(EngineLifecycle):
         landed = self._inflight.kind
         self._complete()
         if landed == ESTIMATE and self.auto and self.auto.due(s.commits + 1):
-            if self.auto.decide(self._figures, s.mode, s.commits + 1) == SYNC:
+            if self.auto.decide(self._figures, s, s.commits + 1) == SYNC:
                 self._launch(COMMIT, "acco")  # the commit of this step, waited for: sync runs from θ_{t+1}
                 self._complete()
                 s.mode, s.next_kind = SYNC, COMMIT
@@ -214,7 +215,7 @@ class RoundEngine(EngineLifecycle):
         return self._stop_if_agreed(True)
 
     def _round_ready(self) -> bool:
-        if self.config.policy == "fixed":
+        if self.state.policy == "fixed":
             return self.state.n >= self.quota
         cap = self.config.max_micro_batches_per_round
         if self._inflight.handle.done() or (cap is not None and self.state.n >= cap):
@@ -264,10 +265,8 @@ class RoundEngine(EngineLifecycle):
         self._last_swap_t = t1
         self._figures = outcome.figures
         if self.auto:
-            # the count all-gather is where a round waits for the slowest peer: not the link's time
-            wire_s = outcome.round_s - flight.handle.stage_s.get("count all-gather", 0.0)
-            self.auto.timer.swap(compute_s=record.compute_s, round_s=wire_s, now=t1,
-                                 committed=self.lr_clock.committed_micro_batches if flight.kind == COMMIT else None)
+            self.auto.after_round(record, outcome, now=t1,
+                                  committed=self.lr_clock.committed_micro_batches if flight.kind == COMMIT else None)
         if self.config.telemetry.enabled:
             self.telemetry.add(record)
         if self._on_swap is not None:
@@ -419,7 +418,7 @@ class RoundEngine(EngineLifecycle):
             raise AccoRoundError("load_state_dict needs an idle engine; a round is in flight")
         self.state, self._round_index, self.work.kept = round_state.restore(
             saved, identity=self._identity(), grads=self.grads, buffers=self.buffers, lr_clock=self.lr_clock,
-            mode=self.mode, block=self.config.compared_fields())
+            mode=self.mode, policy=self.state.policy, block=self.config.compared_fields())
         pending = saved["pending"]
         if pending is not None:
             for i, (full, part) in enumerate(zip(self._landing.in_flight_targets(), pending["staging_shards"])):

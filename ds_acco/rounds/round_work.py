@@ -60,6 +60,9 @@ class RoundOutcome:
     """Some rank was sent SIGTERM before this round (:mod:`ds_acco.comm.stop_signal`): every rank stops here."""
     figures: Optional[list] = None
     """``mode: "auto"``: every rank's step figures, one row per rank (:mod:`ds_acco.rounds.auto_mode`)."""
+    noise: Optional[tuple] = None
+    """``policy: "auto"``/``"adaptive"`` under ``mode: "auto"``: every rank's squared norm of its accumulated sum,
+    and the squared norm of the reduced mean (:mod:`ds_acco.rounds.noise_scale`); None where not measured."""
 
 
 @dataclass
@@ -93,6 +96,8 @@ class RoundWork:
         self.config, self.clip, self._on_stage = config, clip, on_stage
         self.kept = KeptEstimate()
         self.rank, self.device = coll.rank, groups[0].flat.device
+        self.measures_noise = config.mode == "auto" and config.policy != "fixed"
+        """Whether rounds measure the gradient noise scale (auto weighs the adaptive policy's batches with it)."""
 
     def sends_delta(self, kind: str) -> bool:
         """Whether a round of this kind all-gathers an int8 delta (acco.all_gather_quantization)."""
@@ -109,9 +114,13 @@ class RoundWork:
         nonfinite = False
         if self.config.check_finite:
             nonfinite = any(not all_finite(b) for b in grads)
+        # the noise scale needs a mean over exactly these accumulators: not acco's commit (it adds the estimate's)
+        noise = self.measures_noise and (kind == ESTIMATE or mode == "sync")
         self._enter_stage(handle, "count all-gather")
         flags = int(nonfinite) | STOPPING * int(STOP.requested)  # two flags in one element: the gather's bytes stay
         local = torch.tensor([count, flags, coll.pacing_vote(), *figures], dtype=torch.int64, device=self.device)
+        if noise:
+            local = torch.cat([local, _float_bits(_squared_norm(grads) / (scale * scale), self.device)])
         per_rank = coll.all_gather_small(local).cpu()
         coll.adopt_pacing(per_rank[:, 2].tolist())  # piece sizes on gloo (ds_acco.comm.link_pacing)
         counts = per_rank[:, 0].tolist()
@@ -161,7 +170,7 @@ class RoundWork:
         else:
             for shard in shards:
                 shard.div_(total)
-            if self.clip > 0:
+            if self.clip > 0 or noise:
                 grad_norm = self._clip_global_norm(shards)
             if kind == ESTIMATE:
                 self.publish_masters(publish)  # padding beyond a master's own elements comes from here
@@ -186,7 +195,8 @@ class RoundWork:
             skipped=skipped,
             lr=self.shard_optimizer.lr,
             stop=bool((per_rank[:, 1] & STOPPING).any()),
-            figures=per_rank[:, 3:].tolist() if figures else None,
+            figures=per_rank[:, 3:3 + len(figures)].tolist() if figures else None,
+            noise=(per_rank[:, -1].contiguous().view(torch.float64).tolist(), grad_norm ** 2) if noise else None,
         )
 
     def _enter_stage(self, handle: RoundHandle, stage: str) -> None:
@@ -216,15 +226,26 @@ class RoundWork:
             g.packing.unpack(scratch, full)
 
     def _clip_global_norm(self, shards: list[torch.Tensor]) -> float:
-        """Clip the mean gradient shards in place by the norm over every rank's shards."""
-        sq = torch.zeros(1, dtype=torch.float64, device=self.device)
-        for shard in shards:
-            # vector_norm reduces without a shard-sized temporary (a .double() copy cost 8 B/element)
-            sq += torch.linalg.vector_norm(shard).double() ** 2
+        """The norm over every rank's mean gradient shards; clips them in place by it when clipping is on."""
+        sq = _squared_norm(shards, self.device)
         self.coll.all_reduce_sum(sq)
         norm = math.sqrt(float(sq.item()))
         coef = self.clip / (norm + 1e-6)
-        if coef < 1.0:
+        if self.clip > 0 and coef < 1.0:
             for shard in shards:
                 shard.mul_(coef)
         return norm
+
+
+def _squared_norm(tensors: Sequence[torch.Tensor], device: Optional[torch.device] = None):
+    """Sum of squared norms in fp64: a tensor on ``device`` when given (for an all-reduce), else a float."""
+    sq = torch.zeros(1, dtype=torch.float64, device=device if device is not None else tensors[0].device)
+    for t in tensors:
+        # vector_norm reduces without a full-size temporary (a .double() copy cost 8 B/element)
+        sq += torch.linalg.vector_norm(t).double() ** 2
+    return sq if device is not None else float(sq.item())
+
+
+def _float_bits(value: float, device: torch.device) -> torch.Tensor:
+    """A float64 carried bit for bit in the count all-gather's int64 elements."""
+    return torch.tensor([value], dtype=torch.float64).view(torch.int64).to(device)

@@ -46,6 +46,8 @@ class RoundState:
     """False while the compute parameters hold an estimate rather than committed parameters."""
     mode: str = "sync"
     """The mode rounds run in: the configured one, or what ``mode: "auto"`` chose last."""
+    policy: str = "fixed"
+    """The acco policy rounds run under: the configured one, or what ``policy: "auto"`` chose last."""
 
 
 def snapshot(state: RoundState, *, identity: dict, round_index: int, grads: GradBuffers,
@@ -80,13 +82,15 @@ def snapshot(state: RoundState, *, identity: dict, round_index: int, grads: Grad
         "lr_clock": lr_clock.state_dict(),
         "compute_committed": state.compute_committed,
         "mode": state.mode,
+        "policy": state.policy,
     }
 
 
 def restore(saved: dict, *, identity: dict, grads: GradBuffers, buffers: Sequence[GroupBuffers],
-            lr_clock: LrScheduleClock, mode: str, block: Optional[dict] = None) -> tuple[RoundState, int, KeptEstimate]:
+            lr_clock: LrScheduleClock, mode: str, policy: str = "fixed",
+            block: Optional[dict] = None) -> tuple[RoundState, int, KeptEstimate]:
     """Put a :func:`snapshot` back into the buffers; returns the schedule, the round index and the kept count
-    (``mode``: the mode rounds ran in, for a state saved before it was kept).
+    (``mode``/``policy``: what rounds ran in, for a state saved before it was kept).
 
     Raises:
         AccoConfigError: the state was saved with another mode/policy, world size or layout.
@@ -97,7 +101,7 @@ def restore(saved: dict, *, identity: dict, grads: GradBuffers, buffers: Sequenc
     state = RoundState(commits=saved["commits"], micro_batches=saved["micro_batches"], n=saved["n"],
                        next_kind=saved["next_kind"], active_scale=saved["active_scale"],
                        compute_committed=saved.get("compute_committed", True),
-                       mode=saved.get("mode", mode))
+                       mode=saved.get("mode", mode), policy=saved.get("policy", policy))
     lr_clock.load_state_dict(saved.get("lr_clock"), state.commits)  # absent in older checkpoints
     for buf, kept in zip(grads.active_buffers(), saved["active_grads"] or []):
         buf.copy_(kept)

@@ -1,0 +1,69 @@
+"""The gradient noise scale, measured from what a round already has: why smaller batches may reach a loss sooner.
+
+``policy: "auto"`` weighs the adaptive policy's smaller commits against the fixed policy's
+full ones, and batch size changes how much loss a step buys. The empirical model of
+McCandlish et al. (2018, "An Empirical Model of Large-Batch Training") says the samples
+needed to reach a loss grow as ``E = E_min·(1 + B / B_noise)`` with the batch ``B``, where
+``B_noise = tr(Σ) / |g|²`` is the ratio of the per-sample gradient variance to the squared
+true gradient. Below ``B_noise`` a sample buys as much at any batch; above it, a larger
+batch wastes samples. Seconds to a loss are then seconds per sample times ``E``.
+
+The two figures come from two batch sizes the round already sees: each rank's own
+accumulator (``b_r`` micro-batches, its squared norm computed on the communication thread
+before the reduce-scatter and shared in the count all-gather) and the reduced mean over
+all ``B`` micro-batches (its squared norm from the shards, one scalar all-reduce). With
+``E|ḡ_b|² = |g|² + tr(Σ)/b``::
+
+    tr(Σ) ≈ (mean_r |ḡ_r|² − |ḡ|²) / (mean_r 1/b_r − 1/B)      |g|² ≈ |ḡ|² − tr(Σ)/B
+
+One round's estimate is noisy (two ranks are two samples), so the numerator and the
+denominator are averaged separately over the last rounds, as the paper does. Units are
+micro-batches: ``B_noise`` is in micro-batches too. Every rank holds the same gathered
+and all-reduced values, so every rank computes the same figure.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Optional, Sequence
+
+WINDOW = 30
+"""Rounds averaged: the noise scale grows as the loss falls, so old rounds are dropped."""
+
+
+class NoiseScale:
+    """Running estimate of ``B_noise`` (micro-batches) from rounds whose mean covers exactly their accumulators."""
+
+    def __init__(self, window: int = WINDOW):
+        self._trace: deque = deque(maxlen=window)
+        self._signal: deque = deque(maxlen=window)
+
+    def add(self, local_sq: Sequence[float], counts: Sequence[int], global_sq: float) -> None:
+        """One round: each rank's squared norm of its accumulated *sum* and its micro-batch count, and the
+        squared norm of the reduced *mean* (the same scale: the mean of the sums over all counts)."""
+        ranks = [(sq, c) for sq, c in zip(local_sq, counts) if c > 0]
+        total = sum(counts)
+        if len(ranks) < 2 or total <= 0 or global_sq != global_sq:  # one contributor, or a skipped round
+            return
+        small = sum(sq / (c * c) for sq, c in ranks) / len(ranks)
+        inv_small = sum(1.0 / c for _, c in ranks) / len(ranks)
+        inv_big = 1.0 / total
+        if inv_small <= inv_big:
+            return
+        trace = (small - global_sq) / (inv_small - inv_big)
+        self._trace.append(trace)
+        self._signal.append(global_sq - trace * inv_big)
+
+    @property
+    def rounds(self) -> int:
+        return len(self._trace)
+
+    def value(self) -> Optional[float]:
+        """``B_noise`` in micro-batches; ``inf`` when the true gradient is lost in the noise (every batch
+        size buys the same per sample); None before two rounds were measured."""
+        if len(self._trace) < 2:
+            return None
+        signal, trace = sum(self._signal), sum(self._trace)
+        if signal <= 0:
+            return float("inf")
+        return max(trace, 0.0) / signal

@@ -1,0 +1,109 @@
+"""``policy: "auto"``: auto chooses the acco policy too, pricing the adaptive policy's smaller batches with the
+gradient noise scale it measures; the estimator recovers a known noise scale.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ds_acco.config import parse_acco_config
+from ds_acco.errors import AccoConfigError
+from ds_acco.rounds.auto_mode import choose
+from ds_acco.rounds.noise_scale import NoiseScale
+from tests.auto_workers import train_auto
+from tests.dist_harness import run_distributed
+from tests.test_auto_mode import G, reference
+from tests.test_exactness import assert_trajectories_equal
+
+AUTO = {"mode": "auto", "policy": "auto", "auto": {"measure_steps": 3, "check_every": 2}}
+
+
+def _rounds(est, mu, sigma, counts, rounds, gen):
+    for _ in range(rounds):
+        # each rank's accumulator is the sum of its micro-batches' gradients
+        sums = [sum(mu + sigma * torch.randn(mu.numel(), generator=gen, dtype=torch.float64) for _ in range(c))
+                for c in counts]
+        mean = sum(sums) / sum(counts)
+        est.add([float(s.norm() ** 2) for s in sums], counts, float(mean.norm() ** 2))
+
+
+@pytest.mark.parametrize("counts", [[4, 4], [6, 2, 3]])
+def test_the_noise_scale_estimate_recovers_a_known_ratio(counts):
+    gen = torch.Generator().manual_seed(0)
+    dim, trace = 2000, 40.0  # |g|^2 = 1, tr(Sigma) = 40: B_noise = 40 micro-batches
+    mu = torch.randn(dim, generator=gen, dtype=torch.float64)
+    mu /= mu.norm()
+    est = NoiseScale(window=300)
+    assert est.value() is None
+    _rounds(est, mu, (trace / dim) ** 0.5, counts, 300, gen)
+    assert est.value() == pytest.approx(40.0, rel=0.2)
+    # no true gradient: every batch buys the same per sample
+    pure = NoiseScale(window=300)
+    _rounds(pure, mu * 0, 1.0, counts, 50, gen)
+    assert pure.value() > 1e3
+
+
+def figures(c_ms, round_ms, step_ms):
+    """Two ranks; ``c_ms`` their compute per micro-batch in ms."""
+    return [[int(c * 1e3), 0, int(round_ms * 1e3), int(step_ms * 1e3), 0] for c in c_ms]
+
+
+def test_the_noise_scale_decides_between_full_and_smaller_batches():
+    """G = 8, 50 ms per micro-batch, 40 ms rounds: acco fixed and adaptive both take 400 ms per 16 micro-batches,
+    but adaptive commits 4 of them per step (it ends a round when the round's 40 ms end: one micro-batch each)."""
+    cfg = parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0, "switch_margin": 0.05}))
+    sync_ms = 8 * 50 + 40
+    low = choose(figures([50, 50], 40, sync_ms), "sync", cfg, 8, step=3, noise=4.0)
+    assert (low.mode, low.policy) == ("acco", "adaptive"), low.line
+    cands = low.figures["candidates"]
+    assert cands["acco fixed"]["step_ms"] == pytest.approx(400) and cands["acco fixed"]["batch"] == 16
+    assert cands["acco adaptive"]["step_ms"] == pytest.approx(400) and cands["acco adaptive"]["batch"] == 4
+    assert cands["acco adaptive"]["score_ms"] == pytest.approx(400 * (1 + 4 / 4))  # x2 against fixed's x5
+    assert "gradient noise scale 4.0 micro-batches" in low.line and low.line.endswith("runs acco adaptive (was sync)")
+    # a large noise scale: a sample buys as much at any batch, fixed and adaptive cost the same per sample,
+    # and acco's 400 ms against sync's 440 ms is within nothing of the margin: fixed is kept as the first listed
+    high = choose(figures([50, 50], 40, sync_ms), "sync", cfg, 8, step=3, noise=1e9)
+    assert (high.mode, high.policy) == ("acco", "fixed"), high.line
+    # not measured yet: priced per sample, the same
+    assert choose(figures([50, 50], 40, sync_ms), "sync", cfg, 8, step=3).policy == "fixed"
+
+
+def test_running_acco_calibrates_the_other_policy_with_its_measured_step():
+    cfg = parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0, "switch_margin": 0.05}))
+    # fixed runs and measures 480 ms where the model says 400 (x1.2): adaptive's 400 ms is priced 480 too
+    got = choose(figures([50, 50], 40, 480), "acco", cfg, 8, step=9, policy="fixed", noise=4.0)
+    assert got.figures["candidates"]["acco adaptive"]["step_ms"] == pytest.approx(480)
+    assert (got.mode, got.policy) == ("acco", "adaptive") and "(was acco fixed)" in got.line
+    # adaptive runs: its measured batch (5 micro-batches, not the model's 4) prices it
+    got = choose(figures([50, 50], 40, 400), "acco", cfg, 8, step=9, policy="adaptive", noise=4.0, batch=5.0)
+    assert got.figures["candidates"]["acco adaptive"]["batch"] == 5.0 and got.policy == "adaptive"
+
+
+def test_policy_auto_needs_mode_auto():
+    with pytest.raises(AccoConfigError, match=r"acco.policy: got 'auto' with mode 'acco'.*Allowed: 'fixed' or "
+                                              r"'adaptive'"):
+        parse_acco_config({"mode": "acco", "policy": "auto"})
+    assert parse_acco_config(dict(AUTO, max_micro_batches_per_round=4)).max_micro_batches_per_round == 4
+
+
+def test_a_slow_worker_makes_auto_choose_the_adaptive_policy_and_the_run_follows_the_rules():
+    """Rank 1 computes at half speed (50 / 100 ms per micro-batch), rounds take 100 ms: a fixed step waits for
+    rank 1's 2 micro-batches (400 ms per 8), an adaptive one commits 2 + 1 in 100 ms (267 ms per 8)."""
+    results = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=[0.05, 0.1], link=[(0, 0.1)], steps=10,
+                              config=AUTO, roundtrip=True)
+    got = results[0]
+    assert results[1]["modes"] == got["modes"] and results[1]["choices"] == got["choices"]
+    first = got["choices"][0]
+    assert first["step"] == 3 and (first["runs"], first["policy"]) == ("acco", "adaptive"), first
+    assert first["noise_scale"] is not None and first["noise_scale"] > 0, first  # measured in the sync rounds
+    assert first["candidates"]["acco adaptive"]["batch"] < first["candidates"]["acco fixed"]["batch"] == 8, first
+    assert got["modes"][:3] == ["sync"] * 3 and set(got["modes"][3:]) == {"acco"}
+    # the adaptive rounds commit what each worker computed: the fast rank more
+    acco_counts = [c for c in got["counts"][3:] if sum(c)]
+    assert any(c[0] > c[1] for c in acco_counts), acco_counts
+    assert_trajectories_equal(got["trajectory"], reference(got["modes"], counts=got["counts"]))
+    assert any("runs acco adaptive (was sync)" in line and "gradient noise scale" in line for line in got["lines"])
+    # a checkpoint keeps the policy auto chose, and a resume runs under it
+    last = got["choices"][-1]
+    assert got["roundtrip"] == {"saved": (last["runs"], last["policy"]), "loaded": (last["runs"], last["policy"])}

@@ -87,7 +87,8 @@ class PreemptionConfig(_Block):
     read as "terminated by a signal", so they requeue or restart the job."""
 
 class AutoConfig(_Block):
-    """How ``mode: "auto"`` chooses between ``sync`` and ``acco`` (see ``ds_acco.rounds.auto_mode``).
+    """How ``mode: "auto"`` chooses between ``sync`` and ``acco`` (and, with ``policy: "auto"``, acco's policy; see
+    ``ds_acco.rounds.auto_mode``).
 
     Why a model and not a trial of each mode: a trial of ``acco`` costs little, but a trial's loss
     says nothing after a few steps; the time a step takes does. The choice compares seconds per

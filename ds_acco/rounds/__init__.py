@@ -1,4 +1,4 @@
-"""Layer 3, rounds: the ACCO round engine (sync, dpu, acco; fixed and adaptive policies).
+"""Layer 3, rounds: the ACCO round engine (sync, dpu, acco, auto; fixed, adaptive and auto policies).
 
 Owns when rounds launch, what they compute (reduce-scatter, shard step, all-gather),
 the swap that makes a round's result the compute parameters, where the all-gather

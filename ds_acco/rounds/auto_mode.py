@@ -1,4 +1,5 @@
-"""``mode: "auto"``: run ``sync`` or ``acco``, whichever the measurements say reaches a loss sooner.
+"""``mode: "auto"``: run ``sync`` or ``acco`` (and with ``policy: "auto"`` fixed or adaptive), whichever the
+measurements say reaches a loss sooner.
 
 Why a model of the step, not a trial of each mode: a few steps' loss says nothing about
 which mode trains faster, but the time a step takes is measured exactly, and the two
@@ -28,6 +29,15 @@ rank computes the same choice from the same integers: no extra collective, no ra
 disagrees. When ``R`` exceeds the whole compute of a step, ``acco`` cannot hide it and
 ``sync`` wins; when ``R`` is tiny, hiding it is not worth the penalty; between the two,
 ``acco`` wins.
+
+With ``policy: "auto"`` both acco policies are candidates. The adaptive policy commits fewer
+micro-batches per step, and a smaller batch may buy as much loss per step: each candidate's
+time to a loss is its seconds per ``G·N`` micro-batches times ``1 + B/B_noise``, with ``B`` its
+micro-batches per committed step and ``B_noise`` the gradient noise scale measured from the
+rounds (:mod:`ds_acco.rounds.noise_scale`; per sample alone before it is measured). While
+acco runs, its measured step calibrates the other policy's prediction (the model's error is
+shared), and a near tie goes to the fixed policy, which is deterministic. ``policy:
+"adaptive"`` prices sync's full batches against adaptive's the same way.
 """
 
 from __future__ import annotations
@@ -182,16 +192,8 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
             "noise_scale": noise, "candidates": {f"{m} {p}" if p else m: {
                 "step_ms": 1e3 * step_s[c], "batch": batches[c], "score_ms": 1e3 * score(c)}
                 for c in step_s for m, p in [c]}}
-    how = lambda c: "measured" if c == running else "predicted"  # noqa: E731
-    line = (f"ds_acco auto at step {step}: compute {figs['compute_ms']:.1f} ms per micro-batch (x{k:.2f} with a "
-            f"round in flight), round {figs['round_ms']:.1f} ms in {current} "
-            f"({f'x{wire:.2f} in acco' if current == SYNC else f'x{1 / wire:.2f} in sync'}); "
-            f"per step of {G} micro-batches: sync {figs['sync_step_ms']:.1f} ms ({how((SYNC, None))}), "
-            + ", ".join(f"acco {c[1]} {1e3 * step_s[c]:.1f} ms ({how(c)}; {1e3 * step_s[c] * (1 + auto.acco_step_penalty):.1f}"
-                        f" ms with the {auto.acco_step_penalty:.0%} delay penalty)" for c in step_s if c[0] == ACCO)
-            + (_noise_words(noise, batches, step_s, score) if noise is not None else "")
-            + f": runs {chosen[0]}" + (f" {chosen[1]}" if chosen[1] and len(predicted) > 1 else "")
-            + ("" if chosen == running else f" (was {current}{f' {running[1]}' if running[1] and len(predicted) > 1 else ''})"))
+    line = _line(figs, G, current, running, chosen, step_s, batches, score, auto.acco_step_penalty,
+                 several=len(predicted) > 1)
     return Choice(chosen[0], figs, line, acco_c[1])
 
 
@@ -199,11 +201,23 @@ def _policies(config: AccoConfig) -> tuple:
     return ("fixed", "adaptive") if config.policy == "auto" else (config.policy,)
 
 
-def _noise_words(noise: float, batches: dict, step_s: dict, score) -> str:
-    parts = ", ".join(f"{c[0]}{f' {c[1]}' if c[1] else ''} {batches[c]:.1f} micro-batches per step: "
+def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_s: dict, batches: dict, score,
+          penalty: float, several: bool) -> str:
+    """The INFO line of a choice: the figures it was made from, each candidate measured or predicted."""
+    how = {c: "measured" if c == running else "predicted" for c in step_s}
+    wire, noise = figs["wire_factor"], figs["noise_scale"]
+    acco = ", ".join(f"acco {c[1]} {1e3 * step_s[c]:.1f} ms ({how[c]}; {1e3 * step_s[c] * (1 + penalty):.1f} ms "
+                     f"with the {penalty:.0%} delay penalty)" for c in step_s if c[0] == ACCO)
+    name = lambda c: f"{c[0]} {c[1]}" if c[1] and several else c[0]  # noqa: E731
+    line = (f"ds_acco auto at step {figs['step']}: compute {figs['compute_ms']:.1f} ms per micro-batch "
+            f"(x{figs['in_flight_factor']:.2f} with a round in flight), round {figs['round_ms']:.1f} ms in {current} "
+            f"({f'x{wire:.2f} in acco' if current == SYNC else f'x{1 / wire:.2f} in sync'}); "
+            f"per step of {G} micro-batches: sync {figs['sync_step_ms']:.1f} ms ({how[(SYNC, None)]}), {acco}")
+    if noise is not None:
+        line += f"; gradient noise scale {noise:.1f} micro-batches, so per step to a loss (delay penalty in) " + \
+            ", ".join(f"{name(c) if c[0] == SYNC else f'{c[0]} {c[1]}'} {batches[c]:.1f} micro-batches per step: "
                       f"{1e3 * score(c):.1f} ms" for c in step_s)
-    return (f"; gradient noise scale {noise:.1f} micro-batches, so per step to a loss (delay penalty in) "
-            f"{parts}")
+    return line + f": runs {name(chosen)}" + ("" if chosen == running else f" (was {name(running)})")
 
 
 def _interference(figures: Sequence[Sequence[int]]) -> float:

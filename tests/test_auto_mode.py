@@ -168,6 +168,7 @@ def test_the_example_auto_config_is_the_low_bit_preset_with_auto():
     auto, lowbit = (json.load(open(os.path.join(root, n))) for n in ("auto_lowbit.json", "acco_lowbit.json"))
     block = acco_config_of(config=auto)
     assert block.mode == "auto" and block.auto.check_every == 20 and block.auto.acco_step_penalty == 0.05
+    assert block.policy == "auto"  # auto chooses acco's policy too (tests/test_auto_policy.py)
     # sync while the learning rate warms up: the first choice comes after the scheduler's warm-up
     assert block.warmup_steps == auto["scheduler"]["params"]["warmup_num_steps"] == 10
     for key in ("comm_quantization", "error_feedback", "all_gather_quantization", "quantization_block_size"):

@@ -27,13 +27,15 @@ run; only how gradients travel differs:
 ``acco_lowbit_fixed``     acco_lowbit.json (``mode: acco``, ``policy: fixed``)
 ``acco_lowbit_adaptive``  acco_lowbit.json with ``policy: adaptive`` and
                     acco_adaptive.json's ``max_micro_batches_per_round``
-``auto_lowbit``     ds_configs/auto_lowbit.json: acco_lowbit.json's rounds with
-                    ``mode: auto`` (sync or acco fixed, chosen from the measured step),
-                    sync while the learning rate warms up, a 5% delay penalty
+``auto_lowbit``     ds_configs/auto_lowbit.json with ``policy: fixed`` (the preset as shipped
+                    before ``policy: auto``): acco_lowbit.json's rounds with ``mode: auto``
+                    (sync or acco fixed, chosen from the measured step), sync while the
+                    learning rate warms up, a 5% delay penalty
 ``auto_lowbit_adaptive``  the same with ``policy: adaptive`` (auto runs sync or acco adaptive)
                     and acco_adaptive.json's ``max_micro_batches_per_round``
-``auto_lowbit_policy``  the same with ``policy: auto`` (auto also chooses fixed or adaptive,
-                    pricing adaptive's smaller batches with the measured gradient noise scale)
+``auto_lowbit_policy``  ds_configs/auto_lowbit.json as shipped: ``policy: auto`` (auto also
+                    chooses fixed or adaptive, pricing adaptive's smaller batches with the
+                    measured gradient noise scale)
 ``acco_lowbit_lrwarm``    acco low-bit fixed whose ``warmup_steps`` (sync steps) last as long
                     as the scheduler's learning-rate warm-up: ACCO's one-step delay costs most
                     while the learning rate climbs, so those steps run sync
@@ -164,9 +166,10 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
             cfg["gradient_accumulation_steps"] = max(1, grad_accum // 2)
             cfg["scheduler"]["params"]["warmup_num_steps"] *= 2  # the same warm-up in tokens
         if name == "auto_lowbit":
-            acco["mode"] = "auto"
+            acco.update(mode="auto", policy="fixed")
+            acco.pop("max_micro_batches_per_round", None)
         if name in ("acco_lowbit_adaptive", "auto_lowbit_adaptive", "auto_lowbit_policy"):
-            acco["policy"] = "auto" if name == "auto_lowbit_policy" else "adaptive"
+            acco["policy"] = "auto" if name == "auto_lowbit_policy" else "adaptive"  # the preset's own, or adaptive
             acco["max_micro_batches_per_round"] = _load("acco_adaptive.json", template_dir)["acco"][
                 "max_micro_batches_per_round"]
         if warmup_steps is not None and acco.get("warmup_steps") != "scheduler":  # a preset's "scheduler" stays

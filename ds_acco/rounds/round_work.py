@@ -241,8 +241,10 @@ def _squared_norm(tensors: Sequence[torch.Tensor], device: Optional[torch.device
     """Sum of squared norms in fp64: a tensor on ``device`` when given (for an all-reduce), else a float."""
     sq = torch.zeros(1, dtype=torch.float64, device=device if device is not None else tensors[0].device)
     for t in tensors:
-        # vector_norm reduces without a full-size temporary (a .double() copy cost 8 B/element)
-        sq += torch.linalg.vector_norm(t).double() ** 2
+        # vector_norm reduces without a full-size temporary (a .double() copy cost 8 B/element); a bf16/fp16
+        # accumulator's norm comes back in fp32, not rounded to its own 8 or 11 bits
+        wide = t.dtype if t.dtype in (torch.float32, torch.float64) else torch.float32
+        sq += torch.linalg.vector_norm(t, dtype=wide).double() ** 2
     return sq if device is not None else float(sq.item())
 
 

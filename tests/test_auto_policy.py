@@ -81,9 +81,10 @@ def test_running_acco_calibrates_the_other_policy_with_its_measured_step():
 
 
 def test_policy_auto_needs_mode_auto():
-    with pytest.raises(AccoConfigError, match=r"acco.policy: got 'auto' with mode 'acco'.*Allowed: 'fixed' or "
-                                              r"'adaptive'"):
-        parse_acco_config({"mode": "acco", "policy": "auto"})
+    for spelling in ("auto", "fastest"):
+        with pytest.raises(AccoConfigError, match=r"acco.policy: got 'auto' \(or 'fastest'\) with mode 'acco'.*"
+                                                  r"Allowed: 'fixed' or 'adaptive'"):
+            parse_acco_config({"mode": "acco", "policy": spelling})
     assert parse_acco_config(dict(AUTO, max_micro_batches_per_round=4)).max_micro_batches_per_round == 4
 
 
@@ -107,3 +108,27 @@ def test_a_slow_worker_makes_auto_choose_the_adaptive_policy_and_the_run_follows
     # a checkpoint keeps the policy auto chose, and a resume runs under it
     last = got["choices"][-1]
     assert got["roundtrip"] == {"saved": (last["runs"], last["policy"]), "loaded": (last["runs"], last["policy"])}
+
+
+def test_fastest_is_auto_and_passes_hf_trainers_accelerate():
+    """HF Trainer hands the DeepSpeed config to Accelerate, which refuses every "auto" it cannot fill itself:
+    the shipped preset spells auto "fastest", which Accelerate lets through and ds_acco reads as auto."""
+    import json
+    import os
+
+    from accelerate.utils import DeepSpeedPlugin
+
+    from ds_acco.deepspeed.initialize import acco_config_of
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ds_configs", "auto_lowbit.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    assert (cfg["acco"]["mode"], cfg["acco"]["policy"]) == ("fastest", "fastest")
+    plugin = DeepSpeedPlugin(hf_ds_config=cfg)
+    plugin.deepspeed_config_process(must_match=False, gradient_clipping=1.0)  # as Accelerate's prepare() does
+    block = acco_config_of(config=plugin.deepspeed_config)
+    assert (block.mode, block.policy) == ("auto", "auto")
+    assert block.fingerprint() == parse_acco_config(dict(block.model_dump(), mode="auto", policy="auto")).fingerprint()
+    with pytest.raises(ValueError, match=r"`acco.mode` not found in kwargs"):  # the spelling it refuses
+        DeepSpeedPlugin(hf_ds_config=dict(cfg, acco=dict(cfg["acco"], mode="auto"))).deepspeed_config_process(
+            must_match=False, gradient_clipping=1.0)

@@ -270,6 +270,12 @@ def _fill_hf_auto(cfg):
     return cfg
 
 
+def _leaf_values(node):
+    if isinstance(node, dict):
+        return [v for child in node.values() for v in _leaf_values(child)]
+    return [node]
+
+
 def test_config_files(monkeypatch):
     import deepspeed.comm
     from deepspeed.runtime.config import DeepSpeedConfig
@@ -288,6 +294,9 @@ def test_config_files(monkeypatch):
             raw = json.load(f)
         name = os.path.basename(path)
         assert "train_batch_size" not in raw, f"{name}: set micro batch and accumulation, not the global batch"
+        # HF Trainer's Accelerate refuses an "auto" it cannot fill ("acco.mode not found in kwargs"): every shipped
+        # acco block works under it (mode/policy auto are spelled "fastest")
+        assert "auto" not in _leaf_values(raw.get("acco")), f"{name}: an 'auto' value in the acco block"
         cfg = _fill_hf_auto(raw)
         block = cfg.get("acco")
         backend = block.get("backend", "deepspeed") if isinstance(block, dict) else "deepspeed"

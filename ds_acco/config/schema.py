@@ -23,6 +23,9 @@ from .blocks import AutoConfig, CheckpointConfig, PreemptionConfig, StreamingCon
 
 TIMEOUT_RANGE_S = (1.0, 7 * 24 * 3600.0)  # [min, max] of acco.timeout_s, see AccoConfig.timeout_s
 SCHEDULER_WARMUP = "scheduler"
+FASTEST = "fastest"
+"""``mode``/``policy`` ``"fastest"`` is ``"auto"`` under another name: HF Trainer's Accelerate refuses every ``"auto"``
+in a DeepSpeed config that it cannot fill itself (``acco.mode`` not found in kwargs), so a Trainer job writes this."""
 """``acco.warmup_steps`` value: sync steps for as long as the DeepSpeed scheduler warms the learning rate up."""
 LOCAL_BLOCKS = {"telemetry", "checkpoint", "preemption"}
 """Blocks that may differ between ranks and between a save and its resume: they change no update."""
@@ -37,7 +40,8 @@ class AccoConfig(_Block):
     """``sync``: ZeRO-1 reference, no overlap. ``dpu``: one-step delayed update.
     ``acco``: estimate/commit rounds that compensate the delay. ``auto``: measures sync
     steps, then runs ``sync`` or ``acco`` (with ``policy``), whichever is predicted to reach
-    a loss sooner, and re-checks every ``auto.check_every`` steps. ``streaming``:
+    a loss sooner, and re-checks every ``auto.check_every`` steps (``"fastest"``: the same, a
+    spelling HF Trainer's Accelerate lets through). ``streaming``:
     Streaming DiLoCo (``ds_acco.streaming.build``, configured by ``streaming``)."""
     policy: Literal["fixed", "adaptive", "auto"] = "fixed"
     """``fixed``: each round waits for its micro-batch quota (deterministic).
@@ -87,6 +91,11 @@ class AccoConfig(_Block):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     preemption: PreemptionConfig = Field(default_factory=PreemptionConfig)
 
+    @field_validator("mode", "policy", mode="before")
+    @classmethod
+    def _fastest_is_auto(cls, value: Any) -> Any:
+        return "auto" if value == FASTEST else value
+
     @field_validator("warmup_steps", mode="before")
     @classmethod
     def _unresolved_scheduler(cls, value: Any) -> Any:
@@ -118,8 +127,8 @@ class AccoConfig(_Block):
             )
         if self.policy == "auto" and self.mode != "auto":
             raise ValueError(
-                f"acco.policy: got 'auto' with mode {self.mode!r}; the policy is chosen only by mode 'auto'. "
-                "Allowed: 'fixed' or 'adaptive' (or set acco.mode to 'auto')"
+                f"acco.policy: got 'auto' (or 'fastest') with mode {self.mode!r}; the policy is chosen only by mode "
+                "'auto'. Allowed: 'fixed' or 'adaptive' (or set acco.mode to 'auto')"
             )
         if self.mode == "streaming" and self.comm_quantization != "none":
             raise ValueError(

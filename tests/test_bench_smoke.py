@@ -112,18 +112,18 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
                      "acco_bf16": ("acco", "fixed"), "acco_bf16_fp32acc": ("acco", "fixed"),
                      "auto_lowbit": ("auto", "fixed"), "sync_lowbit_half": ("sync", "fixed"),
                      "acco_lowbit_lrwarm": ("acco", "fixed"), "auto_lowbit_adaptive": ("auto", "adaptive"),
-                     "auto_lowbit_policy": ("auto", "auto")}
+                     "auto_lowbit_policy": ("auto", "auto"), "auto_lowbit_policy_early": ("auto", "auto")}
     # sync steps for as long as the learning rate warms up (lrwarm, and the auto preset); the others keep the
     # benchmark's warm-up
     from ds_acco.deepspeed.initialize import acco_config_of
 
     warm = made["zero1"]["scheduler"]["params"]["warmup_num_steps"]
     assert {n: acco_config_of(config=made[n]).warmup_steps for n in ("acco_lowbit_lrwarm", "auto_lowbit",
-                                                                     "acco_lowbit_fixed")} == {
-        "acco_lowbit_lrwarm": warm, "auto_lowbit": warm, "acco_lowbit_fixed": 1}
+                                                                     "acco_lowbit_fixed", "auto_lowbit_policy_early")} == {
+        "acco_lowbit_lrwarm": warm, "auto_lowbit": warm, "acco_lowbit_fixed": 1, "auto_lowbit_policy_early": 1}
     assert acco_config_of(config=made["auto_lowbit"]).auto.acco_step_penalty == 0.05
     for name in ("sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "auto_lowbit", "sync_lowbit_half",
-                 "acco_lowbit_lrwarm", "auto_lowbit_adaptive", "auto_lowbit_policy"):
+                 "acco_lowbit_lrwarm", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early"):
         acco = made[name]["acco"]
         assert (acco["comm_quantization"], acco["error_feedback"], acco["all_gather_quantization"]) == (
             "int8", True, "int8"), name

@@ -36,6 +36,8 @@ run; only how gradients travel differs:
 ``auto_lowbit_policy``  ds_configs/auto_lowbit.json as shipped: ``policy: auto`` (auto also
                     chooses fixed or adaptive, pricing adaptive's smaller batches with the
                     measured gradient noise scale)
+``auto_lowbit_policy_early``  the same, choosing from the benchmark's warm-up step on (no sync steps
+                    for the scheduler's learning-rate warm-up)
 ``acco_lowbit_lrwarm``    acco low-bit fixed whose ``warmup_steps`` (sync steps) last as long
                     as the scheduler's learning-rate warm-up: ACCO's one-step delay costs most
                     while the learning rate climbs, so those steps run sync
@@ -62,7 +64,7 @@ TEMPLATE_DIR = os.path.join(REPO, "ds_configs")
 CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive", "zero1_bf16", "streaming_int8",
            "streaming_fp32", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_bf16",
            "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half", "acco_lowbit_lrwarm", "auto_lowbit_adaptive",
-           "auto_lowbit_policy")
+           "auto_lowbit_policy", "auto_lowbit_policy_early")
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
 """The configs of the sweep part ``streaming`` (not in the default bandwidth comparison)."""
@@ -92,6 +94,7 @@ LABELS = {
     "auto_lowbit": "ds_acco auto low-bit",
     "auto_lowbit_adaptive": "ds_acco auto low-bit, adaptive policy",
     "auto_lowbit_policy": "ds_acco auto low-bit, policy auto",
+    "auto_lowbit_policy_early": "ds_acco auto low-bit, policy auto, no LR warm-up in sync",
     "sync_lowbit_half": "ds_acco sync low-bit, half batch",
     "acco_lowbit_lrwarm": "ds_acco acco low-bit fixed, sync while the LR warms up",
 }
@@ -101,7 +104,7 @@ _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "a
                   "acco_bf16": "acco_bf16.json", "acco_bf16_fp32acc": "acco_bf16.json",
                   "auto_lowbit": "auto_lowbit.json", "sync_lowbit_half": "acco_lowbit.json",
                   "acco_lowbit_lrwarm": "acco_lowbit.json", "auto_lowbit_adaptive": "auto_lowbit.json",
-                  "auto_lowbit_policy": "auto_lowbit.json"}
+                  "auto_lowbit_policy": "auto_lowbit.json", "auto_lowbit_policy_early": "auto_lowbit.json"}
 
 
 def _load(name: str, template_dir: str) -> dict:
@@ -168,8 +171,10 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
         if name == "auto_lowbit":
             acco.update(mode="auto", policy="fixed")
             acco.pop("max_micro_batches_per_round", None)
-        if name in ("acco_lowbit_adaptive", "auto_lowbit_adaptive", "auto_lowbit_policy"):
-            acco["policy"] = "auto" if name == "auto_lowbit_policy" else "adaptive"  # the preset's own, or adaptive
+        if name == "auto_lowbit_policy_early":
+            acco.pop("warmup_steps")  # the benchmark's warm-up below, not the scheduler's
+        if name in ("acco_lowbit_adaptive", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early"):
+            acco["policy"] = "adaptive" if "adaptive" in name else "auto"  # the preset's own, or adaptive
             acco["max_micro_batches_per_round"] = _load("acco_adaptive.json", template_dir)["acco"][
                 "max_micro_batches_per_round"]
         if warmup_steps is not None and acco.get("warmup_steps") != "scheduler":  # a preset's "scheduler" stays

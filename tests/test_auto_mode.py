@@ -169,8 +169,9 @@ def test_the_example_auto_config_is_the_low_bit_preset_with_auto():
     block = acco_config_of(config=auto)
     assert block.mode == "auto" and block.auto.check_every == 20 and block.auto.acco_step_penalty == 0.05
     assert block.policy == "auto"  # auto chooses acco's policy too (tests/test_auto_policy.py)
-    # sync while the learning rate warms up: the first choice comes after the scheduler's warm-up
-    assert block.warmup_steps == auto["scheduler"]["params"]["warmup_num_steps"] == 10
+    # with the policy its own choice, auto starts choosing early: sync through the learning-rate warm-up cost it
+    # more than it saved on every bed (BENCHMARKS.md "auto chooses the policy too")
+    assert block.warmup_steps == 2 and auto["scheduler"]["params"]["warmup_num_steps"] == 10
     for key in ("comm_quantization", "error_feedback", "all_gather_quantization", "quantization_block_size"):
         assert auto["acco"][key] == lowbit["acco"][key], key
 

@@ -113,8 +113,8 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
                      "auto_lowbit": ("auto", "fixed"), "sync_lowbit_half": ("sync", "fixed"),
                      "acco_lowbit_lrwarm": ("acco", "fixed"), "auto_lowbit_adaptive": ("auto", "adaptive"),
                      "auto_lowbit_policy": ("auto", "auto"), "auto_lowbit_policy_early": ("auto", "auto")}
-    # sync steps for as long as the learning rate warms up (lrwarm, and the auto preset); the others keep the
-    # benchmark's warm-up
+    # sync steps for as long as the learning rate warms up (lrwarm, and auto as measured before policy auto); the
+    # others, the shipped auto preset among them, keep the benchmark's warm-up
     from ds_acco.deepspeed.initialize import acco_config_of
 
     warm = made["zero1"]["scheduler"]["params"]["warmup_num_steps"]

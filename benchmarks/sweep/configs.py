@@ -27,17 +27,16 @@ run; only how gradients travel differs:
 ``acco_lowbit_fixed``     acco_lowbit.json (``mode: acco``, ``policy: fixed``)
 ``acco_lowbit_adaptive``  acco_lowbit.json with ``policy: adaptive`` and
                     acco_adaptive.json's ``max_micro_batches_per_round``
-``auto_lowbit``     ds_configs/auto_lowbit.json with ``policy: fixed`` (the preset as shipped
-                    before ``policy: auto``): acco_lowbit.json's rounds with ``mode: auto``
-                    (sync or acco fixed, chosen from the measured step), sync while the
-                    learning rate warms up, a 5% delay penalty
-``auto_lowbit_adaptive``  the same with ``policy: adaptive`` (auto runs sync or acco adaptive)
-                    and acco_adaptive.json's ``max_micro_batches_per_round``
-``auto_lowbit_policy``  ds_configs/auto_lowbit.json as shipped: ``policy: auto`` (auto also
-                    chooses fixed or adaptive, pricing adaptive's smaller batches with the
-                    measured gradient noise scale)
-``auto_lowbit_policy_early``  the same, choosing from the benchmark's warm-up step on (no sync steps
-                    for the scheduler's learning-rate warm-up)
+``auto_lowbit``     ds_configs/auto_lowbit.json as measured before ``policy: auto``: ``mode: auto``
+                    with ``policy: fixed``, sync while the learning rate warms up
+                    (``warmup_steps: "scheduler"``), a 5% delay penalty
+``auto_lowbit_adaptive``  the same with ``policy: adaptive`` and acco_adaptive.json's
+                    ``max_micro_batches_per_round``
+``auto_lowbit_policy``  the same with ``policy: auto`` (auto also chooses fixed or adaptive,
+                    pricing adaptive's smaller batches with the measured gradient noise scale)
+``auto_lowbit_policy_early``  ds_configs/auto_lowbit.json as shipped: ``policy: auto``, choosing
+                    from the benchmark's warm-up step on (no sync steps for the learning-rate
+                    warm-up)
 ``acco_lowbit_lrwarm``    acco low-bit fixed whose ``warmup_steps`` (sync steps) last as long
                     as the scheduler's learning-rate warm-up: ACCO's one-step delay costs most
                     while the learning rate climbs, so those steps run sync
@@ -171,8 +170,8 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
         if name == "auto_lowbit":
             acco.update(mode="auto", policy="fixed")
             acco.pop("max_micro_batches_per_round", None)
-        if name == "auto_lowbit_policy_early":
-            acco.pop("warmup_steps")  # the benchmark's warm-up below, not the scheduler's
+        if name in ("auto_lowbit", "auto_lowbit_adaptive", "auto_lowbit_policy"):
+            acco["warmup_steps"] = "scheduler"  # as these were measured; the preset now starts choosing at step 2
         if name in ("acco_lowbit_adaptive", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early"):
             acco["policy"] = "adaptive" if "adaptive" in name else "auto"  # the preset's own, or adaptive
             acco["max_micro_batches_per_round"] = _load("acco_adaptive.json", template_dir)["acco"][

@@ -23,10 +23,10 @@ from .blocks import AutoConfig, CheckpointConfig, PreemptionConfig, StreamingCon
 
 TIMEOUT_RANGE_S = (1.0, 7 * 24 * 3600.0)  # [min, max] of acco.timeout_s, see AccoConfig.timeout_s
 SCHEDULER_WARMUP = "scheduler"
+"""``acco.warmup_steps`` value: sync steps for as long as the DeepSpeed scheduler warms the learning rate up."""
 FASTEST = "fastest"
 """``mode``/``policy`` ``"fastest"`` is ``"auto"`` under another name: HF Trainer's Accelerate refuses every ``"auto"``
 in a DeepSpeed config that it cannot fill itself (``acco.mode`` not found in kwargs), so a Trainer job writes this."""
-"""``acco.warmup_steps`` value: sync steps for as long as the DeepSpeed scheduler warms the learning rate up."""
 LOCAL_BLOCKS = {"telemetry", "checkpoint", "preemption"}
 """Blocks that may differ between ranks and between a save and its resume: they change no update."""
 

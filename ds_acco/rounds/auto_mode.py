@@ -88,7 +88,7 @@ class StepTimer:
         later moves both modes' rounds alike."""
         self._across: Optional[float] = None
         """The old mode's median round just before a switch, until the new mode's first window fills."""
-        self._mode, self._policy = SYNC, None
+        self._mode = SYNC
         self._mb_since_swap = 0
         self._skip = 1  # the first interval holds start-up (first forward, allocations)
         self._last_commit: Optional[tuple[float, int]] = None
@@ -96,11 +96,12 @@ class StepTimer:
     def micro_batch(self) -> None:
         self._mb_since_swap += 1
 
-    def enter(self, mode: str, policy: Optional[str] = None) -> None:
-        """A new mode (or acco policy) runs from now: its round and step figures start afresh (not its compute)."""
+    def enter(self, mode: str) -> None:
+        """A new mode (or acco policy) runs from now: its round and step figures start afresh (not its compute;
+        the wire factor is measured across a change of mode only)."""
         if self.rounds and mode != self._mode:
             self._across = statistics.median(self.rounds)
-        self._mode, self._policy = mode, policy
+        self._mode = mode
         self.rounds.clear()
         self.steps.clear()
         self.batches.clear()
@@ -274,7 +275,7 @@ class AutoMode:
         if self.rank == 0:
             logger.info(choice.line)
         if choice.mode != state.mode or (choice.mode == ACCO and choice.policy != state.policy):
-            self.timer.enter(choice.mode, choice.policy)
+            self.timer.enter(choice.mode)
         state.mode = choice.mode
         if choice.mode == ACCO:
             state.policy = choice.policy

@@ -54,10 +54,6 @@ class NoiseScale:
         self._trace.append(trace)
         self._signal.append(global_sq - trace * inv_big)
 
-    @property
-    def rounds(self) -> int:
-        return len(self._trace)
-
     def value(self) -> Optional[float]:
         """``B_noise`` in micro-batches; ``inf`` when the true gradient is lost in the noise (every batch
         size buys the same per sample); None before two rounds were measured."""

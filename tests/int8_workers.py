@@ -52,6 +52,17 @@ def _group_checks(coll, members: int) -> dict:
         acc_plain += plain_rs(coll, torch.empty(chunk), x)
         acc_ef += ef_rs(coll, torch.empty(chunk), x)
 
+    # int4 (acco's estimates): what each rank's quantisation lost, reduce-scattered in fp32, completes the sum
+    rs4 = Int8ReduceScatter(NUMEL, members, block_size=BLOCK, bits=4)
+    lost = torch.empty(NUMEL)
+    sent0 = coll.wire.sent
+    int4_out = rs4(coll, torch.empty(chunk), x, residual_out=lost)
+    int4_bytes = coll.wire.sent - sent0
+    padded_lost = torch.zeros(chunk * members)
+    padded_lost[:NUMEL] = lost
+    lost_sum = torch.empty(chunk)
+    coll.reduce_scatter_sum(lost_sum, padded_lost)
+
     gathered = {}
     shard = torch.linspace(-1, 1, 37) * (rank + 1)
     for wire in ("fp32", "bf16", "int8"):
@@ -64,6 +75,8 @@ def _group_checks(coll, members: int) -> dict:
         "rank": rank, "chunk": chunk, "everyone": everyone, "int8": out, "fp32": fp32_out,
         "int8_bytes": int8_bytes, "fp32_bytes": fp32_bytes, "bytes_per_call": rs.bytes_per_call,
         "ef_rounds": 8, "acc_plain": acc_plain, "acc_ef": acc_ef, "gathered": gathered,
+        "int4": int4_out, "int4_bytes": int4_bytes, "int4_bytes_per_call": rs4.bytes_per_call, "int4_lost": lost,
+        "int4_lost_sum": lost_sum,
     }
 
 

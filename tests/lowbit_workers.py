@@ -127,6 +127,7 @@ def train_recording_swaps(rank: int, world: int, *, config: dict, G: int, steps:
                 base = before if record.mode == "sync" else pending_base
                 swaps.append({"kind": record.kind, "base": base,
                               "flat": [g.flat.clone() for g in engine.groups],
+                              "params": [p.detach().clone() for p in W.ordered_params(model)],
                               "master": [g.master.detach().clone() for g in engine.groups]})
             if engine._round_index != launched:
                 launched = engine._round_index
@@ -160,6 +161,9 @@ LOWBIT_RUNS = {
     "dpu_int8_ag": {"mode": "dpu", "all_gather_quantization": "int8", "quantization_block_size": 8},
     "sync_int8_ag": {"mode": "sync", "all_gather_quantization": "int8", "quantization_block_size": 8},
     "acco_fp32": {"mode": "acco"},
+    "acco_int4_estimate": {"mode": "acco", "estimate_quantization": "int4", "quantization_block_size": 8},
+    "acco_lowbit_int4": {"mode": "acco", "all_gather_quantization": "int8", "comm_quantization": "int8",
+                         "error_feedback": True, "estimate_quantization": "int4", "quantization_block_size": 8},
 }
 STEPS, G, WORLD = 8, 4, 3
 

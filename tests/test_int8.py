@@ -101,6 +101,42 @@ def test_int8_reduce_scatter_matches_fp32_within_summed_bound(collectives, membe
 
 
 @pytest.mark.parametrize("members", [2, 3])
+def test_int4_reduce_scatter_within_its_bound_and_its_residual_completes_the_sum(collectives, members):
+    """acco's int4 estimates: each element within the summed half int4 step (scale / 14); each rank's residual
+    is exactly what its quantisation lost, so adding the residuals' sum gives the fp32 sum back."""
+    for rank in range(members):
+        res = collectives[rank][members]
+        exact, bound8 = _exact_and_bound(res, members)
+        bound4 = bound8 * 254 / 14
+        got = res["int4"].double()
+        fp_slack = 1e-5 * exact.abs() + 1e-6
+        assert ((got - exact).abs() <= bound4 + fp_slack).all()
+        assert (got - exact).abs().max() > bound8.max()  # coarser than int8: int4 really was sent
+        completed = got + res["int4_lost_sum"].double()
+        assert ((completed - exact).abs() <= 4 * fp_slack).all()
+        chunk = res["chunk"]
+        row = 4 * math.ceil(chunk / I.BLOCK) + _ceil4(math.ceil(chunk / 2))
+        assert res["int4_bytes"] == res["int4_bytes_per_call"] == (members - 1) * row
+        assert res["int4_bytes"] < 0.55 * res["int8_bytes"]
+
+
+def test_int4_levels_pack_two_per_byte_and_round_trip_within_a_half_step():
+    from ds_acco.numerics.quantization import QMAX_INT4, pack_int4, unpack_int4
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 50, generator=g) * torch.randn(3, 50, generator=g).exp()
+    q = quantize_blockwise(x, 16, qmax=QMAX_INT4)
+    assert int(q.payload.abs().max()) == 7
+    packed = torch.empty(3, 25, dtype=torch.uint8)
+    pack_int4(q.payload, packed)
+    assert int(packed.min()) >= 0x11 and int(packed.max()) <= 0xFF  # both nibbles in [1, 15]
+    levels = torch.empty(3, 50, dtype=torch.int8)
+    assert torch.equal(unpack_int4(packed, levels), q.payload)
+    err = (x - dequantize_blockwise(levels, q.scales, 16, qmax=QMAX_INT4)).abs()
+    assert (err <= _per_element(q.scales, 50, 16) / 14 * (1 + 1e-6)).all() and err.max() > 0
+
+
+@pytest.mark.parametrize("members", [2, 3])
 def test_error_feedback_reduces_accumulated_error(collectives, members):
     for rank in range(members):
         res = collectives[rank][members]

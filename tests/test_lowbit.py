@@ -154,7 +154,7 @@ def _full_master(result_ranks: list, swap: int) -> list[torch.Tensor]:
     return [torch.cat([r["swaps"][swap]["master"][g] for r in result_ranks]) for g in range(groups)]
 
 
-@pytest.mark.parametrize("name", INT8_AG_RUNS + ("acco_int8_estimate",))
+@pytest.mark.parametrize("name", INT8_AG_RUNS + ("acco_int8_estimate", "acco_int4_estimate", "acco_lowbit_int4"))
 def test_replicas_are_bit_identical_after_every_swap(results, name):
     runs = [r["train"][name] for r in results]
     assert len(runs[0]["swaps"]) >= L.STEPS
@@ -196,7 +196,36 @@ def test_int8_estimate_keeps_commits_exact(results):
             assert all(torch.equal(f, m) for f, m in zip(swap["flat"], _full_master(runs, i))), i
 
 
-@pytest.mark.parametrize("name", ["acco_int8_ag", "acco_int8_estimate", "acco_lowbit"])
+def _landed_estimates(run: dict) -> list:
+    return [swap["params"] for swap in run["swaps"] if swap["kind"] == "estimate"]
+
+
+def test_int4_estimate_commits_follow_the_rules_from_where_estimates_landed(results):
+    """``estimate_quantization: "int4"`` changes only where the micro-batches after an estimate are computed (at
+    the int4-landed lookahead): given those points, every commit equals the reference rules to fp32 rounding,
+    because the commit sends on what the int4 reduce-scatter lost. Without the residual the commits would step
+    on a gradient off by an int4 step of the estimate's half, which this tolerance would not pass."""
+    from ds_acco.reference import ReferenceRun, reference_schedule
+    from tests import workloads as W
+
+    run = results[0]["train"]["acco_int4_estimate"]
+    model = W.make_model()
+    ref = ReferenceRun(W.ordered_params(model), W.reference_grad_fn(model), W.make_reference_optimizer, L.WORLD,
+                       make_scheduler=W.decay_schedule)
+    want = reference_schedule(ref, ["acco"] * L.STEPS, L.G, estimate_at=_landed_estimates(run))
+    got = [swap["params"] for swap in run["swaps"] if swap["kind"] == "commit"]
+    assert len(got) == L.STEPS
+    for t, (a, b) in enumerate(zip(got, want)):
+        assert max(float((x - y).abs().max()) for x, y in zip(a, b)) < 2e-6, t
+    # the estimates landed off the fp32 lookahead (the commit path is what is exact, not the estimate)
+    fp32 = results[0]["train"]["acco_fp32"]
+    off = max(float((x - y).abs().max()) for a, b in zip(_landed_estimates(run), _landed_estimates(fp32))
+              for x, y in zip(a, b))
+    assert off > 1e-5, off
+
+
+@pytest.mark.parametrize("name", ["acco_int8_ag", "acco_int8_estimate", "acco_lowbit", "acco_int4_estimate",
+                                  "acco_lowbit_int4"])
 def test_low_bit_trains_close_to_fp32(results, name):
     """Same data and rules as the fp32 acco run; the masters differ by the int8 rounding only."""
     runs = [r["train"] for r in results]
@@ -219,6 +248,11 @@ def test_low_bit_round_bytes_counted_exactly(results):
     assert per_round["acco_lowbit"] == counts + int8 + int8 == 160
     est = s["acco_int8_estimate"]  # estimates send int8, commits fp32: between the two
     assert 224 < per_round["acco_int8_estimate"] < 288 and est["bytes_sent"] == est["bytes_received"]
+    # int4 estimates: half a byte per element plus a scale per block, in both collectives
+    int4 = (N - 1) * sum(4 * math.ceil(n / block) + _ceil4(math.ceil(n / 2)) for n in shards)
+    assert int4 == 48 < int8 == 56
+    assert per_round["acco_int4_estimate"] == ((counts + int4 + int4) + (counts + fp32 + fp32)) / 2 == 216
+    assert per_round["acco_lowbit_int4"] == ((counts + int4 + int4) + (counts + int8 + int8)) / 2 == 152
 
 
 # ------------------------------------------------------------------ config
@@ -228,12 +262,14 @@ def test_low_bit_round_bytes_counted_exactly(results):
     ({"mode": "streaming", "all_gather_quantization": "int8"}, "acco.streaming.all_gather_dtype"),
     ({"all_gather_quantization": "int4"}, "acco.all_gather_quantization: got 'int4'"),
     ({"all_gather_quantization": True}, "acco.all_gather_quantization: got True"),
+    ({"mode": "sync", "estimate_quantization": "int4"}, "acco.estimate_quantization: got 'int4' with mode 'sync'"),
+    ({"mode": "acco", "estimate_quantization": "int2"}, "acco.estimate_quantization: got 'int2'"),
 ])
 def test_bad_low_bit_config_names_field_value_and_allowed(block, message):
     with pytest.raises(AccoConfigError) as exc:
         parse_acco_config(block)
     assert message in str(exc.value)
-    if "int4" in message:
+    if "all_gather_quantization: got 'int4'" in message:
         assert "'none'" in str(exc.value) and "'int8_estimate'" in str(exc.value)
 
 
@@ -242,3 +278,10 @@ def test_fsdp_front_end_refuses_low_bit_all_gather():
 
     with pytest.raises(AccoConfigError, match="acco.all_gather_quantization: got 'int8'; the FSDP front end"):
         _fsdp_config({"backend": "fsdp", "mode": "acco", "all_gather_quantization": "int8"})
+
+
+def test_fsdp_front_end_refuses_int4_estimates():
+    from ds_acco.fsdp.options import fsdp_config as _fsdp_config
+
+    with pytest.raises(AccoConfigError, match="acco.estimate_quantization: got 'int4'; the FSDP front end allows 'same'"):
+        _fsdp_config({"backend": "fsdp", "mode": "acco", "estimate_quantization": "int4"})

@@ -17,6 +17,9 @@ from tests.dist_harness import run_distributed
     # low-bit parameter all-gathers: the replicas' int8-rounded parameters are what resumes
     ("acco", 11, {"comm_quantization": "int8", "error_feedback": True, "all_gather_quantization": "int8",
                   "quantization_block_size": 8}),
+    # saved with an int4 estimate in flight: what it lost, which the commit sends on, is part of the round state
+    ("acco", 11, {"comm_quantization": "int8", "error_feedback": True, "all_gather_quantization": "int8",
+                  "estimate_quantization": "int4", "quantization_block_size": 8}),
 ])
 def test_resume_is_bit_identical(tmp_path, mode, save_at, extra):
     kw = dict(config={"mode": mode, "warmup_steps": 1, **extra}, G=4, steps=8, clip=0.5, schedule=True)

@@ -31,10 +31,12 @@ from .streaming import streaming_table
 COLORS = {"zero1": "#444444", "zero1_overlap": "#999999", "sync": "#1f77b4", "dpu": "#2ca02c",
           "acco_fixed": "#ff7f0e", "acco_adaptive": "#d62728", "zero1_bf16": "#8c564b", "streaming_int8": "#9467bd",
           "streaming_fp32": "#17becf", "sync_lowbit": "#aec7e8", "acco_lowbit_fixed": "#e377c2",
-          "acco_lowbit_adaptive": "#bcbd22"}
+          "acco_lowbit_adaptive": "#bcbd22", "acco_lowbit_int4_fixed": "#f7b6d2",
+          "acco_lowbit_int4_adaptive": "#dbdb8d"}
 MARKERS = {"zero1": "s", "zero1_overlap": "D", "sync": "^", "dpu": "v", "acco_fixed": "o", "acco_adaptive": "*",
            "zero1_bf16": "P", "streaming_int8": "X", "streaming_fp32": "x", "sync_lowbit": "<",
-           "acco_lowbit_fixed": "h", "acco_lowbit_adaptive": "p"}
+           "acco_lowbit_fixed": "h", "acco_lowbit_adaptive": "p", "acco_lowbit_int4_fixed": "H",
+           "acco_lowbit_int4_adaptive": "d"}
 
 
 def _plt():

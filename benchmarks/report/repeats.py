@@ -38,8 +38,12 @@ AT = 0.75
 
 AUTO = ("auto_lowbit", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early")
 """The configs that choose their mode (``mode: auto``, the fixed or the adaptive policy when acco runs)."""
+ACCO_LOWBIT = ("acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_lowbit_lrwarm", "acco_lowbit_int4_fixed",
+               "acco_lowbit_int4_adaptive")
+"""ACCO's own configs with sync low-bit's communication, for the "ACCO vs its own sync mode" target (the int4
+ones cheapen only the estimate round)."""
 HAND_PICKED = ("sync", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_lowbit_lrwarm",
-               "streaming_int8")
+               "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "streaming_int8")
 """The modes a user could pick by hand instead of ``auto`` at the same batch (stock ZeRO-1 aside; the half-batch
 sync control changes the batch, which no mode does)."""
 
@@ -130,7 +134,7 @@ def summarize(groups: dict) -> dict:
 
 def _targets(bed: str, rate: str, med: dict, compute_ratios: Optional[dict] = None) -> list[dict]:
     found = []
-    for c in ("acco_lowbit_fixed", "acco_lowbit_adaptive"):
+    for c in ACCO_LOWBIT[:2] + ACCO_LOWBIT[3:]:
         if (compute_ratios or {}).get(c):
             found.append(target(f"compute per micro-batch with a round in flight within 3% of without, {c} "
                                 f"({bed}, {rate})", compute_ratios[c], 1.03, "<=", "median over runs of the ranks' mean"))
@@ -145,7 +149,7 @@ def _targets(bed: str, rate: str, med: dict, compute_ratios: Optional[dict] = No
         if med.get("sync_lowbit"):
             found.append(target(f"{name} never worse than sync low-bit ({bed}, {rate})",
                                 med[auto] / med["sync_lowbit"], 1.0, "<=", "ratio of medians"))
-    acco = {c: med[c] for c in ("acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_lowbit_lrwarm") if med.get(c)}
+    acco = {c: med[c] for c in ACCO_LOWBIT if med.get(c)}
     if acco and med.get("sync_lowbit") and bed.startswith("real"):
         best = min(acco, key=acco.get)
         limit = 0.75 if "%" in bed else 0.85

@@ -40,8 +40,8 @@ import torch
 
 from ds_acco.numerics.dtypes import DTYPES
 from ds_acco.numerics.finite import all_finite, count_non_finite
-from ds_acco.numerics.quantization import (DEFAULT_BLOCK_SIZE, check_block_size, dequantize_blockwise, num_blocks,
-                                           quantize_blockwise)
+from ds_acco.numerics.quantization import (DEFAULT_BLOCK_SIZE, QMAX, QMAX_INT4, check_block_size, dequantize_blockwise,
+                                           num_blocks, pack_int4, quantize_blockwise, unpack_int4)
 
 from . import collectives
 from .collectives import RoundCollectives
@@ -54,14 +54,19 @@ def _round4(n: int) -> int:
 
 
 class _WireRows:
-    """``rows`` packed wire rows (scales, payload, alignment) of ``numel`` elements each."""
+    """``rows`` packed wire rows (scales, payload, alignment) of ``numel`` elements each; ``bits`` 8 or 4
+    (int4: two elements per payload byte, through an int8 scratch of the levels)."""
 
-    def __init__(self, rows: int, numel: int, block_size: int, device: Optional[torch.device]):
-        self.numel = numel
-        self.block_size = block_size
+    def __init__(self, rows: int, numel: int, block_size: int, device: Optional[torch.device], bits: int = 8):
+        self.numel, self.block_size, self.bits = numel, block_size, bits
+        self.qmax = QMAX if bits == 8 else QMAX_INT4
         self.blocks = num_blocks(numel, block_size)
-        self.row_bytes = 4 * self.blocks + _round4(numel)
+        self.payload_bytes = numel if bits == 8 else -(-numel // 2)
+        self.row_bytes = 4 * self.blocks + _round4(self.payload_bytes)
         self.buffer = torch.zeros(rows, self.row_bytes, dtype=torch.int8, device=device)
+        # int4: the levels before packing (an even width: a lone last element pairs with a zero)
+        self._levels = torch.zeros(rows, 2 * self.payload_bytes, dtype=torch.int8, device=device) if bits == 4 \
+            else None
 
     @property
     def scales(self) -> torch.Tensor:
@@ -70,19 +75,30 @@ class _WireRows:
     @property
     def payload(self) -> torch.Tensor:
         start = 4 * self.blocks
-        return self.buffer[:, start : start + self.numel]
+        return self.buffer[:, start : start + self.payload_bytes]
 
     def pack(self, x: torch.Tensor) -> None:
         """Quantise ``x`` (``(rows, numel)``) into the rows."""
-        quantize_blockwise(x, self.block_size, payload=self.payload, scales=self.scales)
+        if self._levels is None:
+            quantize_blockwise(x, self.block_size, payload=self.payload, scales=self.scales)
+            return
+        quantize_blockwise(x, self.block_size, payload=self._levels[:, : self.numel], scales=self.scales,
+                           qmax=self.qmax)
+        pack_int4(self._levels, self.payload.view(torch.uint8))
 
-    def unpack(self, out: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
-        """Dequantise the rows into ``out`` (``(rows, numel)``)."""
-        return dequantize_blockwise(self.payload, self.scales, self.block_size, out=out, accumulate=accumulate)
+    def unpack(self, out: torch.Tensor, accumulate: bool = False, row: Optional[int] = None) -> torch.Tensor:
+        """Dequantise the rows (or only ``row``) into ``out`` (``(rows, numel)``, or ``(1, numel)``)."""
+        rows = slice(None) if row is None else slice(row, row + 1)
+        if self._levels is None:
+            levels = self.payload[rows]
+        else:
+            levels = unpack_int4(self.payload[rows].view(torch.uint8), self._levels[rows])[:, : self.numel]
+        return dequantize_blockwise(levels, self.scales[rows], self.block_size, out=out, accumulate=accumulate,
+                                    qmax=self.qmax)
 
 
 class Int8ReduceScatter:
-    """Summing reduce-scatter of a flat buffer as blockwise int8, for one buffer size.
+    """Summing reduce-scatter of a flat buffer as blockwise int8 (or int4), for one buffer size.
 
     Rank ``r`` receives the fp32 sum over ranks of elements
     ``[r * chunk, (r + 1) * chunk)`` of ``full``, with ``chunk = ceil(numel / N)``
@@ -95,6 +111,7 @@ class Int8ReduceScatter:
         block_size: elements per quantisation block (one fp32 scale each).
         error_feedback: keep the quantisation residual and add it to the next input.
         device: where the wire and scratch buffers live.
+        bits: 8, or 4 (acco's estimate rounds: half the bytes; the commit sends the residual on).
 
     Raises:
         ValueError: ``numel`` < 1, ``world_size`` < 1 or ``block_size`` not a positive int.
@@ -108,15 +125,18 @@ class Int8ReduceScatter:
         block_size: int = DEFAULT_BLOCK_SIZE,
         error_feedback: bool = False,
         device: Optional[torch.device] = None,
+        bits: int = 8,
     ):
         if numel < 1 or world_size < 1:
             raise ValueError(f"numel and world_size must be >= 1, got {numel}, {world_size}")
+        if bits not in (8, 4):
+            raise ValueError(f"bits: got {bits!r}; allowed: 8 or 4")
         check_block_size(block_size)
         self.numel, self.world_size, self.block_size = numel, world_size, block_size
         self.chunk = -(-numel // world_size)
         self.padded_numel = self.chunk * world_size
-        self._send = _WireRows(world_size, self.chunk, block_size, device)
-        self._recv = _WireRows(world_size, self.chunk, block_size, device)
+        self._send = _WireRows(world_size, self.chunk, block_size, device, bits)
+        self._recv = _WireRows(world_size, self.chunk, block_size, device, bits)
         needs_work = error_feedback or self.padded_numel != numel
         self._work = torch.zeros(self.padded_numel, dtype=torch.float32, device=device) if needs_work else None
         self.residual: Optional[torch.Tensor] = (
@@ -133,8 +153,9 @@ class Int8ReduceScatter:
         """Bytes this rank sends (and receives) per call: ``(N - 1)`` wire rows."""
         return (self.world_size - 1) * self._send.row_bytes
 
-    def __call__(self, coll: RoundCollectives, out: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
-        """Reduce-scatter ``full`` (sum) into ``out`` through int8 wire rows.
+    def __call__(self, coll: RoundCollectives, out: torch.Tensor, full: torch.Tensor,
+                 residual_out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Reduce-scatter ``full`` (sum) into ``out`` through quantised wire rows.
 
         Args:
             coll: the round's collectives (its group and byte counter are used).
@@ -142,6 +163,8 @@ class Int8ReduceScatter:
                 another dtype receives the fp32 sum rounded once).
             full: this rank's contribution, ``numel`` elements of any floating dtype;
                 read only.
+            residual_out: ``numel`` elements: receives what this rank's quantisation lost,
+                ``full - dequant(quant(full))`` (acco's commit sends it after an int4 estimate).
 
         Returns:
             ``out``.
@@ -163,6 +186,15 @@ class Int8ReduceScatter:
                 self._work.add_(self.residual)
             x = self._work.view(self.world_size, self.chunk)
         self._send.pack(x)
+        if residual_out is not None:
+            lost = residual_out.reshape(-1)
+            if lost.numel() != self.numel:
+                raise ValueError(f"residual_out: got {lost.numel()} elements; needs {self.numel}")
+            if self.padded_numel == self.numel:
+                self._send.unpack(lost.view(self.world_size, self.chunk))
+            else:
+                lost.copy_(self._send.unpack(self._work.view(self.world_size, self.chunk).clone()).view(-1)[: self.numel])
+            lost.neg_().add_(full.reshape(-1))
         if self.residual is not None:
             sent = self._send.unpack(self.residual.view(self.world_size, self.chunk))
             torch.sub(self._work, sent.view(-1), out=self.residual)
@@ -173,10 +205,7 @@ class Int8ReduceScatter:
         acc = out.view(-1) if direct else self._scratch(out)
         acc.zero_()
         for src in range(self.world_size):  # rank order; O(chunk) temporaries only
-            dequantize_blockwise(
-                self._recv.payload[src : src + 1], self._recv.scales[src], self.block_size,
-                out=acc.view(1, -1), accumulate=True,
-            )
+            self._recv.unpack(acc.view(1, -1), accumulate=True, row=src)
         if not direct:
             out.copy_(acc.view(out.shape))
         return out
@@ -301,22 +330,26 @@ class Int8DeltaAllGather:
         piece_numel: elements per rank per all-gather (rounded down to whole blocks); None:
             as many whole blocks as fit, with their scales, in ``collectives.MAX_PIECE_NUMEL`` bytes.
         device: where the wire buffers and the ``shard_numel`` fp32 scratch live.
+        bits: 8, or 4 (acco's estimate rounds: their lookahead only steers where the next gradients
+            are computed, and the commit's delta, taken against what landed, carries the error).
 
     Raises:
         ValueError: bad sizes or block size.
     """
 
     def __init__(self, shard_numel: int, world_size: int, *, block_size: int = DEFAULT_BLOCK_SIZE,
-                 piece_numel: Optional[int] = None, device: Optional[torch.device] = None):
+                 piece_numel: Optional[int] = None, device: Optional[torch.device] = None, bits: int = 8):
         if shard_numel < 1 or world_size < 1:
             raise ValueError(f"shard_numel and world_size must be >= 1, got {shard_numel}, {world_size}")
+        if bits not in (8, 4):
+            raise ValueError(f"bits: got {bits!r}; allowed: 8 or 4")
         check_block_size(block_size)
         self.shard_numel, self.world_size, self.block_size = shard_numel, world_size, block_size
         if piece_numel is None:  # a row of b blocks takes b * (block_size + 4) bytes, plus < 4 of alignment
             piece_numel = (collectives.MAX_PIECE_NUMEL - 4) // (block_size + 4) * block_size
         piece = min(shard_numel, max(block_size, piece_numel // block_size * block_size))
         self.pieces = [(start, min(piece, shard_numel - start)) for start in range(0, shard_numel, piece)]
-        self._rows = {n: (_WireRows(1, n, block_size, device), _WireRows(world_size, n, block_size, device))
+        self._rows = {n: (_WireRows(1, n, block_size, device, bits), _WireRows(world_size, n, block_size, device, bits))
                       for n in {n for _, n in self.pieces}}
         self._delta = torch.empty(shard_numel, dtype=torch.float32, device=device)
 
@@ -362,7 +395,7 @@ class Int8DeltaAllGather:
             coll.all_gather(recv.buffer.view(-1), send.buffer.view(-1))
             for r in range(N):  # rank order on every rank; O(piece) scratch
                 delta = self._delta[start:start + n]  # this rank's own delta is packed already: reuse the memory
-                dequantize_blockwise(recv.payload[r : r + 1], recv.scales[r], self.block_size, out=delta.view(1, -1))
+                recv.unpack(delta.view(1, -1), row=r)
                 dst, src = out_rows[r, start:start + n], base_rows[r, start:start + n]
                 if out.dtype == torch.float32 and base.dtype == torch.float32:
                     torch.add(src, delta, out=dst)

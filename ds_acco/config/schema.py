@@ -78,6 +78,12 @@ class AccoConfig(_Block):
     sends an int8 delta, commits included; each rank applies the same dequantised
     delta, so all replicas stay bit-identical and their distance to the fp32 master
     is one quantisation step of the last delta (the next delta carries the error)."""
+    estimate_quantization: Literal["same", "int4"] = "same"
+    """Mode ``acco`` (or ``auto``): what an *estimate* round puts on the wire. ``same``: what
+    ``comm_quantization`` and ``all_gather_quantization`` say. ``int4``: its gradient reduce-scatter and
+    its all-gather (a delta, as ``int8_estimate``) in blockwise int4, half the bytes of int8; the estimate
+    only steers where the next gradients are computed, and the commit sends each rank's int4 residual on
+    with its own gradients, so the commit steps on the same sum as without it (its rules stay exact)."""
     quantization_block_size: int = Field(default=256, ge=1)
     """Elements per int8 block (one fp32 scale each), for every int8 exchange."""
     error_feedback: bool = False
@@ -151,6 +157,11 @@ class AccoConfig(_Block):
                 f"acco.all_gather_quantization: got 'int8_estimate' with mode {self.mode!r}, which has no "
                 "estimate rounds; allowed with sync/dpu: 'none' or 'int8'"
             )
+        if self.estimate_quantization == "int4" and self.mode not in ("acco", "auto"):
+            raise ValueError(
+                f"acco.estimate_quantization: got 'int4' with mode {self.mode!r}, which has no estimate rounds; "
+                "allowed with sync/dpu/streaming: 'same' (or set acco.mode to 'acco' or 'auto')"
+            )
         quantized = self.streaming.quantize == "int8" if self.mode == "streaming" else self.comm_quantization == "int8"
         if self.error_feedback and not quantized:
             where = "acco.streaming.quantize" if self.mode == "streaming" else "acco.comm_quantization"
@@ -209,6 +220,7 @@ _LATER_DEFAULTS = {
     "quantization_block_size": 256,
     "all_gather_quantization": "none",
     "error_feedback": False,
+    "estimate_quantization": "same",
     "streaming": StreamingConfig().model_dump(),
     "auto": AutoConfig().model_dump(),
 }

@@ -75,6 +75,12 @@ def fsdp_config(block: Any) -> AccoConfig:
             "replicas train on, so a resume could not continue exactly). Low-bit all-gathers run on the "
             "DeepSpeed and plain front ends"
         )
+    if config.estimate_quantization != "same":
+        raise AccoConfigError(
+            f"acco.estimate_quantization: got {config.estimate_quantization!r}; the FSDP front end allows 'same' "
+            "only (an int4 estimate lands as a delta from the parameters every rank holds, which FSDP2 keeps "
+            "sharded). It runs on the DeepSpeed and plain front ends"
+        )
     return config
 
 

@@ -1,4 +1,4 @@
-"""Blockwise absmax int8 quantisation of fp32/bf16/fp16 tensors.
+"""Blockwise absmax int8 (and int4) quantisation of fp32/bf16/fp16 tensors.
 
 A tensor is cut into rows (one row per destination rank in the collectives, a
 single row otherwise) and every row into blocks of ``block_size`` consecutive
@@ -8,6 +8,10 @@ absolute maximum ``s``, and stores every element as ``q = round(127 * x / s)`` i
 ``[-127, 127]``. Dequantisation is ``q * s / 127``, so the round-trip error of an
 element is at most half a step, ``s / 254`` (plus fp32 rounding), within the
 ``s / 127`` the spec allows. An all-zero block has scale 0 and dequantises to 0.
+
+Int4 is the same with ``qmax = 7`` (``q`` in ``[-7, 7]``, error at most ``s / 14``),
+stored two elements per byte by :func:`pack_int4` (``q + 8``, low nibble first);
+acco's estimate rounds send it (``acco.estimate_quantization``).
 
 Non-finite inputs are not special-cased: a block holding inf/NaN gets a
 non-finite scale and dequantises to NaN, which ``check_finite`` then catches
@@ -27,6 +31,7 @@ DEFAULT_BLOCK_SIZE = 256
 """Elements per scale: 256 int8 values + one fp32 scale cost 1.016 bytes per element."""
 
 QMAX = 127
+QMAX_INT4 = 7
 
 
 class Quantized(NamedTuple):
@@ -108,6 +113,7 @@ def quantize_blockwise(
     *,
     payload: Optional[torch.Tensor] = None,
     scales: Optional[torch.Tensor] = None,
+    qmax: int = QMAX,
 ) -> Quantized:
     """Quantise every row of ``x`` blockwise to int8 with one absmax scale per block.
 
@@ -116,6 +122,7 @@ def quantize_blockwise(
         block_size: elements per block; ``numel`` need not be a multiple of it.
         payload: optional int8 output, ``(rows, numel)`` (may be a strided view).
         scales: optional fp32 output, ``(rows, num_blocks(numel, block_size))``.
+        qmax: the largest level (127 for int8, 7 for int4; the payload is int8 either way).
 
     Returns:
         :class:`Quantized` with 2-D ``payload`` and ``scales`` (``payload``/``scales``
@@ -138,21 +145,21 @@ def quantize_blockwise(
         payload = torch.empty(rows.shape, dtype=torch.int8, device=x.device)
     else:
         _check_out("payload", payload, rows.shape, torch.int8)
-    inv = torch.where(amax > 0, QMAX / amax, torch.zeros_like(amax))
+    inv = torch.where(amax > 0, qmax / amax, torch.zeros_like(amax))
     src_full, src_short = _split(rows, block_size)
     dst_full, dst_short = _split(payload, block_size)
     k = 0
     if src_full is not None:
         k = src_full.shape[1]
-        dst_full.copy_(_round(src_full.float() * inv[:, :k, None]))
+        dst_full.copy_(_round(src_full.float() * inv[:, :k, None], qmax))
     if src_short is not None:
-        dst_short.copy_(_round(src_short.float() * inv[:, k:]))
+        dst_short.copy_(_round(src_short.float() * inv[:, k:], qmax))
     return Quantized(payload, scales)
 
 
-def _round(t: torch.Tensor) -> torch.Tensor:
-    # |x| <= absmax, so |127 x / absmax| <= 127 up to one fp32 ulp; the clamp absorbs that ulp.
-    return t.round_().clamp_(-QMAX, QMAX)
+def _round(t: torch.Tensor, qmax: int) -> torch.Tensor:
+    # |x| <= absmax, so |qmax x / absmax| <= qmax up to one fp32 ulp; the clamp absorbs that ulp.
+    return t.round_().clamp_(-qmax, qmax)
 
 
 def dequantize_blockwise(
@@ -162,8 +169,9 @@ def dequantize_blockwise(
     *,
     out: Optional[torch.Tensor] = None,
     accumulate: bool = False,
+    qmax: int = QMAX,
 ) -> torch.Tensor:
-    """Inverse of :func:`quantize_blockwise`: ``q * scale / 127`` per block.
+    """Inverse of :func:`quantize_blockwise`: ``q * scale / qmax`` per block.
 
     Args:
         payload: int8, 1-D (one row) or ``(rows, numel)``.
@@ -171,6 +179,7 @@ def dequantize_blockwise(
         block_size: the block size the payload was quantised with.
         out: optional output of the payload's shape (any floating dtype, may be strided).
         accumulate: add into ``out`` instead of overwriting it (requires ``out``).
+        qmax: the largest level the payload was quantised with.
 
     Returns:
         ``out``, or a new fp32 tensor shaped like ``payload``.
@@ -191,7 +200,7 @@ def dequantize_blockwise(
         out = torch.empty(payload.shape, dtype=torch.float32, device=payload.device)
     elif out.shape != payload.shape:
         raise ValueError(f"out: got shape {tuple(out.shape)}; payload has {tuple(payload.shape)}")
-    step = scales2 / QMAX
+    step = scales2 / qmax
     out_rows = _as_rows(out)
     src_full, src_short = _split(rows, block_size)
     dst_full, dst_short = _split(out_rows, block_size)
@@ -202,6 +211,22 @@ def dequantize_blockwise(
     if src_short is not None:
         _write(dst_short, src_short.float().mul_(step[:, k:]), accumulate)
     return out
+
+
+def pack_int4(q: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Two int4 levels per byte: ``(rows, 2 k)`` int8 in ``[-7, 7]`` -> ``(rows, k)`` uint8, ``q + 8`` of the even
+    elements in the low nibble. uint8 arithmetic wraps, so ``q + 8`` of a negative ``q`` lands in ``[1, 7]``."""
+    u = q.view(torch.uint8)
+    torch.add(u[:, 0::2], 8, out=out)
+    return out.bitwise_or_(u[:, 1::2].add(8).bitwise_left_shift_(4))
+
+
+def unpack_int4(packed: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`pack_int4`: ``(rows, k)`` uint8 -> ``q``, ``(rows, 2 k)`` int8 (a preallocated scratch)."""
+    u = q.view(torch.uint8)
+    torch.bitwise_and(packed, 15, out=u[:, 0::2])
+    torch.bitwise_right_shift(packed, 4, out=u[:, 1::2])
+    return q.sub_(8)
 
 
 def _write(dst: torch.Tensor, value: torch.Tensor, accumulate: bool) -> None:

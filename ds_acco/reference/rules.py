@@ -136,13 +136,19 @@ def reference_trajectory(
 
 
 def reference_schedule(run: ReferenceRun, modes: Sequence[str], gradient_accumulation_steps: int,
-                       counts: Optional[Sequence[Sequence[int]]] = None) -> list[list[torch.Tensor]]:
+                       counts: Optional[Sequence[Sequence[int]]] = None,
+                       estimate_at: Optional[Sequence[Sequence[torch.Tensor]]] = None) -> list[list[torch.Tensor]]:
     """``θ`` after each step when step ``t`` runs in ``modes[t]`` (``sync`` or ``acco``), as ``mode: "auto"``
     switches: a run of acco steps starts like acco after warmup (its first estimate's micro-batches are
     computed at the committed ``θ``), and the step before a switch to sync commits without computing the
-    next estimate's micro-batches (sync's ``G`` then start at ``θ_{t+1}``)."""
+    next estimate's micro-batches (sync's ``G`` then start at ``θ_{t+1}``).
+
+    ``estimate_at``: for every acco step in order, the parameters its estimate landed as, where they are not
+    ``θ̃`` exactly (``acco.estimate_quantization: "int4"`` lands within a quantisation step of it): the next
+    estimate's micro-batches are computed there; nothing else changes."""
     G, N = gradient_accumulation_steps, run.N
     rounds = iter(counts) if counts is not None else None
+    landed = iter(estimate_at) if estimate_at is not None else None
 
     def quota(q: int) -> list[int]:
         return list(next(rounds)) if rounds is not None else [q] * N
@@ -155,7 +161,7 @@ def reference_schedule(run: ReferenceRun, modes: Sequence[str], gradient_accumul
         elif mode == "acco":
             if a_sum is None:
                 a_sum, a_cnt = run.gradients(run.snapshot(), quota(G // 2))
-            theta_tilde = run.lookahead(a_sum, a_cnt)
+            theta_tilde = run.lookahead(a_sum, a_cnt) if landed is None else list(next(landed))
             b_sum, b_cnt = run.gradients(run.snapshot(), quota(G // 2))
             run.step([a + b for a, b in zip(a_sum, b_sum)], a_cnt + b_cnt)
             a_sum = None

@@ -145,12 +145,14 @@ class StepTimer:
 
 def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G: int, step: int,
            policy: Optional[str] = None, noise: Optional[float] = None,
-           batch: Optional[float] = None) -> Optional[Choice]:
+           batch: Optional[float] = None, estimate_fraction: float = 1.0) -> Optional[Choice]:
     """The mode to run from ``figures`` (one row of :data:`FIGURES` per rank); None while they do not suffice.
 
     ``policy``: the acco policy running (``current == "acco"``); ``noise``: the gradient noise scale in
     micro-batches (:mod:`ds_acco.rounds.noise_scale`; None: not measured, batches are then priced per sample);
-    ``batch``: micro-batches per step measured in the running mode (the adaptive policy's varies)."""
+    ``batch``: micro-batches per step measured in the running mode (the adaptive policy's varies);
+    ``estimate_fraction``: an estimate round's bytes over a commit's (``acco.estimate_quantization``); round
+    times are commit rounds' (the timer scales estimates up by it)."""
     N = len(figures)
     c_sync = [r[0] or r[1] for r in figures]  # a job resumed in acco has no sync figure: its acco one bounds it
     c_acco = [r[1] or r[0] * _interference(figures) for r in figures]
@@ -167,7 +169,7 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     step_s = {(SYNC, None): measured if current == SYNC else G * max(c_sync_s) + R / wire}
     batches = {(SYNC, None): full}
     R_acco = R * wire if current == SYNC else R
-    predicted = {p: _predict_acco(c_acco_s, R_acco, G, config, p) for p in _policies(config)}
+    predicted = {p: _predict_acco(c_acco_s, R_acco, G, config, p, estimate_fraction) for p in _policies(config)}
     # in acco, the running policy's measured step calibrates the other's prediction
     calibration = measured / predicted[running[1]][0] if current == ACCO and running[1] in predicted else 1.0
     for p, (t, b) in predicted.items():
@@ -227,23 +229,31 @@ def _interference(figures: Sequence[Sequence[int]]) -> float:
     return max(ratios) if ratios else 1.0
 
 
-def _predict_acco(c: Sequence[float], R: float, G: int, config: AccoConfig, policy: str) -> tuple[float, float]:
-    """Seconds per nominal step and micro-batches committed per step of ``acco`` under ``policy``."""
+def _predict_acco(c: Sequence[float], R: float, G: int, config: AccoConfig, policy: str,
+                  estimate_fraction: float = 1.0) -> tuple[float, float]:
+    """Seconds per nominal step and micro-batches committed per step of ``acco`` under ``policy``
+    (``R``: a commit round's time; an estimate's is ``estimate_fraction`` of it)."""
     full = float(G * len(c))
+    rounds = (estimate_fraction * R, R)
     if policy == "fixed":
-        return 2.0 * max(G / 2 * max(c), R), full
-    T = max(R, max(c))
+        return sum(max(G / 2 * max(c), r) for r in rounds), full
     cap = config.max_micro_batches_per_round
-    counts = [min(max(1.0, T / ci), cap or float("inf")) for ci in c]
-    T = max(R, max(n * ci for n, ci in zip(counts, c)))
-    return 2.0 * T * full / (2.0 * sum(counts)), 2.0 * sum(counts)
+    seconds = made = 0.0
+    for r in rounds:
+        T = max(r, max(c))
+        counts = [min(max(1.0, T / ci), cap or float("inf")) for ci in c]
+        seconds += max(r, max(n * ci for n, ci in zip(counts, c)))
+        made += sum(counts)
+    return seconds * full / made, made
 
 
 class AutoMode:
     """The engine's side of ``mode: "auto"``: its timer, the noise scale, when a choice is due, the choices made."""
 
-    def __init__(self, config: AccoConfig, G: int, world_size: int, rank: int):
+    def __init__(self, config: AccoConfig, G: int, world_size: int, rank: int, estimate_fraction: float = 1.0):
         self.config, self.G, self.rank = config, G, rank
+        self.estimate_fraction = estimate_fraction
+        """An estimate round's bytes over a commit's: below 1 with ``acco.estimate_quantization: "int4"``."""
         self.timer = StepTimer(G, world_size)
         self.noise = NoiseScale() if config.policy != "fixed" else None
         """The gradient noise scale, where a policy with smaller batches is a candidate (None otherwise)."""
@@ -259,6 +269,8 @@ class AutoMode:
         """Feed one swapped-in round: its times to the timer, its norms to the noise scale."""
         # the count all-gather is where a round waits for the slowest peer: not the link's time
         wire_s = outcome.round_s - record.stage_s.get("count all-gather", 0.0)
+        if record.kind == "estimate":
+            wire_s /= self.estimate_fraction  # the commit round it stands for
         self.timer.swap(compute_s=record.compute_s, round_s=wire_s, now=now, committed=committed)
         if self.noise is not None and outcome.noise is not None and not outcome.skipped:
             self.noise.add(outcome.noise[0], outcome.counts, outcome.noise[1])
@@ -268,7 +280,8 @@ class AutoMode:
         ``state`` and returns the mode (unchanged while the figures do not suffice); logs the figures."""
         running = state.policy if state.mode == ACCO else None
         choice = choose(figures, state.mode, self.config, self.G, step, policy=running,
-                        noise=self.noise.value() if self.noise else None, batch=self.timer.batch()) if figures else None
+                        noise=self.noise.value() if self.noise else None, batch=self.timer.batch(),
+                        estimate_fraction=self.estimate_fraction) if figures else None
         if choice is None:
             return state.mode
         self.choices.append(choice.figures)

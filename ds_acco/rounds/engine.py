@@ -34,7 +34,7 @@ from . import state as round_state
 from .alignment import RoundAlignment
 from .auto_mode import SYNC, AutoMode
 from .describe import startup_fields
-from .group_buffers import build_group_buffers
+from .group_buffers import build_group_buffers, estimate_byte_fraction
 from .landing import Landing
 from .round_work import COMMIT, ESTIMATE, RoundOutcome, RoundWork
 from .state import RoundState
@@ -112,13 +112,13 @@ class RoundEngine(EngineLifecycle):
         accum = resolve_dtype(self.config.grad_accum_dtype, self.groups[0].flat.dtype, "acco.grad_accum_dtype")
         self.grads = GradBuffers(self.groups, accum)
         self._landing = Landing(self.groups, self.grads)  # no staging buffer: see the note in ds_acco/rounds/landing.py
-        self.buffers = build_group_buffers(self.groups, self.config, accum,
-                                           resolve_dtype(self.config.comm_dtype, accum, "acco.comm_dtype"),
-                                           self.world_size, self.device)
+        comm = resolve_dtype(self.config.comm_dtype, accum, "acco.comm_dtype")
+        self.buffers = build_group_buffers(self.groups, self.config, accum, comm, self.world_size, self.device)
         self.lr_clock = LrScheduleClock(self.G * self.world_size, by_tokens=self.config.policy != "fixed")
         self.work = RoundWork(self.groups, self.buffers, self._landing, self.coll, shard_optimizer, self.lr_clock,
                               self.config, self.clip, on_stage)
-        self.auto = AutoMode(self.config, self.G, self.world_size, self.rank) if self.config.mode == "auto" else None
+        self.auto = AutoMode(self.config, self.G, self.world_size, self.rank, estimate_byte_fraction(
+            self.buffers, self.groups, self.world_size, comm)) if self.config.mode == "auto" else None
         """``mode: "auto"``'s timer and choices (:mod:`ds_acco.rounds.auto_mode`); None in the other modes."""
         self.state = RoundState(mode=SYNC if self.auto else self.config.mode, active_scale=self._current_scale(),
                                 policy="fixed" if self.config.policy == "auto" else self.config.policy)

@@ -48,6 +48,13 @@ class GroupBuffers:
     """Mode acco: the estimate's reduced shard, added to the commit's (see the note in rounds/engine.py)."""
     delta_ag: Optional[Int8DeltaAllGather]
     """``all_gather_quantization`` other than ``"none"``: the int8-delta all-gather."""
+    est_rs: Optional[Int8ReduceScatter]
+    """``estimate_quantization: "int4"``: the estimate's int4 reduce-scatter."""
+    est_ag: Optional[Int8DeltaAllGather]
+    """``estimate_quantization: "int4"``: the estimate's int4-delta all-gather."""
+    est_residual: Optional[torch.Tensor]
+    """``estimate_quantization: "int4"``: what this rank's int4 estimate lost (accumulator-sized, in its dtype),
+    added to the commit's reduce-scatter input so the commit steps on the full sum."""
     publish32: Optional[torch.Tensor]
     """Int8-delta all-gathers with any group not in fp32: every group publishes fp32 values (the delta is taken
     from the fp32 result, not from its compute-dtype rounding)."""
@@ -61,12 +68,15 @@ def build_group_buffers(groups: Sequence[ShardedGroup], config: AccoConfig, accu
         AccoConfigError: an int8-delta all-gather asked for rank-major packed groups.
     """
     int8 = config.comm_quantization == "int8"  # the int8 exchange reads any dtype, sums in fp32
-    delta = config.all_gather_quantization != "none"
+    int4 = config.estimate_quantization == "int4"
+    delta = config.all_gather_quantization != "none" or int4
     if delta and any(g.packing is not None for g in groups):
+        field, value = ("estimate_quantization", "int4") if int4 else \
+            ("all_gather_quantization", config.all_gather_quantization)
         raise AccoConfigError(
-            f"acco.all_gather_quantization: got {config.all_gather_quantization!r} for rank-major packed "
-            "groups (FSDP2 layouts), whose int8 delta would be taken in another layout than the parameters; "
-            "allowed: 'none'"
+            f"acco.{field}: got {value!r} for rank-major packed groups (FSDP2 layouts), whose low-bit delta "
+            f"would be taken in another layout than the parameters; allowed: "
+            f"{repr('same') if int4 else repr('none')}"
         )
     publish32 = delta and any(g.flat.dtype != torch.float32 for g in groups)
     block = config.quantization_block_size
@@ -91,7 +101,28 @@ def build_group_buffers(groups: Sequence[ShardedGroup], config: AccoConfig, accu
                                       error_feedback=config.error_feedback, device=device) if int8 else None,
             kept=torch.zeros_like(shard32) if config.mode in ("acco", "auto") else None,
             delta_ag=Int8DeltaAllGather(g.layout.shard_numel, world_size, block_size=block, device=device)
-            if delta else None,
+            if config.all_gather_quantization != "none" else None,
+            est_rs=Int8ReduceScatter(g.layout.padded_numel, world_size, block_size=block, device=device, bits=4)
+            if int4 else None,
+            est_ag=Int8DeltaAllGather(g.layout.shard_numel, world_size, block_size=block, device=device, bits=4)
+            if int4 else None,
+            est_residual=torch.zeros(g.layout.padded_numel, dtype=accum, device=device) if int4 else None,
             publish32=torch.empty_like(shard32) if publish32 else None,
         ))
     return out
+
+
+def estimate_byte_fraction(buffers: Sequence[GroupBuffers], groups: Sequence[ShardedGroup], world_size: int,
+                           comm: torch.dtype) -> float:
+    """An int4 estimate round's bytes over a commit round's (ring model; 1.0 without ``estimate_quantization``):
+    ``mode: "auto"`` predicts acco's two rounds from a sync round's time with it."""
+    if not buffers or buffers[0].est_rs is None:
+        return 1.0
+    n = world_size - 1
+    estimate = sum(b.est_rs.bytes_per_call + b.est_ag.bytes_per_call for b in buffers)
+    commit = 0
+    for g, b in zip(groups, buffers):
+        commit += b.int8_rs.bytes_per_call if b.int8_rs is not None else \
+            n * g.layout.shard_numel * torch.empty(0, dtype=comm).element_size()
+        commit += b.delta_ag.bytes_per_call if b.delta_ag is not None else n * g.layout.shard_numel * g.flat.element_size()
+    return estimate / commit if commit else 1.0

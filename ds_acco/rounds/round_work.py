@@ -100,9 +100,10 @@ class RoundWork:
         """Whether rounds measure the gradient noise scale (auto weighs the adaptive policy's batches with it)."""
 
     def sends_delta(self, kind: str) -> bool:
-        """Whether a round of this kind all-gathers an int8 delta (acco.all_gather_quantization)."""
+        """Whether a round of this kind all-gathers a low-bit delta (acco.all_gather_quantization, and
+        acco.estimate_quantization for estimates)."""
         q = self.config.all_gather_quantization
-        return q == "int8" or (q == "int8_estimate" and kind == ESTIMATE)
+        return q == "int8" or (kind == ESTIMATE and (q == "int8_estimate" or self.buffers[0].est_ag is not None))
 
     def run(self, handle: RoundHandle, kind: str, mode: str, grads: list[torch.Tensor], bases: list[torch.Tensor],
             count: int, scale: float, figures: Sequence[int] = ()) -> RoundOutcome:
@@ -130,16 +131,24 @@ class RoundWork:
         self._enter_stage(handle, "reduce-scatter")
         for i, (g, buf, b) in enumerate(zip(self.groups, grads, bufs)):
             send = g.comm_input(buf, b.comm_scratch)
-            if b.int8_rs is not None:
-                b.int8_rs(coll, b.rs_out, send)
-            elif b.cast_rs is not None:
-                b.cast_rs(coll, b.rs_out, send)
+            rs_out = b.rs_out
+            if b.est_rs is not None and kind == ESTIMATE:  # int4; what it loses goes on with the commit
+                rs_out = b.shard32
+                b.est_rs(coll, rs_out, send, residual_out=b.est_residual)
             else:
-                coll.reduce_scatter_sum(b.rs_out, send)
+                if b.est_rs is not None and kind == COMMIT and mode == "acco":
+                    send.add_(b.est_residual)
+                    b.est_residual.zero_()
+                if b.int8_rs is not None:
+                    b.int8_rs(coll, rs_out, send)
+                elif b.cast_rs is not None:
+                    b.cast_rs(coll, rs_out, send)
+                else:
+                    coll.reduce_scatter_sum(rs_out, send)
             if self.landing.round_zeroes(i):
                 buf.zero_()  # "local grads reset"; otherwise the all-gather lands here and the swap zeroes
-            if b.rs_out is not b.shard32:
-                b.shard32.copy_(b.rs_out)
+            if rs_out is not b.shard32:
+                b.shard32.copy_(rs_out)
             if scale != 1.0:
                 b.shard32.mul_(1.0 / scale)  # unscaled sums, so an estimate and a commit made under
                 # different loss scales add up correctly
@@ -182,7 +191,8 @@ class RoundWork:
         self._enter_stage(handle, "all-gather")
         for i, (full, part) in enumerate(zip(landing, publish)):
             if delta:
-                bufs[i].delta_ag(coll, full, bases[i], part)
+                ag = bufs[i].est_ag if kind == ESTIMATE and bufs[i].est_ag is not None else bufs[i].delta_ag
+                ag(coll, full, bases[i], part)
             else:
                 self.all_gather_compute(i, full, part)
         self._enter_stage(handle, "done")

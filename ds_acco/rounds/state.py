@@ -3,7 +3,7 @@
 A front end's checkpoint (DeepSpeed's files, FSDP2's DCP shards) holds the compute
 parameters, the master shards and the optimizer; what only the round engine knows is
 here: its schedule (:class:`RoundState`), the accumulator being filled, the kept estimate
-shard, the int8 residuals, the learning-rate clock, and a round that finished but was not
+shard and what an int4 estimate lost, the int8 residuals, the learning-rate clock, and a round that finished but was not
 yet swapped in (its result, as this rank's shard of the buffer it landed in). Saving waits
 for the round in flight without swapping it in, so a checkpoint never changes the
 trajectory; loading all-gathers that pending result back (the engine does that part).
@@ -76,6 +76,8 @@ def snapshot(state: RoundState, *, identity: dict, round_index: int, grads: Grad
         "kept": [b.kept.clone() for b in buffers if b.kept is not None],
         "kept_count": kept.count,
         "kept_nonfinite": kept.nonfinite,
+        "estimate_residuals": [b.est_residual.clone() for b in buffers if b.est_residual is not None]
+        if any(b.est_residual is not None and bool(b.est_residual.any()) for b in buffers) else None,
         "residuals": [b.int8_rs.residual.clone() if b.int8_rs.residual is not None else None for b in buffers]
         if int8 else None,
         "pending": pending,
@@ -110,6 +112,12 @@ def restore(saved: dict, *, identity: dict, grads: GradBuffers, buffers: Sequenc
             buf.zero_()
     for b, kept in zip([b for b in buffers if b.kept is not None], saved["kept"]):
         b.kept.copy_(kept)
+    lost = saved.get("estimate_residuals") or []  # absent: no int4 estimate pending (or saved before they existed)
+    for b in buffers:
+        if b.est_residual is not None:
+            b.est_residual.zero_()
+    for b, residual in zip([b for b in buffers if b.est_residual is not None], lost):
+        b.est_residual.copy_(residual)
     residuals = saved.get("residuals") or [None] * len(buffers)  # absent before error feedback was saved
     for b, residual in zip([b for b in buffers if b.int8_rs is not None], residuals):
         if b.int8_rs.residual is not None and residual is not None:
@@ -126,6 +134,8 @@ def reset_buffers(grads: GradBuffers, buffers: Sequence[GroupBuffers]) -> None:
     for b in buffers:
         if b.kept is not None:
             b.kept.zero_()
+        if b.est_residual is not None:
+            b.est_residual.zero_()
         if b.int8_rs is not None:
             b.int8_rs.reset_error_feedback()
 

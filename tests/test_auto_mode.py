@@ -17,7 +17,7 @@ import pytest
 from ds_acco.config import parse_acco_config
 from ds_acco.errors import AccoConfigError
 from ds_acco.reference import ReferenceRun, reference_schedule
-from ds_acco.rounds.auto_mode import StepTimer, choose
+from ds_acco.rounds.auto_mode import AutoMode, StepTimer, choose
 from tests import workloads as W
 from tests.auto_workers import train_auto
 from tests.dist_harness import run_distributed
@@ -92,6 +92,31 @@ def test_choice_follows_the_step_model(round_ms, want):
     choice = choose(figures(50, round_ms, 4 * 50 + round_ms), "sync", cfg, G, step=3)
     assert choice.mode == want, choice.line
     assert choice.figures["acco_step_ms"] == pytest.approx(2 * max(100, round_ms), rel=1e-3)
+
+
+def test_int4_estimates_are_priced_by_their_bytes():
+    """With ``estimate_quantization: "int4"`` an estimate round moves about half a commit's bytes: acco's step is
+    one estimate and one commit, ``max(G/2 c, f R) + max(G/2 c, R)``; a link where two full rounds do not hide
+    behind compute but one full and one half do makes acco the choice only with int4 estimates."""
+    cfg = parse_acco_config(AUTO)
+    plain = choose(figures(50, 160, 4 * 50 + 160), "sync", cfg, G, step=3)
+    int4 = choose(figures(50, 160, 4 * 50 + 160), "sync", cfg, G, step=3, estimate_fraction=0.5)
+    assert plain.figures["acco_step_ms"] == pytest.approx(320, rel=1e-3)
+    assert int4.figures["acco_step_ms"] == pytest.approx(100 + 160, rel=1e-3)
+    assert plain.mode == "sync" and int4.mode == "acco", (plain.line, int4.line)
+    # the timer keeps commit-equivalent round times: an int4 estimate's time counts as twice its own
+    from ds_acco.rounds.round_work import RoundOutcome
+    from ds_acco.telemetry.records import RoundRecord
+
+    auto = AutoMode(cfg, G, 2, 0, estimate_fraction=0.5)
+    for i, (kind, round_s) in enumerate([("commit", 0.3), ("estimate", 0.09), ("commit", 0.2), ("estimate", 0.1)]):
+        record = RoundRecord(index=i, kind=kind, mode="acco", step=i, counts=[2, 2], compute_s=0.1, round_s=round_s,
+                             waited_s=0.0, bytes_sent=0, bytes_received=0, grad_norm=1.0, skipped=False, lr=0.1,
+                             stage_s={"count all-gather": 0.01}, stage_cpu_s={}, nominal_step=i)
+        outcome = RoundOutcome(counts=[2, 2], round_s=round_s, bytes_sent=0, bytes_received=0, grad_norm=1.0,
+                               skipped=False, lr=0.1)
+        auto.after_round(record, outcome, now=float(i), committed=None)
+    assert sorted(auto.timer.rounds) == pytest.approx([0.16, 0.18, 0.19])  # the first interval is start-up
 
 
 def test_measured_interference_and_the_margin_keep_acco_from_flapping():

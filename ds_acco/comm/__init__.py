@@ -5,8 +5,7 @@ round handle that re-raises a round's error in the training thread, the lifecycl
 every engine that runs rounds shares (its private process group, peer agreement,
 the round in flight, the drain at exit, the close order), the collectives with
 their byte counts (the gloo reduce-scatter through all-to-all, pieces paced to the
-link), the int8/int4 and chunked-cast variants, and the scheduling policy that keeps
-the round's threads from preempting compute on a shared CPU.
+link), and the int8 and chunked-cast variants.
 
 May import: layers 0-1 (errors, numerics, config, telemetry) and torch. It knows no
 optimizer and no framework.

@@ -41,8 +41,6 @@ import torch
 import torch.distributed as dist
 
 from .link_pacing import LinkPacer
-from .thread_policy import AVAILABLE as BATCH_AVAILABLE
-from .thread_policy import run_in_batch_thread
 
 # torch 2.13 renamed the *_tensor collectives; keep one spelling for the range we support.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -80,15 +78,11 @@ class WireBytes:
 class RoundCollectives:
     """Thin wrappers over ``torch.distributed`` on a dedicated process group."""
 
-    def __init__(self, group: dist.ProcessGroup | None, timeout_s: float, batch_threads: bool = False):
+    def __init__(self, group: dist.ProcessGroup | None, timeout_s: float):
         base = group if group is not None else dist.group.WORLD
         ranks = dist.get_process_group_ranks(base)
         # Every rank of the default group must take part in new_group, in the same order.
-        make = lambda: dist.new_group(ranks=ranks, timeout=timedelta(seconds=timeout_s))  # noqa: E731
-        gloo = dist.get_backend(base) == "gloo"
-        # gloo's threads start in new_group: from a SCHED_BATCH thread they inherit it (ds_acco.comm.thread_policy)
-        self.group = run_in_batch_thread(make) if batch_threads and gloo else make()
-        self.batch_threads = batch_threads and gloo and BATCH_AVAILABLE
+        self.group = dist.new_group(ranks=ranks, timeout=timedelta(seconds=timeout_s))
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
         self.wire = WireBytes()

@@ -35,8 +35,6 @@ import torch
 
 from ds_acco.errors import AccoRoundError, AccoTimeoutError
 
-from .thread_policy import enter_batch_policy
-
 
 class StreamEvent(NamedTuple):
     """A tensor's producer event on a CUDA stream (None on CPU)."""
@@ -135,8 +133,8 @@ class RoundHandle:
 class CommThread:
     """One daemon thread that runs submitted rounds in order."""
 
-    def __init__(self, device: torch.device, name: str = "ds_acco-comm", batch: bool = False):
-        self.device, self._batch = device, batch
+    def __init__(self, device: torch.device, name: str = "ds_acco-comm"):
+        self.device = device
         # The one CUDA stream rounds run on (see the note above); None on CPU.
         self.comm_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._jobs: "queue.Queue[Optional[tuple]]" = queue.Queue()
@@ -150,8 +148,6 @@ class CommThread:
         return handle
 
     def _loop(self) -> None:
-        if self._batch:
-            enter_batch_policy()  # no preemption of compute on wake-up (ds_acco.comm.thread_policy)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         while True:

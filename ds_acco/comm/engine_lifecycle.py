@@ -60,7 +60,7 @@ class EngineLifecycle:
         self._round_index = 0
         self.stop_agreed, self._stopping = False, False  # a SIGTERM reached every rank / handed over
         self._on_stop: Callable[[], None] = self.preempt
-        self.coll = RoundCollectives(process_group, config.timeout_s, config.comm_scheduling == "batch")
+        self.coll = RoundCollectives(process_group, config.timeout_s)
         self.rank, self.world_size = self.coll.rank, self.coll.world_size
         tcfg = config.telemetry
         path = f"{tcfg.jsonl_path}.rank{self.rank}" if tcfg.jsonl_path else None
@@ -77,7 +77,7 @@ class EngineLifecycle:
     def _start_thread(self) -> None:
         if self.config.preemption.enabled:
             STOP.install()  # SIGTERM: stop every rank at a round boundary (ds_acco.comm.stop_signal)
-        self._comm = CommThread(self.device, name=self._thread_name, batch=self.coll.batch_threads)
+        self._comm = CommThread(self.device, name=self._thread_name)
         EXIT_ORDER.add(self)  # closed, with a drain, at interpreter exit (see _ExitOrder)
 
     # ------------------------------------------------------------ preemption

@@ -60,10 +60,6 @@ class AccoConfig(_Block):
     """Dtype of the gradient reduce-scatter payload (``auto``: the accumulation dtype)."""
     grad_accum_dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Dtype micro-batch gradients accumulate in (``auto``: the parameters' dtype)."""
-    comm_scheduling: Literal["batch", "normal"] = "batch"
-    """How the round's threads share a CPU with compute (gloo on Linux): ``batch`` runs them as
-    ``SCHED_BATCH``, which never preempts the training thread when packets wake them
-    (:mod:`ds_acco.comm.thread_policy`); ``normal``: the OS default."""
     timeout_s: float = 600.0
     """Limit for one collective and for the training thread's wait on a round."""
     max_micro_batches_per_round: Optional[int] = Field(default=None, ge=1)
@@ -225,7 +221,6 @@ _LATER_DEFAULTS = {
     "all_gather_quantization": "none",
     "error_feedback": False,
     "estimate_quantization": "same",
-    "comm_scheduling": "batch",
     "streaming": StreamingConfig().model_dump(),
     "auto": AutoConfig().model_dump(),
 }

@@ -112,7 +112,12 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
                      "acco_bf16": ("acco", "fixed"), "acco_bf16_fp32acc": ("acco", "fixed"),
                      "auto_lowbit": ("auto", "fixed"), "sync_lowbit_half": ("sync", "fixed"),
                      "acco_lowbit_lrwarm": ("acco", "fixed"), "auto_lowbit_adaptive": ("auto", "adaptive"),
-                     "auto_lowbit_policy": ("auto", "auto"), "auto_lowbit_policy_early": ("auto", "auto")}
+                     "auto_lowbit_policy": ("auto", "auto"), "auto_lowbit_policy_early": ("auto", "auto"),
+                     "acco_lowbit_int4_fixed": ("acco", "fixed"), "acco_lowbit_int4_adaptive": ("acco", "adaptive"),
+                     "auto_lowbit_int4": ("auto", "auto")}
+    # int4 estimates: those three only, on the low-bit rounds
+    assert {n for n, c in made.items() if c.get("acco", {}).get("estimate_quantization") == "int4"} == {
+        "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4"}
     # sync steps for as long as the learning rate warms up (lrwarm, and auto as measured before policy auto); the
     # others, the shipped auto preset among them, keep the benchmark's warm-up
     from ds_acco.deepspeed.initialize import acco_config_of
@@ -123,7 +128,8 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
         "acco_lowbit_lrwarm": warm, "auto_lowbit": warm, "acco_lowbit_fixed": 1, "auto_lowbit_policy_early": 1}
     assert acco_config_of(config=made["auto_lowbit"]).auto.acco_step_penalty == 0.05
     for name in ("sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "auto_lowbit", "sync_lowbit_half",
-                 "acco_lowbit_lrwarm", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early"):
+                 "acco_lowbit_lrwarm", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early",
+                 "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4"):
         acco = made[name]["acco"]
         assert (acco["comm_quantization"], acco["error_feedback"], acco["all_gather_quantization"]) == (
             "int8", True, "int8"), name

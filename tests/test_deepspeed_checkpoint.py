@@ -15,8 +15,14 @@ CFG = D.ds_config(4, {"mode": "acco", "warmup_steps": 1}, clip=0.5, scheduler=Tr
 LOWBIT = D.ds_config(4, {"mode": "acco", "warmup_steps": 1, "comm_quantization": "int8", "error_feedback": True,
                          "all_gather_quantization": "int8", "quantization_block_size": 8}, clip=0.5, scheduler=True)
 
+# ...with int4 estimates, saved with an estimate in flight (what it lost is part of the round state)
+LOWBIT_INT4 = D.ds_config(4, {"mode": "acco", "warmup_steps": 1, "comm_quantization": "int8", "error_feedback": True,
+                              "all_gather_quantization": "int8", "estimate_quantization": "int4",
+                              "quantization_block_size": 8}, clip=0.5, scheduler=True)
 
-@pytest.mark.parametrize("save_at, config", [(14, CFG), (13, LOWBIT)], ids=["acco", "lowbit"])
+
+@pytest.mark.parametrize("save_at, config", [(14, CFG), (13, LOWBIT), (11, LOWBIT_INT4)],
+                         ids=["acco", "lowbit", "lowbit_int4"])
 def test_resume_is_bit_identical_and_zero_to_fp32_reads_it(tmp_path, save_at, config):
     ckpt = str(tmp_path / "ckpt")
     full = run_distributed(D.train_ds, 2, config=config, steps=8, timeout=300)[0]["trajectory"]

@@ -40,6 +40,8 @@ run; only how gradients travel differs:
 ``acco_lowbit_int4_fixed``  acco_lowbit_fixed with ``estimate_quantization: "int4"``: the estimate
                     round's reduce-scatter and all-gather in int4 (the commit's stay int8)
 ``acco_lowbit_int4_adaptive``  acco_lowbit_adaptive with the same int4 estimates
+``auto_lowbit_int4``  auto_lowbit_policy_early (the shipped auto preset) with int4 estimates: auto's
+                    acco candidates are the int4 ones, priced with the estimate's byte fraction
 ``acco_lowbit_lrwarm``    acco low-bit fixed whose ``warmup_steps`` (sync steps) last as long
                     as the scheduler's learning-rate warm-up: ACCO's one-step delay costs most
                     while the learning rate climbs, so those steps run sync
@@ -66,7 +68,8 @@ TEMPLATE_DIR = os.path.join(REPO, "ds_configs")
 CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive", "zero1_bf16", "streaming_int8",
            "streaming_fp32", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_bf16",
            "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half", "acco_lowbit_lrwarm", "auto_lowbit_adaptive",
-           "auto_lowbit_policy", "auto_lowbit_policy_early", "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive")
+           "auto_lowbit_policy", "auto_lowbit_policy_early", "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive",
+           "auto_lowbit_int4")
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
 """The configs of the sweep part ``streaming`` (not in the default bandwidth comparison)."""
@@ -101,6 +104,7 @@ LABELS = {
     "acco_lowbit_lrwarm": "ds_acco acco low-bit fixed, sync while the LR warms up",
     "acco_lowbit_int4_fixed": "ds_acco acco low-bit fixed, int4 estimates",
     "acco_lowbit_int4_adaptive": "ds_acco acco low-bit adaptive, int4 estimates",
+    "auto_lowbit_int4": "ds_acco auto low-bit, policy auto, int4 estimates",
 }
 _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "acco_fixed.json",
                   "acco_adaptive": "acco_adaptive.json", "sync_lowbit": "acco_lowbit.json",
@@ -109,7 +113,8 @@ _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "a
                   "auto_lowbit": "auto_lowbit.json", "sync_lowbit_half": "acco_lowbit.json",
                   "acco_lowbit_lrwarm": "acco_lowbit.json", "auto_lowbit_adaptive": "auto_lowbit.json",
                   "auto_lowbit_policy": "auto_lowbit.json", "auto_lowbit_policy_early": "auto_lowbit.json",
-                  "acco_lowbit_int4_fixed": "acco_lowbit.json", "acco_lowbit_int4_adaptive": "acco_lowbit.json"}
+                  "acco_lowbit_int4_fixed": "acco_lowbit.json", "acco_lowbit_int4_adaptive": "acco_lowbit.json",
+                  "auto_lowbit_int4": "auto_lowbit.json"}
 
 
 def _load(name: str, template_dir: str) -> dict:
@@ -181,7 +186,7 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
         if "int4" in name:
             acco["estimate_quantization"] = "int4"
         if name in ("acco_lowbit_adaptive", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early",
-                    "acco_lowbit_int4_adaptive"):
+                    "acco_lowbit_int4_adaptive", "auto_lowbit_int4"):
             acco["policy"] = "adaptive" if "adaptive" in name else "auto"  # the preset's own, or adaptive
             acco["max_micro_batches_per_round"] = _load("acco_adaptive.json", template_dir)["acco"][
                 "max_micro_batches_per_round"]

@@ -138,7 +138,7 @@ def train_recording_swaps(rank: int, world: int, *, config: dict, G: int, steps:
     finally:
         engine.close()
     summary = engine.telemetry.summary()
-    return {"swaps": swaps, "final": final, "summary": summary,
+    return {"swaps": swaps, "final": final, "summary": summary, "startup": engine.startup_fields(),
             "shard_numels": [g.layout.shard_numel for g in engine.groups],
             "wire": {"calls": engine.coll.wire.calls, "pieces": engine.coll.wire.pieces,
                      "piece_bytes": engine.coll.piece_bytes}}

@@ -224,6 +224,18 @@ def test_int4_estimate_commits_follow_the_rules_from_where_estimates_landed(resu
     assert off > 1e-5, off
 
 
+def test_the_start_up_line_names_each_round_kinds_wire_format(results):
+    wire = {name: (results[0]["train"][name]["startup"]["reduce_scatter"],
+                   results[0]["train"][name]["startup"]["param_all_gather"])
+            for name in ("acco_fp32", "acco_int8_estimate", "acco_int4_estimate", "acco_lowbit_int4")}
+    assert wire == {
+        "acco_fp32": ("fp32", "fp32"),
+        "acco_int8_estimate": ("fp32", "int8 delta (estimates), fp32 (commits)"),
+        "acco_int4_estimate": ("int4 (estimates), fp32 (commits)", "int4 delta (estimates), fp32 (commits)"),
+        "acco_lowbit_int4": ("int4 (estimates), int8(block 8) (commits)", "int4 delta (estimates), int8 delta (commits)"),
+    }
+
+
 @pytest.mark.parametrize("name", ["acco_int8_ag", "acco_int8_estimate", "acco_lowbit", "acco_int4_estimate",
                                   "acco_lowbit_int4"])
 def test_low_bit_trains_close_to_fp32(results, name):

@@ -188,12 +188,13 @@ class Int8ReduceScatter:
         self._send.pack(x)
         if residual_out is not None:
             lost = residual_out.reshape(-1)
-            if lost.numel() != self.numel:
-                raise ValueError(f"residual_out: got {lost.numel()} elements; needs {self.numel}")
-            if self.padded_numel == self.numel:
+            if lost.numel() != self.numel or self.residual is not None:
+                raise ValueError(f"residual_out: got {lost.numel()} elements for {self.numel}, error feedback "
+                                 f"{self.error_feedback}; needs {self.numel} elements and no error feedback")
+            if self._work is None:
                 self._send.unpack(lost.view(self.world_size, self.chunk))
-            else:
-                lost.copy_(self._send.unpack(self._work.view(self.world_size, self.chunk).clone()).view(-1)[: self.numel])
+            else:  # padded: the work buffer is free once packed (no error feedback reads it)
+                lost.copy_(self._send.unpack(self._work.view(self.world_size, self.chunk)).view(-1)[: self.numel])
             lost.neg_().add_(full.reshape(-1))
         if self.residual is not None:
             sent = self._send.unpack(self.residual.view(self.world_size, self.chunk))

@@ -94,6 +94,27 @@ def test_the_noise_scale_decides_between_full_and_smaller_batches():
     assert choose(figures([50, 50], 40, sync_ms), "sync", cfg, 8, step=3).policy == "fixed"
 
 
+def test_a_noise_scale_below_resolution_prices_per_committed_step():
+    """A noise scale the rounds measure as 0 is the model's limit, where every batch size needs the same steps:
+    candidates are priced per committed step, not per sample (which would make larger batches free). G = 8,
+    50 ms micro-batches, whole micro-batches per adaptive round (3 in a 130 ms round, 5 in a 230 ms one)."""
+    cfg = parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0, "switch_margin": 0.05}))
+    for round_ms, adaptive_batch, adaptive_commit_ms, fixed_commit_ms, winner in [
+            (130, 12, 2 * 150, 2 * 200, "adaptive"),  # per sample a tie (400 ms per 16): per step adaptive
+            (230, 20, 2 * 250, 2 * 230, "fixed")]:  # per sample adaptive (400 against 460 ms per 16): per step fixed
+        sync_ms = 8 * 50 + round_ms
+        got = choose(figures([50, 50], round_ms, sync_ms), "sync", cfg, 8, step=3, noise=0.0)
+        cands = got.figures["candidates"]
+        assert cands["acco adaptive"]["batch"] == pytest.approx(adaptive_batch)
+        assert cands["acco adaptive"]["step_ms"] == pytest.approx(adaptive_commit_ms * 16 / adaptive_batch)
+        assert cands["acco adaptive"]["score_ms"] == pytest.approx(adaptive_commit_ms)
+        assert cands["acco fixed"]["score_ms"] == pytest.approx(fixed_commit_ms)
+        assert cands["sync"]["score_ms"] == pytest.approx(sync_ms)
+        assert got.policy == winner, got.line
+        unpriced = choose(figures([50, 50], round_ms, sync_ms), "sync", cfg, 8, step=3)
+        assert unpriced.policy != winner, unpriced.line  # per sample, the other choice
+
+
 def test_running_acco_calibrates_the_other_policy_with_its_measured_step():
     cfg = parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0, "switch_margin": 0.05}))
     # fixed runs and measures 480 ms where the model says 400 (x1.2): adaptive's 400 ms is priced 480 too
@@ -114,8 +135,10 @@ def test_policy_auto_needs_mode_auto():
 
 
 def test_a_slow_worker_makes_auto_choose_the_adaptive_policy_and_the_run_follows_the_rules():
-    """Rank 1 computes at half speed (50 / 100 ms per micro-batch), rounds take 100 ms: a fixed step waits for
-    rank 1's 2 micro-batches (400 ms per 8), an adaptive one commits 2 + 1 in 100 ms (267 ms per 8)."""
+    """Rank 1 computes at half speed (50 / 100 ms per micro-batch), rounds take 100 ms and a little more: a fixed
+    step waits for rank 1's 2 micro-batches per round (400 ms per 8), an adaptive round ends at rank 1's second
+    micro-batch, rank 0 having made 4 (12 per step in 400 ms, 267 ms per 8): auto predicts that batch, and the
+    noise scale measured in the sync rounds prices it."""
     results = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=[0.05, 0.1], link=[(0, 0.1)], steps=10,
                               config=AUTO, roundtrip=True)
     got = results[0]
@@ -123,7 +146,11 @@ def test_a_slow_worker_makes_auto_choose_the_adaptive_policy_and_the_run_follows
     first = got["choices"][0]
     assert first["step"] == 3 and (first["runs"], first["policy"]) == ("acco", "adaptive"), first
     assert first["noise_scale"] is not None and first["noise_scale"] > 0, first  # measured in the sync rounds
-    assert first["candidates"]["acco adaptive"]["batch"] < first["candidates"]["acco fixed"]["batch"] == 8, first
+    predicted = first["candidates"]["acco adaptive"]["batch"]
+    assert first["candidates"]["acco fixed"]["batch"] == 8 and predicted == pytest.approx(12, rel=0.1), first
+    # the batch adaptive then commits (measured while it runs) is the one predicted
+    measured = [c["candidates"]["acco adaptive"]["batch"] for c in got["choices"][1:] if c["was"] == "acco"]
+    assert measured and all(m == pytest.approx(predicted, rel=0.15) for m in measured), (predicted, measured)
     assert got["modes"][:3] == ["sync"] * 3 and set(got["modes"][3:]) == {"acco"}
     # the adaptive rounds commit what each worker computed: the fast rank more
     acco_counts = [c for c in got["counts"][3:] if sum(c)]

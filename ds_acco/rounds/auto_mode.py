@@ -12,9 +12,11 @@ micro-batches per worker per step:
   communication: ``2·max(G/2·c', R)``, where ``c' = k·c`` is the compute of a micro-batch
   while a round is in flight (the communication thread shares the core on a CPU; ``k`` is
   measured once ``acco`` has run, 1 before);
-* ``acco`` (adaptive policy) ends a round when its communication ends, every worker
-  contributing what it computed meanwhile: ``2·T`` per ``2·Σ T/c'_r`` micro-batches with
-  ``T = max(R, max_r c'_r)``, scaled to ``G`` micro-batches per worker.
+* ``acco`` (adaptive policy) ends a round at the first micro-batch boundary after its
+  communication ends, every worker contributing what it computed meanwhile: ``2·T`` per
+  ``2·Σ T/c'_r`` micro-batches with ``T = max_r ⌈R/c'_r⌉·c'_r`` (whole micro-batches: at
+  100 Mbit/s a 0.38 s round over 0.31 s micro-batches commits 2 per round, not 1.2), scaled
+  to ``G`` micro-batches per worker.
 
 The running mode's step is *measured* (wall time between two commits, per ``G·N``
 micro-batches committed); only the other mode's is predicted, with the round time scaled by
@@ -34,7 +36,8 @@ With ``policy: "auto"`` both acco policies are candidates. The adaptive policy c
 micro-batches per step, and a smaller batch may buy as much loss per step: each candidate's
 time to a loss is its seconds per ``G·N`` micro-batches times ``1 + B/B_noise``, with ``B`` its
 micro-batches per committed step and ``B_noise`` the gradient noise scale measured from the
-rounds (:mod:`ds_acco.rounds.noise_scale`; per sample alone before it is measured). While
+rounds (:mod:`ds_acco.rounds.noise_scale`; per sample alone before it is measured; per committed
+step when it measures 0, the model's limit: a larger batch is not free there). While
 acco runs, its measured step calibrates the other policy's prediction (the model's error is
 shared), and a near tie goes to the fixed policy, which is deterministic. ``policy:
 "adaptive"`` prices sync's full batches against adaptive's the same way.
@@ -43,6 +46,7 @@ shared), and a near tie goes to the fixed policy, which is deterministic. ``poli
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -149,7 +153,8 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     """The mode to run from ``figures`` (one row of :data:`FIGURES` per rank); None while they do not suffice.
 
     ``policy``: the acco policy running (``current == "acco"``); ``noise``: the gradient noise scale in
-    micro-batches (:mod:`ds_acco.rounds.noise_scale`; None: not measured, batches are then priced per sample);
+    micro-batches (:mod:`ds_acco.rounds.noise_scale`; None: not measured, or ``inf``: batches are then priced per
+    sample; 0: below what the rounds resolve, priced per committed step, the model's limit);
     ``batch``: micro-batches per step measured in the running mode (the adaptive policy's varies);
     ``estimate_fraction``: an estimate round's bytes over a commit's (``acco.estimate_quantization``); round
     times are commit rounds' (the timer scales estimates up by it)."""
@@ -175,10 +180,15 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     for p, (t, b) in predicted.items():
         step_s[(ACCO, p)] = measured if (ACCO, p) == running else t * calibration
         batches[(ACCO, p)] = batch if (ACCO, p) == running and batch else b
-    priced = noise is not None and noise != float("inf") and noise > 0
+    priced = noise is not None and noise != float("inf")
 
     def score(c) -> float:  # seconds to a loss, up to a constant: per sample, times the samples a batch needs
-        per_loss = step_s[c] * (1.0 + batches[c] / noise if priced else 1.0)
+        if not priced:
+            per_loss = step_s[c]
+        elif noise > 0:
+            per_loss = step_s[c] * (1.0 + batches[c] / noise)
+        else:  # noise below what the rounds resolve: the limit, where every batch size needs the same steps
+            per_loss = step_s[c] * batches[c] / full
         return per_loss * (1.0 + auto.acco_step_penalty if c[0] == ACCO else 1.0)
 
     best = min(step_s, key=score)
@@ -237,13 +247,14 @@ def _predict_acco(c: Sequence[float], R: float, G: int, config: AccoConfig, poli
     rounds = (estimate_fraction * R, R)
     if policy == "fixed":
         return sum(max(G / 2 * max(c), r) for r in rounds), full
-    cap = config.max_micro_batches_per_round
+    cap = config.max_micro_batches_per_round or float("inf")
     seconds = made = 0.0
     for r in rounds:
-        T = max(r, max(c))
-        counts = [min(max(1.0, T / ci), cap or float("inf")) for ci in c]
-        seconds += max(r, max(n * ci for n, ci in zip(counts, c)))
-        made += sum(counts)
+        # a worker swaps at the first micro-batch boundary after its round lands: whole micro-batches, and the
+        # slowest to swap sets the round's length (the others keep computing until then)
+        T = max(min(max(1, math.ceil(r / ci - 1e-9)), cap) * ci for ci in c)
+        seconds += T
+        made += sum(min(max(1.0, T / ci), cap) for ci in c)
     return seconds * full / made, made
 
 

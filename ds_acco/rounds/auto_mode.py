@@ -227,10 +227,15 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
             f"({f'x{wire:.2f} in acco' if current == SYNC else f'x{1 / wire:.2f} in sync'}); "
             f"per step of {G} micro-batches: sync {figs['sync_step_ms']:.1f} ms ({how[(SYNC, None)]}), {acco}")
     if noise is not None:
-        line += f"; gradient noise scale {noise:.1f} micro-batches, so per step to a loss (delay penalty in) " + \
+        line += f"; gradient noise scale {_small(noise)} micro-batches, so per step to a loss (delay penalty in) " + \
             ", ".join(f"{name(c) if c[0] == SYNC else f'{c[0]} {c[1]}'} {batches[c]:.1f} micro-batches per step: "
                       f"{1e3 * score(c):.1f} ms" for c in step_s)
     return line + f": runs {name(chosen)}" + ("" if chosen == running else f" (was {name(running)})")
+
+
+def _small(x: float) -> str:
+    """One decimal, or two significant digits below 1: a noise scale of 0.04 is not 0."""
+    return f"{x:.1f}" if x >= 1 or x == 0 or x != x else f"{x:.2g}"
 
 
 def _interference(figures: Sequence[Sequence[int]]) -> float:

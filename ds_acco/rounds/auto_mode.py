@@ -14,9 +14,10 @@ micro-batches per worker per step:
   measured once ``acco`` has run, 1 before);
 * ``acco`` (adaptive policy) ends a round at the first micro-batch boundary after its
   communication ends, every worker contributing what it computed meanwhile: ``2·T`` per
-  ``2·Σ T/c'_r`` micro-batches with ``T = max_r ⌈R/c'_r⌉·c'_r`` (whole micro-batches: at
-  100 Mbit/s a 0.38 s round over 0.31 s micro-batches commits 2 per round, not 1.2), scaled
-  to ``G`` micro-batches per worker.
+  ``2·Σ T/c'_r`` micro-batches with ``T = max_r max(c'_r, R + c'_r/2)`` (the swap waits for
+  the micro-batch under way, half of one on average: at 100 Mbit/s a 0.46 s round over
+  0.40 s micro-batches commits 1.6-1.8 per round, not 1.16), scaled to ``G`` micro-batches
+  per worker.
 
 The running mode's step is *measured* (wall time between two commits, per ``G·N``
 micro-batches committed); only the other mode's is predicted, with the round time scaled by
@@ -46,7 +47,6 @@ shared), and a near tie goes to the fixed policy, which is deterministic. ``poli
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -63,6 +63,13 @@ FIGURES = 5
 """Integers each rank adds to a round's all-gather: µs per micro-batch without and with a round in
 flight, µs per round on the wire in the running mode, µs per nominal step measured in the running mode,
 and the wire factor in thousandths (0: not measured yet)."""
+LANDING = 0.5
+"""Where in a micro-batch an adaptive round lands, on average (0: at its end, 1: at its start): the swap waits for
+the micro-batch under way. Half, since rounds and micro-batches jitter by more than the gap: on the real-compute bed
+(one core per host) a round of 1.0, 1.16, 1.5 and 3.1 micro-batches committed 1.4-1.6, 1.6-1.8, 1.9 and 3.5-3.6
+(x + 0.5 gives 1.5, 1.66, 2.0, 3.6; rounding up gives 1 or 2, 2, 2, 4). Where compute and rounds run like clockwork
+(sleeps) rounding up is exact and this undercounts by up to half a micro-batch; once adaptive runs, its committed
+batch is measured and replaces the prediction."""
 _WINDOW = 3  # medians of the last few samples: one slow step (a checkpoint, a GC pause) does not decide
 
 
@@ -255,9 +262,10 @@ def _predict_acco(c: Sequence[float], R: float, G: int, config: AccoConfig, poli
     cap = config.max_micro_batches_per_round or float("inf")
     seconds = made = 0.0
     for r in rounds:
-        # a worker swaps at the first micro-batch boundary after its round lands: whole micro-batches, and the
-        # slowest to swap sets the round's length (the others keep computing until then)
-        T = max(min(max(1, math.ceil(r / ci - 1e-9)), cap) * ci for ci in c)
+        # a worker swaps at the first micro-batch boundary after its round lands, on average half a micro-batch
+        # later (:data:`LANDING`), at least one micro-batch after it launched; the last to swap sets the round's
+        # length, the others computing until then
+        T = max(min(max(ci, r + LANDING * ci), cap * ci) for ci in c)
         seconds += T
         made += sum(min(max(1.0, T / ci), cap) for ci in c)
     return seconds * full / made, made

@@ -197,6 +197,8 @@ def test_the_example_auto_config_is_the_low_bit_preset_with_auto():
     # with the policy its own choice, auto starts choosing early: sync through the learning-rate warm-up cost it
     # more than it saved on every bed (BENCHMARKS.md "auto chooses the policy too")
     assert block.warmup_steps == 2 and auto["scheduler"]["params"]["warmup_num_steps"] == 10
+    # int4 estimates: auto's acco candidates send an estimate round at about half a commit's bytes
+    assert block.estimate_quantization == "int4"
     for key in ("comm_quantization", "error_feedback", "all_gather_quantization", "quantization_block_size"):
         assert auto["acco"][key] == lowbit["acco"][key], key
 

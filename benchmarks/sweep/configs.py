@@ -34,14 +34,15 @@ run; only how gradients travel differs:
                     ``max_micro_batches_per_round``
 ``auto_lowbit_policy``  the same with ``policy: auto`` (auto also chooses fixed or adaptive,
                     pricing adaptive's smaller batches with the measured gradient noise scale)
-``auto_lowbit_policy_early``  ds_configs/auto_lowbit.json as shipped: ``policy: auto``, choosing
-                    from the benchmark's warm-up step on (no sync steps for the learning-rate
-                    warm-up)
+``auto_lowbit_policy_early``  ds_configs/auto_lowbit.json as shipped until int4 estimates: ``policy:
+                    auto``, choosing from the benchmark's warm-up step on (no sync steps for the
+                    learning-rate warm-up), int8 estimates
 ``acco_lowbit_int4_fixed``  acco_lowbit_fixed with ``estimate_quantization: "int4"``: the estimate
                     round's reduce-scatter and all-gather in int4 (the commit's stay int8)
 ``acco_lowbit_int4_adaptive``  acco_lowbit_adaptive with the same int4 estimates
-``auto_lowbit_int4``  auto_lowbit_policy_early (the shipped auto preset) with int4 estimates: auto's
-                    acco candidates are the int4 ones, priced with the estimate's byte fraction
+``auto_lowbit_int4``  ds_configs/auto_lowbit.json as shipped: auto_lowbit_policy_early with int4
+                    estimates (auto's acco candidates are the int4 ones, priced with the estimate's
+                    byte fraction)
 ``acco_lowbit_lrwarm``    acco low-bit fixed whose ``warmup_steps`` (sync steps) last as long
                     as the scheduler's learning-rate warm-up: ACCO's one-step delay costs most
                     while the learning rate climbs, so those steps run sync
@@ -183,8 +184,7 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
             acco.pop("max_micro_batches_per_round", None)
         if name in ("auto_lowbit", "auto_lowbit_adaptive", "auto_lowbit_policy"):
             acco["warmup_steps"] = "scheduler"  # as these were measured; the preset now starts choosing at step 2
-        if "int4" in name:
-            acco["estimate_quantization"] = "int4"
+        acco["estimate_quantization"] = "int4" if "int4" in name else "same"  # the preset's int4 is auto_lowbit_int4
         if name in ("acco_lowbit_adaptive", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early",
                     "acco_lowbit_int4_adaptive", "auto_lowbit_int4"):
             acco["policy"] = "adaptive" if "adaptive" in name else "auto"  # the preset's own, or adaptive

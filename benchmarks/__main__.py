@@ -44,6 +44,9 @@ def main(argv=None) -> int:
                    help="every link's MTU in bytes (default 1500; 9000 emulates jumbo frames: fewer packets, less "
                         "network-stack CPU per byte)")
     r.add_argument("--steps", type=int, default=None, help="override optimizer steps of the runs")
+    r.add_argument("--seed", type=int, default=None,
+                   help="model init and data seed of every run (default 0); repeats with different seeds "
+                        "put the loss path's own variation into the spread")
     r.add_argument("--no-netns", action="store_true", help="loopback: no namespaces (unshaped runs only)")
     r.add_argument("--no-pin", action="store_true", help="do not pin host i to CPU i")
     r.add_argument("--max-load", type=float, default=None,
@@ -121,7 +124,7 @@ def main(argv=None) -> int:
     try:
         sweep = build_sweep(args.sweep, netns=netns, root=root, pin=False if args.no_pin else None,
                             configs=split(args.configs), rates=split(args.rates), only=split(args.only),
-                            steps=args.steps, mtu=args.mtu)
+                            steps=args.steps, mtu=args.mtu, seed=args.seed)
     except ValueError as exc:
         print(f"python -m benchmarks run: {exc}", file=sys.stderr)
         return 2

@@ -91,6 +91,8 @@ def test_not_root_is_refused(monkeypatch, capsys):
 
 
 def test_configs_share_everything_but_the_gradient_path(tmp_path):
+    from ds_acco.deepspeed.initialize import acco_config_of
+
     made = {name: configs.make_config(name, micro_batch=2, grad_accum=4, warmup_steps=1,
                                       telemetry_jsonl=str(tmp_path / "t.jsonl")) for name in configs.CONFIGS}
     for name, cfg in made.items():
@@ -114,13 +116,16 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
                      "acco_lowbit_lrwarm": ("acco", "fixed"), "auto_lowbit_adaptive": ("auto", "adaptive"),
                      "auto_lowbit_policy": ("auto", "auto"), "auto_lowbit_policy_early": ("auto", "auto"),
                      "acco_lowbit_int4_fixed": ("acco", "fixed"), "acco_lowbit_int4_adaptive": ("acco", "adaptive"),
-                     "auto_lowbit_int4": ("auto", "auto")}
-    # int4 estimates: those three only, on the low-bit rounds
+                     "auto_lowbit_int4": ("auto", "auto"), "auto_lowbit_int4_m2": ("auto", "auto")}
+    # int4 estimates: those four only, on the low-bit rounds
     assert {n for n, c in made.items() if c.get("acco", {}).get("estimate_quantization") == "int4"} == {
-        "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4"}
+        "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4", "auto_lowbit_int4_m2"}
+    # the preset chooses after max(warm-up, 3 measuring steps); its _m2 variant one step sooner
+    assert {n: acco_config_of(config=made[n]).auto.measure_steps for n in ("auto_lowbit_int4", "auto_lowbit_int4_m2")} == {
+        "auto_lowbit_int4": 3, "auto_lowbit_int4_m2": 2}
+    assert made["auto_lowbit_int4_m2"]["acco"]["auto"]["acco_step_penalty"] == 0.05
     # sync steps for as long as the learning rate warms up (lrwarm, and auto as measured before policy auto); the
     # others, the shipped auto preset among them, keep the benchmark's warm-up
-    from ds_acco.deepspeed.initialize import acco_config_of
 
     warm = made["zero1"]["scheduler"]["params"]["warmup_num_steps"]
     assert {n: acco_config_of(config=made[n]).warmup_steps for n in ("acco_lowbit_lrwarm", "auto_lowbit",
@@ -129,7 +134,7 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
     assert acco_config_of(config=made["auto_lowbit"]).auto.acco_step_penalty == 0.05
     for name in ("sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "auto_lowbit", "sync_lowbit_half",
                  "acco_lowbit_lrwarm", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early",
-                 "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4"):
+                 "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4", "auto_lowbit_int4_m2"):
         acco = made[name]["acco"]
         assert (acco["comm_quantization"], acco["error_feedback"], acco["all_gather_quantization"]) == (
             "int8", True, "int8"), name
@@ -185,6 +190,12 @@ def test_loopback_sweep_has_no_shaped_runs():
     assert {r.config for r in streaming} == set(configs.STREAMING_COMPARISON) and {r.rate for r in streaming} == {None}
     slow = [r for r in sweep.runs if r.scenario == "slow_host"]
     assert slow and all(not r.cpu_quota and r.workload.compute_delay_ms == "0,20" for r in slow)
+    assert {r.workload.seed for r in sweep.runs} == {0}
+    seeded = plans.build_sweep("full", netns=False, root=False, rates=["unshaped"], seed=3)
+    assert [r.run_id for r in seeded.runs] == [r.run_id for r in plans.build_sweep(
+        "full", netns=False, root=False, rates=["unshaped"]).runs] and {r.workload.seed for r in seeded.runs} == {3}
+    with pytest.raises(ValueError, match="seed: got -1"):
+        plans.build_sweep("full", netns=False, root=False, rates=["unshaped"], seed=-1)
 
 
 # --------------------------------------------------------------------------- the cluster (root)

@@ -36,7 +36,8 @@ from .time_to_loss import SCENARIO, TOLERANCE, seconds_to, table, val_time_point
 AT = 0.75
 """The early target: the baseline's validation loss at this fraction of its token budget."""
 
-AUTO = ("auto_lowbit", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early", "auto_lowbit_int4")
+AUTO = ("auto_lowbit", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early", "auto_lowbit_int4",
+        "auto_lowbit_int4_m2")
 """The configs that choose their mode (``mode: auto``, the fixed or the adaptive policy when acco runs)."""
 ACCO_LOWBIT = ("acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_lowbit_lrwarm", "acco_lowbit_int4_fixed",
                "acco_lowbit_int4_adaptive")
@@ -91,6 +92,7 @@ def collect(out_dirs: list[str]) -> dict:
                         "mb_per_commit": e["mean_counts_per_commit"], "val_equal_tokens": e.get("val_equal_tokens"),
                         "target": block["target"], "target_from": block["target_from"], "acco_share": acco_share(run),
                         "early_from": base["config"] if base else None, "compute_ratio": compute_ratio(run),
+                        "seed": (run.get("workload") or {}).get("seed", 0),
                     })
     return groups
 
@@ -123,12 +125,13 @@ def summarize(groups: dict) -> dict:
                 "compute_ratio": _median([s["compute_ratio"] for s in samples]),
                 "runs": [f"{os.path.basename(s['out'].rstrip('/'))}/{s['id']}" for s in samples],
             })
-        some = next(iter(by_config.values()))[0]
+        some_config = next(iter(by_config))
+        some = by_config[some_config][0]
         ratios = {r["config"]: r["compute_ratio"] for r in rows if r["compute_ratio"]}
         out[f"{bed} {rate}"] = {"bed": bed, "rate": rate, "rows": rows, "targets": _targets(bed, rate, med, ratios),
                                 "early_target": [s["early_target"] for s in next(iter(by_config.values()))],
                                 "final_target": some["target"], "target_from": some["target_from"],
-                                "early_from": some["early_from"]}
+                                "early_from": some["early_from"], "seeds": [s["seed"] for s in by_config[some_config]]}
     return out
 
 
@@ -142,7 +145,8 @@ def _targets(bed: str, rate: str, med: dict, compute_ratios: Optional[dict] = No
     for auto in (c for c in AUTO if med.get(c)):
         name = {"auto_lowbit": "auto", "auto_lowbit_adaptive": "auto (policy adaptive)",
                 "auto_lowbit_policy_early": "auto (policy auto, no sync LR warm-up)",
-                "auto_lowbit_int4": "auto (policy auto, int4 estimates)"}.get(auto, "auto (policy auto)")
+                "auto_lowbit_int4": "auto (policy auto, int4 estimates)",
+                "auto_lowbit_int4_m2": "auto (int4 estimates, 2 measuring steps)"}.get(auto, "auto (policy auto)")
         if hand:
             best = min(hand, key=hand.get)
             found.append(target(f"{name} within 1.05x of the best hand-picked mode ({bed}, {rate})",
@@ -176,7 +180,9 @@ def print_summary(summary: dict, p: Callable[..., None] = print) -> None:
               f"| {f(r['vs_zero1'], '.2f')}x | {f(r['s_per_step'], '.2f')} | {f(r['steps'], '.0f')} "
               f"| {f(r['mb_per_commit'], '.1f')} | {final} | {share} |")
         early = ", ".join(f(x, ".4f") for x in block["early_target"])
-        p(f"| {block['bed']} | {block['rate']} | target | val loss {early} (from {block['early_from']} at {AT:.0%}) "
+        seeds = ", ".join(str(x) for x in block.get("seeds") or [])
+        p(f"| {block['bed']} | {block['rate']} | target | val loss {early} (from {block['early_from']} at {AT:.0%}; "
+          f"seed of each run {seeds}) "
           f"| | | | | | | | | final {f(block['final_target'], '.4f')} | |")
     p("\ntargets:")
     for block in summary.values():

@@ -28,7 +28,7 @@ def _pins(hosts: int, pin: bool, first_cpu: int = 0) -> tuple:
 def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = None,
                 configs: Optional[Sequence[str]] = None, rates: Optional[Sequence[str]] = None,
                 only: Optional[Sequence[str]] = None, steps: Optional[int] = None,
-                mtu: Optional[int] = None) -> Sweep:
+                mtu: Optional[int] = None, seed: Optional[int] = None) -> Sweep:
     """The runs of a named sweep, adapted to what this machine can do.
 
     Without namespaces only unshaped (loopback) runs are possible; without root the
@@ -126,9 +126,14 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
         if not netns:
             raise ValueError(f"mtu: got {mtu}; an MTU needs network namespaces (this run is on loopback)")
         runs = [dataclasses.replace(r, mtu=mtu) for r in runs]
+    if seed is not None:
+        if seed < 0:
+            raise ValueError(f"seed: got {seed}; allowed: an integer >= 0")
+        runs = [dataclasses.replace(r, workload=dataclasses.replace(r.workload, seed=seed)) for r in runs]
     desc = f"sweep {name}: {len(runs)} runs, " + ("network namespaces" if netns else
                                                    "loopback (no namespaces: unshaped only)")
     desc += f", MTU {mtu}" if mtu else ""
+    desc += f", seed {seed}" if seed is not None else ""
     return Sweep(name, desc, runs, timeout_s=timeout)
 
 

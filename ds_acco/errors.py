@@ -18,7 +18,7 @@ class AccoRoundError(RuntimeError):
 
 
 class AccoTimeoutError(AccoRoundError, TimeoutError):
-    """A round did not finish within ``acco.timeout_s``."""
+    """A round, or the start-up of the process group, did not finish within ``acco.timeout_s``."""
 
 
 class CheckpointError(RuntimeError):

@@ -178,14 +178,14 @@ def main(argv=None) -> int:
     if args.seq_len is None:
         args.seq_len = SIZES[args.model_size].n_positions
     _single_process_env()
-    deepspeed.init_distributed(distributed_port=args.distributed_port)
-    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     torch.manual_seed(args.seed)
 
     model = build_gpt(args.model_size, seq_len=args.seq_len, seed=args.seed)
-    # Same signature and return value as deepspeed.initialize; with no "acco" block it IS that.
+    # Same signature and return value as deepspeed.initialize; with no "acco" block it IS that. It creates the
+    # process group too, waiting acco.timeout_s for every rank (a rank that died before start-up ends the job)
     engine, _, _, _ = ds_acco.initialize(args=args, model=model, model_parameters=model.parameters(),
                                          distributed_port=args.distributed_port)
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     micro_bs, grad_accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     delay_s = args.compute_delay_ms[rank % len(args.compute_delay_ms)] / 1e3
     val_batches = validation_batches(args.eval_batches, micro_bs, args.seq_len)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,3 +46,33 @@ def test_launcher_exits_nonzero_when_a_peer_dies():
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert proc.stderr.count("AccoRoundError: ds_acco round 3") >= 2, proc.stderr[-3000:]
+
+
+START_ALONE = """
+import time, torch, ds_acco
+from ds_acco.errors import AccoTimeoutError
+cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
+       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}, "zero_optimization": {"stage": 1},
+       "acco": {"mode": "acco", "timeout_s": %d}}
+t0 = time.monotonic()
+try:
+    ds_acco.initialize(model=torch.nn.Linear(4, 4), config=cfg)
+except AccoTimeoutError as exc:
+    print(f"RAISED after {time.monotonic() - t0:.1f}s: {exc}")
+"""
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_peer_missing_at_start_up_times_out(rank):
+    """Rank 0 waits for a client that never comes, rank 1 for a master that never comes: both end
+    within acco.timeout_s (DeepSpeed's own rendezvous waits 10 minutes)."""
+    env = {k: v for k, v in os.environ.items() if k != "DEEPSPEED_TIMEOUT"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=ROOT, RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    proc = subprocess.run([sys.executable, "-c", START_ALONE % TIMEOUT_S], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    found = re.search(r"RAISED after ([\d.]+)s: ds_acco start-up: not every rank joined the process group within "
+                      rf"acco.timeout_s={TIMEOUT_S}s", out)
+    assert found, out[-3000:]
+    assert float(found.group(1)) < TIMEOUT_S + 10, out[-3000:]

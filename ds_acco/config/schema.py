@@ -61,7 +61,9 @@ class AccoConfig(_Block):
     grad_accum_dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Dtype micro-batch gradients accumulate in (``auto``: the parameters' dtype)."""
     timeout_s: float = 600.0
-    """Limit for one collective and for the training thread's wait on a round."""
+    """Limit for one collective and for the training thread's wait on a round; under
+    ``ds_acco.initialize`` also for every rank to arrive when it creates the process group
+    (unless ``DEEPSPEED_TIMEOUT`` is set), so a rank that died before start-up ends its peers too."""
     max_micro_batches_per_round: Optional[int] = Field(default=None, ge=1)
     """Adaptive policy only: a worker stops to wait for the round after this many."""
     check_finite: bool = True

@@ -17,13 +17,17 @@ call time) gets ACCO from its config file alone.
 from __future__ import annotations
 
 import functools
+import os
+from datetime import timedelta
 from typing import Any, Mapping
 
 import deepspeed
 import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
 
 from ds_acco.comm.engine_lifecycle import EXIT_ORDER
 from ds_acco.config.schema import AccoConfig, parse_acco_config
+from ds_acco.errors import AccoTimeoutError
 
 from . import _internals as internals
 from .checks import check_deepspeed_version, check_ds_config, check_model, resolve_scheduler_warmup
@@ -52,6 +56,26 @@ def acco_config_of(args: Any = None, config: Any = None, config_params: Any = No
     if acco.enabled:
         check_ds_config(raw, acco)
     return acco
+
+
+def _rendezvous(acco: AccoConfig, distributed_port: int, dist_init_required: Any) -> None:
+    """Create the default process group the way ``deepspeed.initialize`` would, with ``acco.timeout_s``.
+
+    DeepSpeed's own call waits 10 minutes (``DEEPSPEED_TIMEOUT``) for every rank to arrive, so a
+    rank that died before it (under ``mpiexec`` nothing else notices) left its peers waiting that
+    long before any ds_acco code ran. The same limit also bounds DeepSpeed's own collectives on
+    the group, as ``acco.timeout_s`` bounds the rounds'. A ``DEEPSPEED_TIMEOUT`` the user set wins.
+    """
+    if dist.is_initialized() or dist_init_required is False or "DEEPSPEED_TIMEOUT" in os.environ:
+        return
+    try:
+        deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
+                                   distributed_port=distributed_port, dist_init_required=dist_init_required,
+                                   timeout=timedelta(seconds=acco.timeout_s))
+    except dist.DistError as exc:  # a peer that never came (store timed out, or its master is gone)
+        raise AccoTimeoutError(
+            f"ds_acco start-up: not every rank joined the process group within acco.timeout_s={acco.timeout_s:g}s "
+            f"(a rank died or never started; torch: {str(exc).strip().splitlines()[0]})") from exc
 
 
 def initialize(
@@ -86,6 +110,7 @@ def initialize(
 
     install_trainer_hook()
     created = not dist.is_initialized()
+    _rendezvous(acco, distributed_port, dist_init_required)
     with internals.engine_class(functools.partial(engine_class, acco_config=acco)):
         out = _STOCK_INITIALIZE(**kwargs)
     EXIT_ORDER.arm()  # every ds_acco job, ACCO on or off, tears down before finalization

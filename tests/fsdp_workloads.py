@@ -408,7 +408,7 @@ def third_job(rank, world, *, G, steps, ckpt) -> dict:
 def auto_job(rank, world, *, G, steps) -> dict:
     """``mode: "auto"`` on the FSDP2 front end; the modes it ran, per commit, for the reference."""
     model, acco = build(world, {"backend": "fsdp", "mode": "auto", "auto": {
-        "measure_steps": 2, "check_every": 1, "acco_step_penalty": 0.0, "switch_margin": 0.0}}, G)
+        "measure_steps": 3, "check_every": 1, "acco_step_penalty": 0.0, "switch_margin": 0.0}}, G)
     trajectory, _ = train(rank, model, acco, steps)
     modes = [r.mode for r in acco.telemetry.records if r.kind == "commit"]
     acco.close()

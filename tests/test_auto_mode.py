@@ -162,9 +162,27 @@ def test_the_timer_measures_the_wire_factor_across_a_switch():
     assert timer.local()[4] == 800  # 0.16 / 0.2: measured again across this switch
 
 
+def test_a_choice_without_figures_is_tried_again_the_next_step():
+    """A choice point whose figures do not suffice (no step measured yet, as after a resume just before it) is
+    tried again at the next step, not ``check_every`` steps later."""
+    from types import SimpleNamespace
+
+    auto = AutoMode(parse_acco_config(dict(AUTO, auto={"measure_steps": 3, "check_every": 20})), G, 2, 0)
+    state = SimpleNamespace(mode="sync", policy="fixed")
+    assert auto.due(3) and not auto.due(4)
+    nothing_yet = [[0] * 5, [0] * 5]  # what every rank sends before it has measured a step
+    assert auto.decide(nothing_yet, state, 3) == "sync" and auto.choices == []
+    assert auto.due(4)
+    assert auto.decide(figures(50, 100, 300), state, 4) == "acco" and len(auto.choices) == 1
+    assert state.mode == "acco" and not auto.due(5) and auto.due(23)
+
+
 def test_auto_config_errors_name_the_field():
     with pytest.raises(AccoConfigError, match=r"acco.auto.check_every: got 0"):
         parse_acco_config({"mode": "auto", "auto": {"check_every": 0}})
+    # step 1 is start-up, step 2 measured, its figures travel with round 3: no choice can come sooner
+    with pytest.raises(AccoConfigError, match=r"acco.auto.measure_steps: got 2"):
+        parse_acco_config({"mode": "auto", "auto": {"measure_steps": 2}})
     with pytest.raises(AccoConfigError, match=r"acco.auto.every: unknown key .*allowed keys: acco_step_penalty, "
                                               r"check_every, measure_steps, switch_margin"):
         parse_acco_config({"mode": "auto", "auto": {"every": 3}})
@@ -175,11 +193,11 @@ def test_auto_config_errors_name_the_field():
 def test_deepspeed_front_end_runs_auto_and_follows_the_rules_for_the_modes_it_chose():
     from tests import ds_workloads as D
 
-    acco = {"mode": "auto", "auto": {"measure_steps": 2, "check_every": 1, "acco_step_penalty": 0.0,
+    acco = {"mode": "auto", "auto": {"measure_steps": 3, "check_every": 1, "acco_step_penalty": 0.0,
                                      "switch_margin": 0.0}}
     got = run_distributed(D.train_ds, 2, config=D.ds_config(G, acco), steps=10, timeout=300)
     modes = got[0]["modes"]
-    assert got[1]["modes"] == modes and len(modes) == 10 and modes[:2] == ["sync", "sync"]
+    assert got[1]["modes"] == modes and len(modes) == 10 and modes[:3] == ["sync", "sync", "sync"]
     assert_trajectories_equal(got[0]["trajectory"], reference(modes))
 
 

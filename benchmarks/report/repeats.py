@@ -36,8 +36,7 @@ from .time_to_loss import SCENARIO, TOLERANCE, seconds_to, table, val_time_point
 AT = 0.75
 """The early target: the baseline's validation loss at this fraction of its token budget."""
 
-AUTO = ("auto_lowbit", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early", "auto_lowbit_int4",
-        "auto_lowbit_int4_m2")
+AUTO = ("auto_lowbit", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early", "auto_lowbit_int4")
 """The configs that choose their mode (``mode: auto``, the fixed or the adaptive policy when acco runs)."""
 ACCO_LOWBIT = ("acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_lowbit_lrwarm", "acco_lowbit_int4_fixed",
                "acco_lowbit_int4_adaptive")
@@ -145,8 +144,7 @@ def _targets(bed: str, rate: str, med: dict, compute_ratios: Optional[dict] = No
     for auto in (c for c in AUTO if med.get(c)):
         name = {"auto_lowbit": "auto", "auto_lowbit_adaptive": "auto (policy adaptive)",
                 "auto_lowbit_policy_early": "auto (policy auto, no sync LR warm-up)",
-                "auto_lowbit_int4": "auto (policy auto, int4 estimates)",
-                "auto_lowbit_int4_m2": "auto (int4 estimates, 2 measuring steps)"}.get(auto, "auto (policy auto)")
+                "auto_lowbit_int4": "auto (policy auto, int4 estimates)"}.get(auto, "auto (policy auto)")
         if hand:
             best = min(hand, key=hand.get)
             found.append(target(f"{name} within 1.05x of the best hand-picked mode ({bed}, {rate})",

@@ -43,8 +43,6 @@ run; only how gradients travel differs:
 ``auto_lowbit_int4``  ds_configs/auto_lowbit.json as shipped: auto_lowbit_policy_early with int4
                     estimates (auto's acco candidates are the int4 ones, priced with the estimate's
                     byte fraction)
-``auto_lowbit_int4_m2``  auto_lowbit_int4 with ``auto.measure_steps: 2``: the first choice one
-                    synchronous step sooner (after step 2 instead of 3), on one step's compute
 ``acco_lowbit_lrwarm``    acco low-bit fixed whose ``warmup_steps`` (sync steps) last as long
                     as the scheduler's learning-rate warm-up: ACCO's one-step delay costs most
                     while the learning rate climbs, so those steps run sync
@@ -72,7 +70,7 @@ CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive
            "streaming_fp32", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_bf16",
            "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half", "acco_lowbit_lrwarm", "auto_lowbit_adaptive",
            "auto_lowbit_policy", "auto_lowbit_policy_early", "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive",
-           "auto_lowbit_int4", "auto_lowbit_int4_m2")
+           "auto_lowbit_int4")
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
 """The configs of the sweep part ``streaming`` (not in the default bandwidth comparison)."""
@@ -108,7 +106,6 @@ LABELS = {
     "acco_lowbit_int4_fixed": "ds_acco acco low-bit fixed, int4 estimates",
     "acco_lowbit_int4_adaptive": "ds_acco acco low-bit adaptive, int4 estimates",
     "auto_lowbit_int4": "ds_acco auto low-bit, policy auto, int4 estimates",
-    "auto_lowbit_int4_m2": "ds_acco auto low-bit, policy auto, int4 estimates, 2 measuring steps",
 }
 _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "acco_fixed.json",
                   "acco_adaptive": "acco_adaptive.json", "sync_lowbit": "acco_lowbit.json",
@@ -118,7 +115,7 @@ _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "a
                   "acco_lowbit_lrwarm": "acco_lowbit.json", "auto_lowbit_adaptive": "auto_lowbit.json",
                   "auto_lowbit_policy": "auto_lowbit.json", "auto_lowbit_policy_early": "auto_lowbit.json",
                   "acco_lowbit_int4_fixed": "acco_lowbit.json", "acco_lowbit_int4_adaptive": "acco_lowbit.json",
-                  "auto_lowbit_int4": "auto_lowbit.json", "auto_lowbit_int4_m2": "auto_lowbit.json"}
+                  "auto_lowbit_int4": "auto_lowbit.json"}
 
 
 def _load(name: str, template_dir: str) -> dict:
@@ -189,12 +186,10 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
             acco["warmup_steps"] = "scheduler"  # as these were measured; the preset now starts choosing at step 2
         acco["estimate_quantization"] = "int4" if "int4" in name else "same"  # the preset's int4 is auto_lowbit_int4
         if name in ("acco_lowbit_adaptive", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early",
-                    "acco_lowbit_int4_adaptive", "auto_lowbit_int4", "auto_lowbit_int4_m2"):
+                    "acco_lowbit_int4_adaptive", "auto_lowbit_int4"):
             acco["policy"] = "adaptive" if "adaptive" in name else "auto"  # the preset's own, or adaptive
             acco["max_micro_batches_per_round"] = _load("acco_adaptive.json", template_dir)["acco"][
                 "max_micro_batches_per_round"]
-        if name == "auto_lowbit_int4_m2":
-            acco["auto"] = dict(acco.get("auto", {}), measure_steps=2)
         if warmup_steps is not None and acco.get("warmup_steps") != "scheduler":  # a preset's "scheduler" stays
             acco["warmup_steps"] = warmup_steps
         if name == "acco_lowbit_lrwarm":

@@ -96,9 +96,10 @@ class AutoConfig(_Block):
     for the other one from the same measurements, charges ``acco`` the loss cost of its delay, and
     switches only for a clear gain."""
 
-    measure_steps: int = Field(default=3, ge=2)
+    measure_steps: int = Field(default=3, ge=3)
     """Synchronous steps measured before the first choice (the first choice comes after
-    ``max(warmup_steps, measure_steps)`` steps; the first step's compute is not counted)."""
+    ``max(warmup_steps, measure_steps)`` steps). At least 3: step 1 holds start-up and is not
+    counted, step 2 is measured, and a step's figures reach the other ranks with the next round."""
     check_every: int = Field(default=20, ge=1)
     """Steps between two choices after the first: a link that slows or a worker that falls behind
     changes the answer."""

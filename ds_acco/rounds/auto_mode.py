@@ -284,10 +284,13 @@ class AutoMode:
         self.first = max(config.warmup_steps, config.auto.measure_steps)
         self.choices: list[dict] = []
         """Every choice's figures, in order (for telemetry, tests and benchmarks)."""
+        self._retry = False
 
     def due(self, step: int) -> bool:
-        """Whether the step that ends with commit ``step`` is one where the mode is chosen."""
-        return step >= self.first and (step - self.first) % self.config.auto.check_every == 0
+        """Whether the step that ends with commit ``step`` is one where the mode is chosen: on schedule, or
+        the step after one whose figures did not suffice (a resume just before a check has not measured a step
+        yet), rather than ``check_every`` steps later."""
+        return self._retry or (step >= self.first and (step - self.first) % self.config.auto.check_every == 0)
 
     def after_round(self, record, outcome, *, now: float, committed: Optional[int]) -> None:
         """Feed one swapped-in round: its times to the timer, its norms to the noise scale."""
@@ -306,6 +309,7 @@ class AutoMode:
         choice = choose(figures, state.mode, self.config, self.G, step, policy=running,
                         noise=self.noise.value() if self.noise else None, batch=self.timer.batch(),
                         estimate_fraction=self.estimate_fraction) if figures else None
+        self._retry = choice is None
         if choice is None:
             return state.mode
         self.choices.append(choice.figures)

@@ -62,9 +62,11 @@ def _rendezvous(acco: AccoConfig, distributed_port: int, dist_init_required: Any
     """Create the default process group the way ``deepspeed.initialize`` would, with ``acco.timeout_s``.
 
     DeepSpeed's own call waits 10 minutes (``DEEPSPEED_TIMEOUT``) for every rank to arrive, so a
-    rank that died before it (under ``mpiexec`` nothing else notices) left its peers waiting that
-    long before any ds_acco code ran. The same limit also bounds DeepSpeed's own collectives on
-    the group, as ``acco.timeout_s`` bounds the rounds'. A ``DEEPSPEED_TIMEOUT`` the user set wins.
+    rank that died before it (on another node, whose launcher this one's does not hear from) left
+    its peers waiting that long before any ds_acco code ran. The same limit also bounds DeepSpeed's
+    own collectives on the group, as ``acco.timeout_s`` bounds the rounds'. A ``DEEPSPEED_TIMEOUT``
+    the user set wins. Under ``mpiexec`` DeepSpeed's MPI discovery comes first and its MPI
+    collectives have no time limit: not covered.
     """
     if dist.is_initialized() or dist_init_required is False or "DEEPSPEED_TIMEOUT" in os.environ:
         return

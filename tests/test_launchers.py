@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -185,6 +186,38 @@ def test_one_rank_dying_mid_run_ends_an_mpi_job(tmp_path):
     result = _launch("mpirun.sh", "ds_configs/acco_fixed.json", *TRAIN_ARGS, timeout=150, env=env)
     assert result.returncode != 0, result.stdout[-3000:]
     assert "injected failure on rank 1" in result.stdout, result.stdout[-3000:]
+    assert not SUMMARY.search(result.stdout)
+
+
+EARLY_DEATH_MODULE = """
+import os
+import sys
+
+from examples import train_lm
+
+if os.environ.get("PMI_RANK") == "1":  # dies before MPI_Init
+    sys.exit(3)
+sys.exit(train_lm.cli())
+"""
+
+
+def test_one_rank_dying_before_start_up_ends_an_mpi_job(tmp_path):
+    """Rank 1 exits before MPI_Init: MPICH's mpiexec leaves rank 0 blocked in DeepSpeed's MPI discovery (no time
+    limit, in C). ds_acco runs that discovery under a watchdog of acco.timeout_s, so the job ends in seconds."""
+    (tmp_path / "early_death.py").write_text(EARLY_DEATH_MODULE)
+    with open(os.path.join(CONFIGS, "acco_fixed.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    cfg["acco"]["timeout_s"] = 8
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    env = _clean_env()
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    env["TRAIN_MODULE"] = "early_death"
+    t0 = time.monotonic()
+    result = _launch("mpirun.sh", str(tmp_path / "config.json"), *TRAIN_ARGS, timeout=150, env=env)
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert "Timeout (0:00:08)!" in result.stdout and "mpi_discovery_within_acco_timeout_s" in result.stdout, \
+        result.stdout[-3000:]
+    assert time.monotonic() - t0 < 100  # without it, forever
     assert not SUMMARY.search(result.stdout)
 
 

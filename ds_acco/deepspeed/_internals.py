@@ -27,13 +27,16 @@ Internals used (DeepSpeed 0.19)
       backward ends a micro-batch) and ``_take_model_step`` (streaming: every inner step).
     * ``deepspeed.checkpoint.ds_to_universal.main`` (re-partitioning a checkpoint for another world size),
       ``deepspeed.runtime.tensor_parallel.init_utils.load_ds_config`` (a config path or base64 string),
-      ``deepspeed.comm.comm.cdb.shm_comm_op`` (whether DeepSpeed made shared-memory segments).
+      ``deepspeed.comm.comm.cdb.shm_comm_op`` (whether DeepSpeed made shared-memory segments),
+      ``deepspeed.comm.comm.mpi_discovery`` with ``in_aml``/``in_dlts``/``in_aws_sm`` (run where
+      ``init_distributed`` would run it, under a watchdog: :func:`mpi_discovery_within_acco_timeout_s`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import os
 from typing import Any, Iterator
 
@@ -169,3 +172,27 @@ def shm_segments_made() -> bool:
     from deepspeed.comm import comm as ds_comm_state  # the live backend (the package re-exports a stale None)
 
     return getattr(getattr(ds_comm_state, "cdb", None), "shm_comm_op", None) is not None
+
+
+_LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+
+
+def mpi_discovery_within_acco_timeout_s(timeout_s: float, distributed_port: int) -> None:
+    """DeepSpeed's MPI discovery, where ``deepspeed.init_distributed`` would run it, ended after ``timeout_s``.
+
+    Without a launcher's variables DeepSpeed finds the ranks through mpi4py: ``MPI_Init`` and two
+    collectives, none with a time limit. Under MPICH's ``mpiexec`` a rank that exits before them
+    leaves the others blocked in C with the interpreter lock held, where no Python code (a thread,
+    a signal handler) can raise. faulthandler's watchdog is a C thread: it prints every thread's
+    stack ("Timeout (h:mm:ss)!", then this function's name) and exits with status 1, which ends
+    the job under ``mpiexec``.
+    """
+    from deepspeed.comm import comm as ds_comm
+
+    if all(v in os.environ for v in _LAUNCHER_ENV) or (ds_comm.in_aml() and not ds_comm.in_dlts()) or ds_comm.in_aws_sm():
+        return  # a launcher set the ranks, or DeepSpeed's cloud-specific discovery runs instead
+    faulthandler.dump_traceback_later(timeout_s, exit=True)
+    try:
+        ds_comm.mpi_discovery(distributed_port=distributed_port)
+    finally:
+        faulthandler.cancel_dump_traceback_later()

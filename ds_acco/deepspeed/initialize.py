@@ -65,11 +65,12 @@ def _rendezvous(acco: AccoConfig, distributed_port: int, dist_init_required: Any
     rank that died before it (on another node, whose launcher this one's does not hear from) left
     its peers waiting that long before any ds_acco code ran. The same limit also bounds DeepSpeed's
     own collectives on the group, as ``acco.timeout_s`` bounds the rounds'. A ``DEEPSPEED_TIMEOUT``
-    the user set wins. Under ``mpiexec`` DeepSpeed's MPI discovery comes first and its MPI
-    collectives have no time limit: not covered.
+    the user set wins. Under ``mpiexec`` DeepSpeed's MPI discovery comes first, with no time limit of
+    its own: it runs here under ``acco.timeout_s`` too, and a rank that waits longer exits (status 1).
     """
     if dist.is_initialized() or dist_init_required is False or "DEEPSPEED_TIMEOUT" in os.environ:
         return
+    internals.mpi_discovery_within_acco_timeout_s(acco.timeout_s, distributed_port)
     try:
         deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
                                    distributed_port=distributed_port, dist_init_required=dist_init_required,

@@ -76,3 +76,20 @@ def test_peer_missing_at_start_up_times_out(rank):
                       rf"acco.timeout_s={TIMEOUT_S}s", out)
     assert found, out[-3000:]
     assert float(found.group(1)) < TIMEOUT_S + 10, out[-3000:]
+
+
+def test_a_start_up_error_that_is_not_a_time_out_keeps_torch_s_own_message():
+    """Only a store that timed out is a missing peer: a taken port is reported as torch reports it."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = {k: v for k, v in os.environ.items() if k != "DEEPSPEED_TIMEOUT"}
+        env.update(OMP_NUM_THREADS="1", PYTHONPATH=ROOT, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(taken.getsockname()[1]))
+        proc = subprocess.run([sys.executable, "-c", START_ALONE % TIMEOUT_S], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "RAISED" not in out and "not every rank joined" not in out, out[-3000:]
+    assert "EADDRINUSE" in out, out[-3000:]

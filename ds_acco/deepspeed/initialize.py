@@ -75,7 +75,10 @@ def _rendezvous(acco: AccoConfig, distributed_port: int, dist_init_required: Any
         deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
                                    distributed_port=distributed_port, dist_init_required=dist_init_required,
                                    timeout=timedelta(seconds=acco.timeout_s))
-    except dist.DistError as exc:  # a peer that never came (store timed out, or its master is gone)
+    except dist.DistError as exc:
+        if "timed out" not in str(exc).lower():  # e.g. the port taken: torch's own message says it
+            raise
+        # a peer that never came: the master's store timed out waiting for it, or a client for the master
         raise AccoTimeoutError(
             f"ds_acco start-up: not every rank joined the process group within acco.timeout_s={acco.timeout_s:g}s "
             f"(a rank died or never started; torch: {str(exc).strip().splitlines()[0]})") from exc

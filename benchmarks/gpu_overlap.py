@@ -1,0 +1,121 @@
+"""Compute per micro-batch with a round in flight on a GPU, against without: what a round's kernels on
+the communication stream take from the forward and backward beside them.
+
+Why this bed: on the CPU cluster (``python -m benchmarks repeats``) the figure mixes two costs, the
+round's arithmetic and the communication thread's share of the host's one core. On a GPU node the host
+has cores to spare and the round's arithmetic (quantisation, the shard's Adam step, casts, the
+all-gather's landing) runs as kernels on a second CUDA stream; this isolates that half.
+
+Why world size 1: NCCL refuses two ranks on one GPU. The collectives are then local copies, but every
+kernel a round launches is the one it launches at any world size (the shard is the whole model, the
+largest it can be). Each run trains the real DeepSpeed engine (``examples.train_lm``) with the
+round telemetry on; a ds_acco run's first ``--warmup`` steps are sync rounds (nothing in flight during
+their compute) and the rest overlap, so one run gives both figures. Two runs per config.
+
+    python -m benchmarks.gpu_overlap --out /tmp/gpu_overlap
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+from typing import Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT = ("sync_lowbit", "acco_lowbit_int4_fixed", "acco_lowbit_fixed", "acco_fixed")
+
+
+def run_one(name: str, out: str, repeat: int, args: argparse.Namespace) -> dict:
+    """Train one config once; its per-round compute split by whether a round was in flight."""
+    from benchmarks.sweep.configs import make_config
+    from tests.dist_harness import free_port
+
+    tag = f"{name}_r{repeat}"
+    tele = os.path.join(out, f"{tag}.telemetry.jsonl")
+    cfg = make_config(name, micro_batch=args.micro_batch, grad_accum=args.grad_accum, warmup_steps=args.warmup,
+                      telemetry_jsonl=tele)
+    cfg["gradient_clipping"] = 1.0
+    cfg_path = os.path.join(out, f"{tag}.json")
+    with open(cfg_path, "w", encoding="utf-8") as f:
+        json.dump(cfg, f, indent=1)
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    log = os.path.join(out, f"{tag}.steps.jsonl")
+    cmd = [sys.executable, "-m", "examples.train_lm", "--model-size", args.model_size, "--seq-len",
+           str(args.seq_len), "--steps", str(args.steps), "--eval-every", "0", "--no-progress",
+           "--log-jsonl", log, "--deepspeed_config", cfg_path]
+    with open(os.path.join(out, f"{tag}.log"), "w", encoding="utf-8") as f:
+        rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, timeout=900).returncode
+    rounds = [json.loads(line) for p in sorted(glob.glob(tele + "*")) for line in open(p, encoding="utf-8")]
+    steps = [json.loads(line) for line in open(log, encoding="utf-8")] if os.path.exists(log) else []
+    steps = [s for s in steps if "step" in s and "event" not in s]
+    row: dict = {"config": name, "repeat": repeat, "rc": rc, "rounds": len(rounds),
+                 "final_loss": steps[-1]["loss"] if steps else None}
+    for key, sel in (("sync", lambda r: r["mode"] == "sync"), ("overlapped", lambda r: r["mode"] != "sync")):
+        # a round's compute is the training thread's time since the previous swap; the first two rounds
+        # of each kind hold CUDA's and the allocator's warm-up
+        per_mb = [r["compute_s"] / r["counts"][0] for r in rounds if sel(r) and r["counts"][0]][2:]
+        row[f"compute_ms_per_mb_{key}"] = 1e3 * statistics.median(per_mb) if per_mb else None
+        row[f"rounds_{key}"] = len(per_mb)
+    late = [s for s in steps if s["step"] > args.warmup + 2]
+    if len(late) >= 2:
+        row["s_per_step_late"] = (late[-1]["train_s"] - late[0]["train_s"]) / (len(late) - 1)
+    a, b = row["compute_ms_per_mb_overlapped"], row["compute_ms_per_mb_sync"]
+    row["in_flight_ratio"] = a / b if a and b and name != "sync_lowbit" else None
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| config | run | compute ms/mb, sync rounds | with a round in flight | ratio | s/step after warm-up |"
+             " loss at end |", "|---|---|---|---|---|---|---|"]
+
+    def f(v: Optional[float], fmt: str) -> str:
+        return format(v, fmt) if isinstance(v, (int, float)) else "-"
+
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['repeat']} | {f(r['compute_ms_per_mb_sync'], '.2f')} | "
+                     f"{f(r['compute_ms_per_mb_overlapped'], '.2f')} | {f(r['in_flight_ratio'], '.3f')} | "
+                     f"{f(r.get('s_per_step_late'), '.4f')} | {f(r['final_loss'], '.4f')} |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--configs", default=",".join(DEFAULT))
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--model-size", default="medium")
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--grad-accum", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=8, help="acco.warmup_steps: sync steps before overlap")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_overlap: no CUDA device here; this benchmark times a round's kernels on a GPU", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    for repeat in range(args.repeats):
+        for name in [c for c in args.configs.split(",") if c]:
+            rows.append(run_one(name, args.out, repeat, args))
+            print(json.dumps(rows[-1]), flush=True)
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "world_size": 1,
+              "args": vars(args), "rows": rows}
+    with open(os.path.join(args.out, "gpu_overlap.json"), "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    print(f"{result['device']}, torch {result['torch']}, {args.model_size} GPT, N = 1")
+    print(table(rows))
+    return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

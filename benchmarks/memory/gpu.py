@@ -29,6 +29,7 @@ import sys
 from typing import Optional
 
 from benchmarks.sweep.configs import make_config
+from ds_acco.optim.adam_lookahead import CUDA_CHUNK_ELEMS
 
 from . import model as memory
 
@@ -72,7 +73,7 @@ def summarise(name: str, record: dict, params: int) -> dict:
     return {
         "config": name,
         "params": params,
-        "analytic_bytes": memory.total(name, 1, params),
+        "analytic_bytes": memory.total(name, 1, params, adam_chunk=CUDA_CHUNK_ELEMS),
         "steady_bytes": min(late),
         "peak_bytes": record["cuda_peak_allocated"],
         "reserved_peak_bytes": record["cuda_peak_reserved"],

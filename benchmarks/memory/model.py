@@ -108,7 +108,7 @@ def _check(config: str, world_size: int, params: int) -> None:
 
 
 def components(config: str, world_size: int, params: int, *, bucket_elems: Optional[int] = None,
-               constants: bool = True, packed: bool = False) -> dict[str, float]:
+               constants: bool = True, packed: bool = False, adam_chunk: int = LOOKAHEAD_CHUNK) -> dict[str, float]:
     """Bytes of each buffer of one worker.
 
     Args:
@@ -118,6 +118,7 @@ def components(config: str, world_size: int, params: int, *, bucket_elems: Optio
         bucket_elems: DeepSpeed's ``reduce_bucket_size`` (None: larger than P).
         constants: include the chunked scratch buffers, whose size does not grow with ``P``.
         packed: the FSDP2 front end's rank-major packed groups (ds_acco configs only).
+        adam_chunk: elements per Adam chunk (``adam_lookahead.chunk_elems`` of the device; the CPU's).
     """
     _check(config, world_size, params)
     c, a, r = DTYPE_BYTES[config]
@@ -149,9 +150,9 @@ def components(config: str, world_size: int, params: int, *, bucket_elems: Optio
         out["publish shard"] = c * P / N
     if config.startswith("acco"):
         out["kept estimate shard"] = 4 * P / N
-        out["Adam chunk scratch"] = (8 if c == 4 else 12) * min(P / N, LOOKAHEAD_CHUNK) if constants else 0.0
+        out["Adam chunk scratch"] = (8 if c == 4 else 12) * min(P / N, adam_chunk) if constants else 0.0
     elif constants:
-        out["Adam chunk scratch"] = 4 * min(P / N, LOOKAHEAD_CHUNK)
+        out["Adam chunk scratch"] = 4 * min(P / N, adam_chunk)
     return {k: v for k, v in out.items() if v}
 
 

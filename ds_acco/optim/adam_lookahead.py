@@ -5,7 +5,7 @@ produce, with ``θ`` and ``S`` left untouched. Stepping the optimizer on a
 snapshot costs a copy of the master shard and of every state tensor (12 bytes
 per shard element for Adam), held for the whole run. For Adam and AdamW the step
 is an elementwise formula of ``θ``, ``m``, ``v``, ``g`` and the step count, so this
-module evaluates it on chunks of :data:`CHUNK_ELEMS` elements into scratch that
+module evaluates it on chunks of :func:`chunk_elems` elements into scratch that
 is allocated once, and writes the result straight where the all-gather reads it.
 
 Recognised optimizers (exact types; a subclass may change ``step`` and takes the
@@ -51,7 +51,17 @@ import numpy as np
 import torch
 
 CHUNK_ELEMS = 1 << 18
-"""Elements per chunk: the scratch is at most 4 such fp32 buffers (4 MiB), whatever the model size."""
+"""Elements per chunk on a CPU: the scratch is at most 4 such fp32 buffers (4 MiB), whatever the model size."""
+CUDA_CHUNK_ELEMS = 1 << 22
+"""Elements per chunk on a GPU (at most 64 MiB of scratch). The round's thread launches about ten kernels
+per chunk, and each launch holds the Python interpreter for microseconds that the training thread needs to
+launch its own: on an H200 (a 25 M-parameter shard) 256 Ki-element chunks took 10-15 ms of host time per
+round and compute with a round in flight ran 1.09-1.24x slower (BENCHMARKS.md, "On a GPU")."""
+
+
+def chunk_elems(device: torch.device) -> int:
+    """Elements per chunk for tensors on ``device``: where launches, not scratch memory, are what is scarce."""
+    return CUDA_CHUNK_ELEMS if device.type == "cuda" else CHUNK_ELEMS
 SQRT_PIECE = 1 << 14
 """Elements per fp64 square root of DeepSpeed's rule (128 KiB of scratch): fp64's, rounded once, is fp32's
 correctly rounded root, which the kernel's ``sqrt`` is."""
@@ -194,9 +204,9 @@ class FunctionalAdam:
                 n = flat.numel()
                 m, v, vmax = (local_flat(state[key]) if key in state else None  # absent before the first step
                               for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"))
-                chunk = self._chunk_deepspeed if hyper.deepspeed else self._chunk
-                for start in range(0, n, CHUNK_ELEMS):
-                    piece = slice(start, min(n, start + CHUNK_ELEMS))
+                chunk, size = self._chunk_deepspeed if hyper.deepspeed else self._chunk, chunk_elems(flat.device)
+                for start in range(0, n, size):
+                    piece = slice(start, min(n, start + size))
                     chunk(hyper, step, flat[piece], g[piece], m if m is None else m[piece],
                                 v if v is None else v[piece],
                                 vmax[piece] if vmax is not None and hyper.amsgrad else None, out[piece])
@@ -271,8 +281,9 @@ class FunctionalAdam:
                 step = _scalar(state["step"])
                 flat, m, v = local_flat(p), local_flat(state["exp_avg"]), local_flat(state["exp_avg_sq"])
                 vmax = local_flat(state["max_exp_avg_sq"]) if hyper.amsgrad else None
-                for start in range(0, flat.numel(), CHUNK_ELEMS):
-                    piece = slice(start, min(flat.numel(), start + CHUNK_ELEMS))
+                size = chunk_elems(flat.device)
+                for start in range(0, flat.numel(), size):
+                    piece = slice(start, min(flat.numel(), start + size))
                     chunk_max = vmax[piece] if vmax is not None else None
                     self._torch_update(hyper, step, flat[piece], g[piece], m[piece], v[piece], chunk_max,
                                        vmax_out=chunk_max,  # the lookahead's scratch: never in use at once

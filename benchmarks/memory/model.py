@@ -34,7 +34,8 @@ comm-dtype reduce-scatter output            r/N    only when r = a != 4 (e.g. bf
 fp32 master shard                           4/N
 optimizer state (AdamW m, v)                8/N
 kept estimate shard (acco only)             4/N    ``A_t``'s reduce-scattered sum, added at the commit
-Adam chunk scratch            (8 or 12)·min(P/N, L)  acco's lookahead, chunks of ``L = adam_lookahead.CHUNK_ELEMS``
+Adam chunk scratch            (8 or 12)·min(P/N, L)  acco's lookahead, chunks of ``L = adam_lookahead.chunk_elems``
+                                                   (256 Ki on a CPU, 4 Mi on a GPU: ``adam_chunk``)
                                                    (any other optimizer than Adam/AdamW snapshots
                                                    master and state instead: 12/N for two moments);
                                     4·min(P/N, L)  sync/dpu: torch's Adam/AdamW commit, stepped in chunks

@@ -104,6 +104,15 @@ def _adam_pair(case, sizes):
     return built[0], built[1], exact
 
 
+def test_chunks_are_larger_on_a_gpu_where_launches_not_scratch_are_scarce():
+    """The chunk follows the tensors' device (the CUDA figure is what the H200 measurement chose);
+    the tests above force small chunks on the CPU, so both sizes meet the same arithmetic."""
+    from ds_acco.optim import adam_lookahead
+
+    assert adam_lookahead.chunk_elems(torch.device("cpu")) == adam_lookahead.CHUNK_ELEMS == 1 << 18
+    assert adam_lookahead.chunk_elems(torch.device("cuda", 0)) == adam_lookahead.CUDA_CHUNK_ELEMS == 1 << 22
+
+
 @pytest.mark.parametrize("case", sorted(ADAM_CASES))
 def test_functional_adam_lookahead_equals_snapshot_lookahead(case, monkeypatch):
     """Step 1 (no state yet, bias correction at its largest) and later steps, chunked, into fp32 and bf16."""

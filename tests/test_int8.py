@@ -120,6 +120,25 @@ def test_int4_reduce_scatter_within_its_bound_and_its_residual_completes_the_sum
         assert res["int4_bytes"] < 0.55 * res["int8_bytes"]
 
 
+def test_delta_all_gather_pieces_grow_on_a_gpu_and_stay_bounded_over_ranks():
+    """A piece's wire row (blocks and their scales) fits its byte budget: 1 MiB on a CPU (gloo's scratch),
+    on a GPU 64 MiB over all ranks (fewer launches), never less than the CPU's."""
+    from ds_acco.comm import collectives
+    from ds_acco.comm.int8_collectives import CUDA_RECV_BYTES, default_piece_numel
+
+    def row_bytes(n, b):
+        return n // b * (b + 4)
+
+    cpu = default_piece_numel(256, 2, torch.device("cpu"))
+    assert cpu % 256 == 0 and row_bytes(cpu, 256) <= collectives.MAX_PIECE_NUMEL < row_bytes(cpu + 256, 256)
+    assert default_piece_numel(256, 2, None) == cpu
+    for n in (1, 8, 64):
+        gpu = default_piece_numel(256, n, torch.device("cuda", 0))
+        assert gpu % 256 == 0 and n * row_bytes(gpu, 256) <= CUDA_RECV_BYTES
+        assert gpu >= cpu and n * row_bytes(gpu + 256, 256) > CUDA_RECV_BYTES
+    assert default_piece_numel(256, 256, torch.device("cuda")) == cpu  # many ranks: the CPU's budget
+
+
 def test_int4_levels_pack_two_per_byte_and_round_trip_within_a_half_step():
     from ds_acco.numerics.quantization import QMAX_INT4, pack_int4, unpack_int4
 

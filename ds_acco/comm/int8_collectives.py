@@ -53,6 +53,15 @@ thread a dozen kernel launches that hold the Python interpreter while the traini
 own: on an H200, 1 MiB rows (25 pieces for a 25 M-parameter shard) took 13 ms of host time per round."""
 
 
+def default_piece_numel(block_size: int, world_size: int, device: Optional[torch.device]) -> int:
+    """Elements per rank in one delta all-gather piece: as many whole blocks as fit, with their scales, in
+    ``collectives.MAX_PIECE_NUMEL`` bytes, or on a GPU in ``CUDA_RECV_BYTES / world_size`` if that is more."""
+    row_bytes = collectives.MAX_PIECE_NUMEL
+    if device is not None and torch.device(device).type == "cuda":
+        row_bytes = max(row_bytes, CUDA_RECV_BYTES // world_size)
+    return (row_bytes - 4) // (block_size + 4) * block_size  # b blocks: b * (block_size + 4) bytes, < 4 to align
+
+
 def _round4(n: int) -> int:
     return -(-n // 4) * 4
 
@@ -333,8 +342,7 @@ class Int8DeltaAllGather:
         world_size: ranks in the group.
         block_size: elements per int8 block (one fp32 scale each).
         piece_numel: elements per rank per all-gather (rounded down to whole blocks); None:
-            as many whole blocks as fit, with their scales, in ``collectives.MAX_PIECE_NUMEL`` bytes
-            (on a GPU in ``CUDA_RECV_BYTES / world_size`` bytes if that is more).
+            :func:`default_piece_numel`.
         device: where the wire buffers and the ``shard_numel`` fp32 scratch live.
         bits: 8, or 4 (acco's estimate rounds: their lookahead only steers where the next gradients
             are computed, and the commit's delta, taken against what landed, carries the error).
@@ -351,11 +359,8 @@ class Int8DeltaAllGather:
             raise ValueError(f"bits: got {bits!r}; allowed: 8 or 4")
         check_block_size(block_size)
         self.shard_numel, self.world_size, self.block_size = shard_numel, world_size, block_size
-        if piece_numel is None:  # a row of b blocks takes b * (block_size + 4) bytes, plus < 4 of alignment
-            row_bytes = collectives.MAX_PIECE_NUMEL
-            if device is not None and torch.device(device).type == "cuda":
-                row_bytes = max(row_bytes, CUDA_RECV_BYTES // world_size)
-            piece_numel = (row_bytes - 4) // (block_size + 4) * block_size
+        if piece_numel is None:
+            piece_numel = default_piece_numel(block_size, world_size, device)
         piece = min(shard_numel, max(block_size, piece_numel // block_size * block_size))
         self.pieces = [(start, min(piece, shard_numel - start)) for start in range(0, shard_numel, piece)]
         self._rows = {n: (_WireRows(1, n, block_size, device, bits), _WireRows(world_size, n, block_size, device, bits))

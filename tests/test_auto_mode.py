@@ -92,6 +92,10 @@ def test_choice_follows_the_step_model(round_ms, want):
     choice = choose(figures(50, round_ms, 4 * 50 + round_ms), "sync", cfg, G, step=3)
     assert choice.mode == want, choice.line
     assert choice.figures["acco_step_ms"] == pytest.approx(2 * max(100, round_ms), rel=1e-3)
+    # a round at least a step's whole compute (G c = 200 ms): the line points to streaming, the only mode for it
+    assert ("mode 'streaming'" in choice.line) == (round_ms >= 200), choice.line
+    if round_ms == 500:
+        assert "a round is 2.5x a step's compute" in choice.line, choice.line
 
 
 def test_int4_estimates_are_priced_by_their_bytes():

@@ -237,7 +237,13 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
         line += f"; gradient noise scale {_small(noise)} micro-batches, so per step to a loss (delay penalty in) " + \
             ", ".join(f"{name(c) if c[0] == SYNC else f'{c[0]} {c[1]}'} {batches[c]:.1f} micro-batches per step: "
                       f"{1e3 * score(c):.1f} ms" for c in step_s)
-    return line + f": runs {name(chosen)}" + ("" if chosen == running else f" (was {name(running)})")
+    line += f": runs {name(chosen)}" + ("" if chosen == running else f" (was {name(running)})")
+    sync_round_ms = figs["round_ms"] / (1.0 if current == SYNC else wire)
+    if chosen[0] == SYNC and sync_round_ms >= G * figs["compute_ms"]:
+        # streaming is no candidate (another engine, a stage 0 replica): say when the link alone sets the pace
+        line += (f"; a round is {sync_round_ms / (G * figs['compute_ms']):.1f}x a step's compute, more than any "
+                 "gradient round can hide: mode 'streaming' (a stage 0 config) sends one fragment per sync instead")
+    return line
 
 
 def _small(x: float) -> str:

@@ -342,3 +342,22 @@ def test_bench_smoke_sweep(tmp_path):
     csv = (out / "results.csv").read_text().splitlines()
     assert len(csv) == 1 + len(runs) and csv[0].startswith("id,scenario,config")
     print(f"bench smoke sweep: {elapsed:.1f}s ({'netns' if result['netns'] else 'loopback'})")
+
+
+def test_gpu_overlap_bench_parses_a_real_run_on_the_cpu(tmp_path):
+    """CI has no GPU, so ``benchmarks.gpu_overlap`` refuses to run here; its run-and-parse step is the same on
+    the CPU: one tiny DeepSpeed run with two sync steps, then rounds in flight, read back from its records."""
+    import argparse
+
+    from benchmarks import gpu_overlap
+
+    args = argparse.Namespace(model_size="tiny", seq_len=32, micro_batch=2, grad_accum=4, steps=8, warmup=3)
+    row = gpu_overlap.run_one("acco_lowbit_int4_fixed", str(tmp_path), 0, args)
+    assert row["rc"] == 0, (tmp_path / "acco_lowbit_int4_fixed_r0.log").read_text()[-3000:]
+    # sync steps one round each, acco steps two (estimate and commit), and the next estimate is in flight at the end
+    assert row["rounds"] == 3 + 2 * 5 + 1
+    assert row["rounds_sync"] == 3 - 2 and row["rounds_overlapped"] == 2 * 5 + 1 - 2  # the first two of each left out
+    assert row["in_flight_ratio"] == pytest.approx(row["compute_ms_per_mb_overlapped"] / row["compute_ms_per_mb_sync"])
+    assert 0 < row["final_loss"] < 10 and row["s_per_step_late"] > 0
+    assert "| acco_lowbit_int4_fixed | 0 |" in gpu_overlap.table([row])
+    assert gpu_overlap.main(["--out", str(tmp_path / "refused")]) == 2  # no CUDA device here

@@ -328,8 +328,14 @@ def _abort_mpi_peers(exc: BaseException) -> None:
         return
     import traceback
 
+    # the cause in one line first: Abort ends every process at once, and mpiexec's forwarding of
+    # output still in flight (a traceback's later lines) was seen to lose it on a loaded machine
+    rank = mpi.COMM_WORLD.Get_rank()
+    print(f"[train_lm] rank {rank} failed, aborting the MPI job: {type(exc).__name__}: {exc}", file=sys.stderr,
+          flush=True)
     traceback.print_exception(exc)
     sys.stderr.flush()
+    time.sleep(0.5)  # time for mpiexec to forward the traceback before Abort kills the job
     mpi.COMM_WORLD.Abort(1)
 
 

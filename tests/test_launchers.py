@@ -185,7 +185,8 @@ def test_one_rank_dying_mid_run_ends_an_mpi_job(tmp_path):
     env["TRAIN_MODULE"] = "launch_fault"
     result = _launch("mpirun.sh", "ds_configs/acco_fixed.json", *TRAIN_ARGS, timeout=150, env=env)
     assert result.returncode != 0, result.stdout[-3000:]
-    assert "injected failure on rank 1" in result.stdout, result.stdout[-3000:]
+    assert "rank 1 failed, aborting the MPI job: RuntimeError: injected failure on rank 1" in result.stdout, \
+        result.stdout[-3000:]
     assert not SUMMARY.search(result.stdout)
 
 

@@ -57,14 +57,14 @@ CUDA_CHUNK_ELEMS = 1 << 22
 per chunk, and each launch holds the Python interpreter for microseconds that the training thread needs to
 launch its own: on an H200 (a 25 M-parameter shard) 256 Ki-element chunks took 10-15 ms of host time per
 round and compute with a round in flight ran 1.09-1.24x slower (BENCHMARKS.md, "On a GPU")."""
+SQRT_PIECE = 1 << 14
+"""Elements per fp64 square root of DeepSpeed's rule (128 KiB of scratch): fp64's, rounded once, is fp32's
+correctly rounded root, which the kernel's ``sqrt`` is."""
 
 
 def chunk_elems(device: torch.device) -> int:
     """Elements per chunk for tensors on ``device``: where launches, not scratch memory, are what is scarce."""
     return CUDA_CHUNK_ELEMS if device.type == "cuda" else CHUNK_ELEMS
-SQRT_PIECE = 1 << 14
-"""Elements per fp64 square root of DeepSpeed's rule (128 KiB of scratch): fp64's, rounded once, is fp32's
-correctly rounded root, which the kernel's ``sqrt`` is."""
 
 
 @dataclass(frozen=True)

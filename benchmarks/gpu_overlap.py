@@ -18,7 +18,6 @@ their compute) and the rest overlap, so one run gives both figures. Two runs per
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import statistics
@@ -33,6 +32,7 @@ DEFAULT = ("sync_lowbit", "acco_lowbit_int4_fixed", "acco_lowbit_fixed", "acco_f
 def run_one(name: str, out: str, repeat: int, args: argparse.Namespace) -> dict:
     """Train one config once; its per-round compute split by whether a round was in flight."""
     from benchmarks.sweep.configs import make_config
+    from benchmarks.sweep.parse import read_jsonl
     from tests.dist_harness import free_port
 
     tag = f"{name}_r{repeat}"
@@ -51,9 +51,8 @@ def run_one(name: str, out: str, repeat: int, args: argparse.Namespace) -> dict:
            "--log-jsonl", log, "--deepspeed_config", cfg_path]
     with open(os.path.join(out, f"{tag}.log"), "w", encoding="utf-8") as f:
         rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, timeout=900).returncode
-    rounds = [json.loads(line) for p in sorted(glob.glob(tele + "*")) for line in open(p, encoding="utf-8")]
-    steps = [json.loads(line) for line in open(log, encoding="utf-8")] if os.path.exists(log) else []
-    steps = [s for s in steps if "step" in s and "event" not in s]
+    rounds = read_jsonl(tele + ".rank0")  # the one rank's round records
+    steps = [s for s in read_jsonl(log) if "step" in s and "event" not in s]
     row: dict = {"config": name, "repeat": repeat, "rc": rc, "rounds": len(rounds),
                  "final_loss": steps[-1]["loss"] if steps else None}
     for key, sel in (("sync", lambda r: r["mode"] == "sync"), ("overlapped", lambda r: r["mode"] != "sync")):

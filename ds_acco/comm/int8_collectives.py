@@ -55,9 +55,10 @@ own: on an H200, 1 MiB rows (25 pieces for a 25 M-parameter shard) took 13 ms of
 
 def default_piece_numel(block_size: int, world_size: int, device: Optional[torch.device]) -> int:
     """Elements per rank in one delta all-gather piece: as many whole blocks as fit, with their scales, in
-    ``collectives.MAX_PIECE_NUMEL`` bytes, or on a GPU in ``CUDA_RECV_BYTES / world_size`` if that is more."""
+    ``collectives.MAX_PIECE_NUMEL`` bytes, or on an accelerator (any device but the CPU) in
+    ``CUDA_RECV_BYTES / world_size`` if that is more."""
     row_bytes = collectives.MAX_PIECE_NUMEL
-    if device is not None and torch.device(device).type == "cuda":
+    if device is not None and torch.device(device).type != "cpu":
         row_bytes = max(row_bytes, CUDA_RECV_BYTES // world_size)
     return (row_bytes - 4) // (block_size + 4) * block_size  # b blocks: b * (block_size + 4) bytes, < 4 to align
 

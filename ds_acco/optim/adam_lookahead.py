@@ -53,7 +53,7 @@ import torch
 CHUNK_ELEMS = 1 << 18
 """Elements per chunk on a CPU: the scratch is at most 4 such fp32 buffers (4 MiB), whatever the model size."""
 CUDA_CHUNK_ELEMS = 1 << 22
-"""Elements per chunk on a GPU (at most 64 MiB of scratch). The round's thread launches about ten kernels
+"""Elements per chunk on a GPU or another accelerator (at most 64 MiB of scratch). The round's thread launches about ten kernels
 per chunk, and each launch holds the Python interpreter for microseconds that the training thread needs to
 launch its own: on an H200 (a 25 M-parameter shard) 256 Ki-element chunks took 10-15 ms of host time per
 round and compute with a round in flight ran 1.09-1.24x slower (BENCHMARKS.md, "On a GPU")."""
@@ -63,8 +63,9 @@ correctly rounded root, which the kernel's ``sqrt`` is."""
 
 
 def chunk_elems(device: torch.device) -> int:
-    """Elements per chunk for tensors on ``device``: where launches, not scratch memory, are what is scarce."""
-    return CUDA_CHUNK_ELEMS if device.type == "cuda" else CHUNK_ELEMS
+    """Elements per chunk for tensors on ``device``: on an accelerator (any device but the CPU) launches,
+    not scratch memory, are what is scarce."""
+    return CHUNK_ELEMS if device.type == "cpu" else CUDA_CHUNK_ELEMS
 
 
 @dataclass(frozen=True)

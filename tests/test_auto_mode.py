@@ -17,7 +17,7 @@ import pytest
 from ds_acco.config import parse_acco_config
 from ds_acco.errors import AccoConfigError
 from ds_acco.reference import ReferenceRun, reference_schedule
-from ds_acco.rounds.auto_mode import AutoMode, StepTimer, choose
+from ds_acco.rounds.auto_mode import STREAMING_HINT, AutoMode, StepTimer, choose
 from tests import workloads as W
 from tests.auto_workers import train_auto
 from tests.dist_harness import run_distributed
@@ -86,16 +86,21 @@ def figures(c_sync_ms, round_ms, step_ms, c_acco_ms=0.0, wire=0.0):
     return [row, row]
 
 
-@pytest.mark.parametrize("round_ms, want", [(2, "sync"), (100, "acco"), (500, "sync")])
+@pytest.mark.parametrize("round_ms, want", [(2, "sync"), (100, "acco"), (130, "acco"), (500, "sync")])
 def test_choice_follows_the_step_model(round_ms, want):
     cfg = parse_acco_config(AUTO)
     choice = choose(figures(50, round_ms, 4 * 50 + round_ms), "sync", cfg, G, step=3)
     assert choice.mode == want, choice.line
     assert choice.figures["acco_step_ms"] == pytest.approx(2 * max(100, round_ms), rel=1e-3)
-    # a round at least a step's whole compute (G c = 200 ms): the line points to streaming, the only mode for it
-    assert ("mode 'streaming'" in choice.line) == (round_ms >= 200), choice.line
+    # a step of the mode chosen at least STREAMING_HINT x its bare compute (G c = 200 ms): the line points to
+    # streaming, which hides its fragment rounds behind compute (acco 200 ms and sync 202 ms do not; acco 260 ms
+    # and sync 700 ms do)
+    step_ms = choice.figures["acco_step_ms" if want == "acco" else "sync_step_ms"]
+    assert ("mode 'streaming'" in choice.line) == (step_ms >= STREAMING_HINT * 200), choice.line
+    if round_ms == 130:
+        assert "a step of acco is 1.30x its compute: mode 'streaming'" in choice.line, choice.line
     if round_ms == 500:
-        assert "a round is 2.5x a step's compute" in choice.line, choice.line
+        assert "a round is 2.5x a step's compute, more than any gradient round can hide" in choice.line, choice.line
 
 
 def test_int4_estimates_are_priced_by_their_bytes():

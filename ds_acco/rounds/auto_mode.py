@@ -70,6 +70,13 @@ the micro-batch under way. Half, since rounds and micro-batches jitter by more t
 (x + 0.5 gives 1.5, 1.66, 2.0, 3.6; rounding up gives 1 or 2, 2, 2, 4). Where compute and rounds run like clockwork
 (sleeps) rounding up is exact and this undercounts by up to half a micro-batch; once adaptive runs, its committed
 batch is measured and replaces the prediction."""
+STREAMING_HINT = 1.25
+"""A step of the mode auto runs over the bare compute of ``G`` micro-batches at or above which its line points to
+mode ``streaming``, which auto cannot switch to (another engine: a stage 0 replica per rank) and whose fragment
+rounds hide behind compute. Measured on the real-compute bed over four seeds (BENCHMARKS.md): at 25 Mbit/s acco fixed
+took 1.5-1.65x the compute per step and streaming reached the loss in 0.66x auto's time; at 100 Mbit/s acco adaptive
+took 1.2x and streaming needed 1.23x auto's time (it runs ``G`` micro-batches of its own per step, 1.1x their
+compute on one core)."""
 _WINDOW = 3  # medians of the last few samples: one slow step (a checkpoint, a GC pause) does not decide
 
 
@@ -238,11 +245,14 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
             ", ".join(f"{name(c) if c[0] == SYNC else f'{c[0]} {c[1]}'} {batches[c]:.1f} micro-batches per step: "
                       f"{1e3 * score(c):.1f} ms" for c in step_s)
     line += f": runs {name(chosen)}" + ("" if chosen == running else f" (was {name(running)})")
-    sync_round_ms = figs["round_ms"] / (1.0 if current == SYNC else wire)
-    if chosen[0] == SYNC and sync_round_ms >= G * figs["compute_ms"]:
-        # streaming is no candidate (another engine, a stage 0 replica): say when the link alone sets the pace
-        line += (f"; a round is {sync_round_ms / (G * figs['compute_ms']):.1f}x a step's compute, more than any "
-                 "gradient round can hide: mode 'streaming' (a stage 0 config) sends one fragment per sync instead")
+    compute_ms, chosen_ms = G * figs["compute_ms"], 1e3 * step_s[chosen]
+    if chosen_ms >= STREAMING_HINT * compute_ms:
+        sync_round_ms = figs["round_ms"] / (1.0 if current == SYNC else wire)
+        why = (f"a round is {sync_round_ms / compute_ms:.1f}x a step's compute, more than any gradient round can hide"
+               if chosen[0] == SYNC and sync_round_ms >= compute_ms else
+               f"a step of {name(chosen)} is {chosen_ms / compute_ms:.2f}x its compute")
+        line += (f"; {why}: mode 'streaming' (a stage 0 config, not a candidate: another engine) syncs one fragment "
+                 "at a time behind compute and may reach a loss sooner on this link")
     return line
 
 

@@ -17,7 +17,7 @@ import pytest
 from ds_acco.config import parse_acco_config
 from ds_acco.errors import AccoConfigError
 from ds_acco.reference import ReferenceRun, reference_schedule
-from ds_acco.rounds.auto_mode import STREAMING_HINT, AutoMode, StepTimer, choose
+from ds_acco.rounds.auto_mode import AutoMode, StepTimer, choose
 from tests import workloads as W
 from tests.auto_workers import train_auto
 from tests.dist_harness import run_distributed
@@ -92,13 +92,14 @@ def test_choice_follows_the_step_model(round_ms, want):
     choice = choose(figures(50, round_ms, 4 * 50 + round_ms), "sync", cfg, G, step=3)
     assert choice.mode == want, choice.line
     assert choice.figures["acco_step_ms"] == pytest.approx(2 * max(100, round_ms), rel=1e-3)
-    # a step of the mode chosen at least STREAMING_HINT x its bare compute (G c = 200 ms): the line points to
-    # streaming, which hides its fragment rounds behind compute (acco 200 ms and sync 202 ms do not; acco 260 ms
-    # and sync 700 ms do)
-    step_ms = choice.figures["acco_step_ms" if want == "acco" else "sync_step_ms"]
-    assert ("mode 'streaming'" in choice.line) == (step_ms >= STREAMING_HINT * 200), choice.line
+    # where the mode chosen costs at least STREAMING_HINT x a step's bare compute (G c = 200 ms) to a loss, the line
+    # points to streaming, which hides its fragment rounds behind compute: acco 200 ms x 1.1 (its delay penalty) and
+    # sync 202 ms do not; acco 260 ms x 1.1 and sync 700 ms do
+    assert ("mode 'streaming'" in choice.line) == (round_ms >= 130), choice.line
+    assert choice.figures["streaming_ratio"] == pytest.approx(
+        {2: 202, 100: 220, 130: 286, 500: 700}[round_ms] / 200, rel=1e-3)
     if round_ms == 130:
-        assert "a step of acco is 1.30x its compute: mode 'streaming'" in choice.line, choice.line
+        assert "a step of acco costs 1.43x its bare compute to a loss: mode 'streaming'" in choice.line, choice.line
     if round_ms == 500:
         assert "a round is 2.5x a step's compute, more than any gradient round can hide" in choice.line, choice.line
 

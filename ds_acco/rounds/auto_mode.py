@@ -70,13 +70,13 @@ the micro-batch under way. Half, since rounds and micro-batches jitter by more t
 (x + 0.5 gives 1.5, 1.66, 2.0, 3.6; rounding up gives 1 or 2, 2, 2, 4). Where compute and rounds run like clockwork
 (sleeps) rounding up is exact and this undercounts by up to half a micro-batch; once adaptive runs, its committed
 batch is measured and replaces the prediction."""
-STREAMING_HINT = 1.25
-"""A step of the mode auto runs over the bare compute of ``G`` micro-batches at or above which its line points to
-mode ``streaming``, which auto cannot switch to (another engine: a stage 0 replica per rank) and whose fragment
-rounds hide behind compute. Measured on the real-compute bed over four seeds (BENCHMARKS.md): at 25 Mbit/s acco fixed
-took 1.5-1.65x the compute per step and streaming reached the loss in 0.66x auto's time; at 100 Mbit/s acco adaptive
-took 1.2x and streaming needed 1.23x auto's time (it runs ``G`` micro-batches of its own per step, 1.1x their
-compute on one core)."""
+STREAMING_HINT = 1.35
+"""Where the mode auto runs costs this many times a step's bare compute (``G`` micro-batches, a full batch, priced to
+a loss as the candidates are: delay penalty and batch in), its line points to mode ``streaming``, which auto cannot
+switch to (another engine: a stage 0 replica per rank) and whose fragment rounds hide behind compute. From auto's 44
+lines on the real-compute bed, four seeds (BENCHMARKS.md): at 25 Mbit/s the ratio was 1.39-1.79 and streaming
+reached the loss in 0.66x auto's time; at 100 Mbit/s 0.71-1.30 and streaming needed 1.23x auto's time; with one
+host at half speed 0.54-0.83, where streaming runs at the slow host's pace."""
 _WINDOW = 3  # medians of the last few samples: one slow step (a checkpoint, a GC pause) does not decide
 
 
@@ -196,14 +196,15 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
         batches[(ACCO, p)] = batch if (ACCO, p) == running and batch else b
     priced = noise is not None and noise != float("inf")
 
-    def score(c) -> float:  # seconds to a loss, up to a constant: per sample, times the samples a batch needs
+    def price(seconds: float, batch: float) -> float:  # to a loss, up to a constant: times the samples a batch needs
         if not priced:
-            per_loss = step_s[c]
-        elif noise > 0:
-            per_loss = step_s[c] * (1.0 + batches[c] / noise)
-        else:  # noise below what the rounds resolve: the limit, where every batch size needs the same steps
-            per_loss = step_s[c] * batches[c] / full
-        return per_loss * (1.0 + auto.acco_step_penalty if c[0] == ACCO else 1.0)
+            return seconds
+        if noise > 0:
+            return seconds * (1.0 + batch / noise)
+        return seconds * batch / full  # noise below what the rounds resolve: every batch needs the same steps
+
+    def score(c) -> float:
+        return price(step_s[c], batches[c]) * (1.0 + auto.acco_step_penalty if c[0] == ACCO else 1.0)
 
     best = min(step_s, key=score)
     if best == (ACCO, "adaptive") and (ACCO, "fixed") in step_s and \
@@ -216,7 +217,8 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
             "wire_factor": wire, "sync_step_ms": 1e3 * step_s[(SYNC, None)], "acco_step_ms": 1e3 * step_s[acco_c],
             "acco_charged_ms": 1e3 * step_s[acco_c] * (1.0 + auto.acco_step_penalty),
             "was": current, "runs": chosen[0], "policy": acco_c[1], "world_size": N,
-            "noise_scale": noise, "candidates": {f"{m} {p}" if p else m: {
+            "noise_scale": noise, "streaming_ratio": score(chosen) / price(G * max(c_sync_s), full),
+            "candidates": {f"{m} {p}" if p else m: {
                 "step_ms": 1e3 * step_s[c], "batch": batches[c], "score_ms": 1e3 * score(c)}
                 for c in step_s for m, p in [c]}}
     line = _line(figs, G, current, running, chosen, step_s, batches, score, auto.acco_step_penalty,
@@ -245,12 +247,11 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
             ", ".join(f"{name(c) if c[0] == SYNC else f'{c[0]} {c[1]}'} {batches[c]:.1f} micro-batches per step: "
                       f"{1e3 * score(c):.1f} ms" for c in step_s)
     line += f": runs {name(chosen)}" + ("" if chosen == running else f" (was {name(running)})")
-    compute_ms, chosen_ms = G * figs["compute_ms"], 1e3 * step_s[chosen]
-    if chosen_ms >= STREAMING_HINT * compute_ms:
-        sync_round_ms = figs["round_ms"] / (1.0 if current == SYNC else wire)
+    if figs["streaming_ratio"] >= STREAMING_HINT:
+        compute_ms, sync_round_ms = G * figs["compute_ms"], figs["round_ms"] / (1.0 if current == SYNC else wire)
         why = (f"a round is {sync_round_ms / compute_ms:.1f}x a step's compute, more than any gradient round can hide"
                if chosen[0] == SYNC and sync_round_ms >= compute_ms else
-               f"a step of {name(chosen)} is {chosen_ms / compute_ms:.2f}x its compute")
+               f"a step of {name(chosen)} costs {figs['streaming_ratio']:.2f}x its bare compute to a loss")
         line += (f"; {why}: mode 'streaming' (a stage 0 config, not a candidate: another engine) syncs one fragment "
                  "at a time behind compute and may reach a loss sooner on this link")
     return line

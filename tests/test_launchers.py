@@ -150,6 +150,26 @@ def test_streaming_config_trains_checkpoints_and_resumes_under_deepspeed_launche
     assert 0 < summary["peak_round_bytes"] <= summary["bytes_sent"]
 
 
+def test_a_validation_is_stamped_with_the_slowest_ranks_clock(tmp_path):
+    """Streaming ranks run free between fragment rounds (none in these 6 steps: H = 40), so rank 0 runs far ahead of
+    rank 1 (150 ms more per micro-batch) and waits for it inside the validation at step 4, off its training clock.
+    The loss scored there is both replicas at step 4, which exists once rank 1 gets there: its time is rank 1's
+    clock, the figure benchmarks read as seconds to a loss (rank 0's put streaming with a slow host at 0.43x sync
+    low-bit's time, 0.93x measured right)."""
+    with open(os.path.join(CONFIGS, "streaming_int8.json")) as f:
+        cfg = json.load(f)
+    cfg["acco"]["streaming"].update(sync_every=40)
+    config, log = tmp_path / "streaming.json", tmp_path / "steps.jsonl"
+    config.write_text(json.dumps(cfg))
+    result = _launch("torchrun.sh", str(config), "--model-size", "tiny", "--seq-len", "64", "--steps", "6",
+                     "--eval-every", "4", "--eval-batches", "2", "--no-progress", "--compute-delay-ms", "0,150",
+                     "--log-jsonl", str(log))
+    _summary(result)
+    steps = {r["step"]: r for r in map(json.loads, log.read_text().splitlines()) if "step" in r}
+    assert "val_loss" in steps[4] and steps[4]["train_s"] >= 16 * 0.150, steps[4]  # rank 1: 16 sleeps by step 4
+    assert steps[3]["train_s"] < 0.5 * 16 * 0.150, steps[3]  # rank 0's own clock: far ahead of rank 1
+
+
 def test_failing_workers_fail_the_launch():
     """deepspeed runner -> launch.py -> workers: the longest chain an exit status travels."""
     result = _launch("deepspeed_local.sh", "ds_configs/zero1_baseline.json", "--steps", "-1", timeout=120)

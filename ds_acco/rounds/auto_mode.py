@@ -75,7 +75,7 @@ STREAMING_HINT = 1.35
 a loss as the candidates are: delay penalty and batch in), its line points to mode ``streaming``, which auto cannot
 switch to (another engine: a stage 0 replica per rank) and whose fragment rounds hide behind compute. From auto's 44
 lines on the real-compute bed, four seeds (BENCHMARKS.md): at 25 Mbit/s the ratio was 1.39-1.79 and streaming
-reached the loss in 0.66x auto's time; at 100 Mbit/s 0.71-1.30 and streaming needed 1.23x auto's time; with one
+reached the loss in 0.67x auto's time; at 100 Mbit/s 0.71-1.30 and streaming needed 1.23x auto's time; with one
 host at half speed 0.54-0.83, where streaming runs at the slow host's pace."""
 _WINDOW = 3  # medians of the last few samples: one slow step (a checkpoint, a GC pause) does not decide
 

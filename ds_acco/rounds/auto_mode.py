@@ -252,8 +252,8 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
         why = (f"a round is {sync_round_ms / compute_ms:.1f}x a step's compute, more than any gradient round can hide"
                if chosen[0] == SYNC and sync_round_ms >= compute_ms else
                f"a step of {name(chosen)} costs {figs['streaming_ratio']:.2f}x its bare compute to a loss")
-        line += (f"; {why}: mode 'streaming' (a stage 0 config, not a candidate: another engine) syncs one fragment "
-                 "at a time behind compute and may reach a loss sooner on this link")
+        line += (f"; {why}: mode 'streaming' (DeepSpeed stage 0 or ds_acco.streaming.build; not a candidate: "
+                 "another engine) syncs one fragment at a time behind compute and may reach a loss sooner on this link")
     return line
 
 

@@ -53,9 +53,9 @@ import torch
 CHUNK_ELEMS = 1 << 18
 """Elements per chunk on a CPU: the scratch is at most 4 such fp32 buffers (4 MiB), whatever the model size."""
 CUDA_CHUNK_ELEMS = 1 << 22
-"""Elements per chunk on a GPU or another accelerator (at most 64 MiB of scratch). The round's thread launches about ten kernels
-per chunk, and each launch holds the Python interpreter for microseconds that the training thread needs to
-launch its own: on an H200 (a 25 M-parameter shard) 256 Ki-element chunks took 10-15 ms of host time per
+"""Elements per chunk on a GPU or another accelerator (at most 64 MiB of scratch). The round's thread launches
+about ten kernels per chunk, and each launch holds the Python interpreter for microseconds that the training
+thread needs to launch its own: on an H200 (a 25 M-parameter shard) 256 Ki-element chunks took 10-15 ms of host time per
 round and compute with a round in flight ran 1.09-1.24x slower (BENCHMARKS.md, "On a GPU")."""
 SQRT_PIECE = 1 << 14
 """Elements per fp64 square root of DeepSpeed's rule (128 KiB of scratch): fp64's, rounded once, is fp32's

@@ -268,7 +268,8 @@ def main(argv=None) -> int:
                 val_loss = record["val_loss"] = evaluate()
                 # the loss scored is every rank's model at this step, which exists once the slowest rank is here:
                 # in streaming a faster rank runs ahead and waits in this collective, outside its training clock
-                record["train_s"] = all_reduce_max(meter.train_s)
+                # (train_s stays rank 0's, one clock for the per-step curve)
+                record["val_train_s"] = all_reduce_max(meter.train_s)
             if rank == 0:
                 bar.write(f"[train_lm] step {step}: train loss {step_loss:.4f} | val loss {val_loss:.4f}")
         if args.save_every and step % args.save_every == 0 and not last_step:

@@ -364,13 +364,13 @@ def test_gpu_overlap_bench_parses_a_real_run_on_the_cpu(tmp_path):
 
 
 def test_a_run_ends_when_its_slowest_rank_does():
-    """Time to a loss reads validations at the slowest rank's clock (``examples/train_lm.py`` stamps them so) and the
-    final validation at the summary's (the slowest rank's at the end). Rank 0's clock at its last step was what the
-    final point used: a streaming rank 0 beside a slow host ended over a minute before the run did."""
+    """Time to a loss reads validations at the slowest rank's clock (``val_train_s``, from ``examples/train_lm.py``)
+    and the final validation at the summary's (the slowest rank's at the end). Rank 0's clock at its last step was
+    what the final point used: a streaming rank 0 beside a slow host ended over a minute before the run did."""
     from benchmarks.report.time_to_loss import seconds_to, val_time_points
 
     run = {"train_s": 90.0, "val_loss": 2.5, "curve": [
-        {"step": 5, "train_s": 20.0, "val_loss": 3.0},   # stamped with rank 1's clock; rank 0's read 12 s
+        {"step": 5, "train_s": 12.0, "val_loss": 3.0, "val_train_s": 20.0},  # rank 0's clock and rank 1's
         {"step": 6, "train_s": 14.0},                    # rank 0's own clock at its last step
     ]}
     assert val_time_points(run) == [(20.0, 3.0), (90.0, 2.5)]

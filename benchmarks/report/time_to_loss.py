@@ -50,11 +50,12 @@ def val_time_points(r: dict) -> list[tuple[float, float]]:
     """``(training seconds, validation loss)`` at every validation of a run, the final one included.
 
     A validation scores every rank's model at its step, so its time is the slowest rank's training clock there
-    (``examples/train_lm.py`` stamps it so); the final one's is the summary's, the slowest rank's at the end. Rank
-    0's clock at its last step is earlier wherever ranks do not run in lockstep (streaming with a slow host: by
-    over a minute)."""
+    (``val_train_s``, which ``examples/train_lm.py`` records; runs from before it carry rank 0's ``train_s``); the
+    final one's is the summary's, the slowest rank's at the end. Rank 0's clock is earlier wherever ranks do not run
+    in lockstep (streaming with a slow host: by over a minute at the end)."""
     curve = r.get("curve") or []
-    pts = [(c["train_s"], c["val_loss"]) for c in curve if c.get("val_loss") is not None and c.get("train_s")]
+    pts = [(c.get("val_train_s") or c["train_s"], c["val_loss"]) for c in curve
+           if c.get("val_loss") is not None and c.get("train_s")]
     end = r.get("train_s") or (curve[-1].get("train_s") if curve else None)
     if end and r.get("val_loss") is not None:
         pts.append((end, r["val_loss"]))

@@ -238,7 +238,8 @@ def parse_run(spec: "RunSpec", run_dir: str, rc: int, wall_s: float, load: Optio
     for x in (workers[0] or {}).get("steps") or []:
         s = x["step"]
         curve.append({"step": s, "tokens": tok.get(s, s * nominal_tokens_per_step), "train_s": x.get("train_s"),
-                      "loss": _finite(x.get("loss")), "val_loss": _finite(x.get("val_loss"))})
+                      "loss": _finite(x.get("loss")), "val_loss": _finite(x.get("val_loss")),
+                      "val_train_s": x.get("val_train_s")})
     if curve and row["val_loss"] is not None:
         curve[-1]["final_val_loss"] = row["val_loss"]
     row["curve"] = curve

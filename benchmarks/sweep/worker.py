@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             tx, rx = iface_bytes(iface)
             steps.append({"t": time.time(), "step": record["step"], "loss": record.get("loss"),
                           "val_loss": record.get("val_loss"), "micro_batch_index": record.get("micro_batch_index"),
-                          "train_s": record.get("train_s"), "val_train_s": record.get("val_train_s"), "tx_bytes": tx, "rx_bytes": rx,
+                          "train_s": record.get("train_s"), "val_train_s": record.get("val_train_s"),
+                          "tx_bytes": tx, "rx_bytes": rx,
                           "rss_kb": _status_kb("VmRSS"), "cuda_allocated": _cuda_stat("memory_allocated"),
                           "main_cpu_s": time.thread_time(), "main_preempted": _preemptions()})
             thread_cpu.update(_thread_cpu_s())  # threads that end before the summary keep their last reading

@@ -21,9 +21,11 @@ import torch
 import torch.distributed as dist
 
 from ds_acco.config import AccoConfig, no_preemption_dir, parse_acco_config
+from ds_acco.errors import AccoConfigError
 from ds_acco.layout.sharded_group import build_sharded_groups
 from ds_acco.optim.shard_optimizer import ShardOptimizer
 from ds_acco.rounds.engine import RoundEngine
+from ds_acco.streaming import PhaseFactory, fragments_of
 
 logger = logging.getLogger("ds_acco")
 
@@ -51,6 +53,7 @@ def build(
     grad_scale: float = 1.0,
     on_stage: Optional[Callable[[int, str], None]] = None,
     on_stop: Optional[Callable[[], None]] = None,
+    model: Optional[torch.nn.Module] = None,
 ) -> RoundEngine:
     """Flatten ``params`` (tensors or torch-style param-group dicts) and start a round engine.
 
@@ -61,6 +64,8 @@ def build(
         alignment: shard sizes are multiples of this.
         on_stop: called where every rank stops after a SIGTERM (save there with :func:`state_dict`); default:
             exit with ``acco.preemption.exit_code``.
+        model: the module ``params`` belong to; with ``acco.auto.streaming`` its layers are cut into the
+            fragments auto may switch to streaming with (before training: a model that cannot be cut fails here).
     """
     config = no_preemption_dir(parse_acco_config(config), "ds_acco.plain.build")
     groups_spec = _as_groups(params)
@@ -71,6 +76,12 @@ def build(
     optimizer = optimizer_cls(opt_groups, **(optimizer_kwargs or {}))
     scheduler = lr_scheduler(optimizer) if lr_scheduler is not None else None
     shard_opt = ShardOptimizer(optimizer, [g.master for g in groups], scheduler)
+    phase = None
+    if config.mode == "auto" and config.auto.streaming and model is not None:
+        try:
+            phase = PhaseFactory(fragments_of(model, config))
+        except ValueError as exc:
+            raise AccoConfigError(str(exc)) from None
     engine = RoundEngine(
         groups,
         shard_opt,
@@ -81,6 +92,7 @@ def build(
         grad_scale=grad_scale,
         on_stage=on_stage,
         on_stop=on_stop,
+        streaming_phase=phase,
     )
     engine.announce(f"plain PyTorch, {len(groups)} group(s)")
     return engine

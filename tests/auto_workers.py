@@ -44,7 +44,7 @@ def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", 
     log.setLevel(logging.INFO)
     model = W.make_model().to(device)
     engine = plain.build(W.param_groups(model), torch.optim.AdamW, W.OPT_KWARGS, config=config,
-                         gradient_accumulation_steps=G, on_stage=on_stage)
+                         gradient_accumulation_steps=G, on_stage=on_stage, model=model)
     trajectory, k = [], 0
     try:
         while engine.commits < steps:
@@ -69,4 +69,6 @@ def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", 
     commits = [r for r in engine.telemetry.records if r.kind == "commit"]
     return {"trajectory": trajectory, "modes": [r.mode for r in commits],
             "counts": [r.counts for r in engine.telemetry.records], "choices": engine.auto.choices,
-            "lines": handler.lines, "roundtrip": roundtrip}
+            "lines": handler.lines, "roundtrip": roundtrip,
+            "fragments": [(r.step, r.fragment, r.applied_step)
+                          for r in engine.telemetry.records if r.kind == "fragment"]}

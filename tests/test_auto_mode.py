@@ -194,7 +194,7 @@ def test_auto_config_errors_name_the_field():
     with pytest.raises(AccoConfigError, match=r"acco.auto.measure_steps: got 2"):
         parse_acco_config({"mode": "auto", "auto": {"measure_steps": 2}})
     with pytest.raises(AccoConfigError, match=r"acco.auto.every: unknown key .*allowed keys: acco_step_penalty, "
-                                              r"check_every, measure_steps, switch_margin"):
+                                              r"check_every, measure_steps, streaming, switch_margin"):
         parse_acco_config({"mode": "auto", "auto": {"every": 3}})
     with pytest.raises(AccoConfigError, match=r"gradient_accumulation_steps: got 3; acco.mode 'auto' may run"):
         parse_acco_config({"mode": "auto"}).check_accumulation(3)

@@ -113,6 +113,12 @@ class AutoConfig(_Block):
     switch_margin: float = Field(default=0.05, ge=0.0, lt=1.0)
     """Switch only when the other mode is predicted faster by at least this fraction (no flapping
     between two modes that cost the same)."""
+    streaming: bool = False
+    """Let auto switch the job to Streaming DiLoCo (configured by the ``streaming`` block) where the best
+    gradient mode costs at least 1.35x a step's bare compute to a loss (``ds_acco.rounds.auto_mode.STREAMING_HINT``):
+    there no gradient round hides, and streaming's fragment rounds do. Off unless set, because from the switch
+    on every rank keeps a full copy of the optimizer state (ZeRO stage 0's memory). Needs fp32 parameters, and
+    DeepSpeed ZeRO-1 or ``ds_acco.plain.build(..., model=)``. One-way: auto does not choose again after it."""
 
 
 class StreamingConfig(_Block):

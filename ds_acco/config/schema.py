@@ -181,6 +181,8 @@ class AccoConfig(_Block):
         for key, default in _LATER_DEFAULTS.items():
             if payload.get(key) == default:
                 payload.pop(key)
+        if payload.get("auto", {}).get("streaming") is False:
+            payload["auto"].pop("streaming")  # added later too: round states saved before it keep their hash
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def compared_fields(self) -> dict:

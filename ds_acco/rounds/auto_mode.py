@@ -31,7 +31,8 @@ in the all-gather each round already makes (:mod:`ds_acco.rounds.round_work`), s
 rank computes the same choice from the same integers: no extra collective, no rank that
 disagrees. When ``R`` exceeds the whole compute of a step, ``acco`` cannot hide it and
 ``sync`` wins; when ``R`` is tiny, hiding it is not worth the penalty; between the two,
-``acco`` wins.
+``acco`` wins. Where even the best of them costs :data:`STREAMING_HINT` times a step's bare compute,
+``acco.auto.streaming`` switches the job to streaming (:mod:`ds_acco.rounds.streaming_switch`).
 
 With ``policy: "auto"`` both acco policies are candidates. The adaptive policy commits fewer
 micro-batches per step, and a smaller batch may buy as much loss per step: each candidate's
@@ -58,7 +59,7 @@ from .noise_scale import NoiseScale
 
 logger = logging.getLogger("ds_acco")
 
-SYNC, ACCO = "sync", "acco"
+SYNC, ACCO, STREAMING = "sync", "acco", "streaming"
 FIGURES = 5
 """Integers each rank adds to a round's all-gather: µs per micro-batch without and with a round in
 flight, µs per round on the wire in the running mode, µs per nominal step measured in the running mode,
@@ -71,12 +72,12 @@ the micro-batch under way. Half, since rounds and micro-batches jitter by more t
 (sleeps) rounding up is exact and this undercounts by up to half a micro-batch; once adaptive runs, its committed
 batch is measured and replaces the prediction."""
 STREAMING_HINT = 1.35
-"""Where the mode auto runs costs this many times a step's bare compute (``G`` micro-batches, a full batch, priced to
-a loss as the candidates are: delay penalty and batch in), its line points to mode ``streaming``, which auto cannot
-switch to (another engine: a stage 0 replica per rank) and whose fragment rounds hide behind compute. From auto's 44
-lines on the real-compute bed, four seeds (BENCHMARKS.md): at 25 Mbit/s the ratio was 1.39-1.79 and streaming
-reached the loss in 0.67x auto's time; at 100 Mbit/s 0.71-1.30 and streaming needed 1.23x auto's time; with one
-host at half speed 0.54-0.83, where streaming runs at the slow host's pace."""
+"""Where the best gradient mode costs this many times a step's bare compute (``G`` micro-batches, a full batch, priced
+to a loss as the candidates are: delay penalty and batch in), no gradient round hides and streaming, whose fragment
+rounds do, is the faster mode: with ``acco.auto.streaming`` the job switches to it, otherwise the line points to it.
+From auto's 44 lines on the real-compute bed, four seeds (BENCHMARKS.md): at 25 Mbit/s the ratio was 1.39-1.79 and
+streaming reached the loss in 0.67x auto's time; at 100 Mbit/s 0.71-1.30 and streaming needed 1.23x auto's time; with
+one host at half speed 0.54-0.83, where streaming runs at the slow host's pace."""
 _WINDOW = 3  # medians of the last few samples: one slow step (a checkpoint, a GC pause) does not decide
 
 
@@ -163,7 +164,7 @@ class StepTimer:
 
 def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G: int, step: int,
            policy: Optional[str] = None, noise: Optional[float] = None,
-           batch: Optional[float] = None, estimate_fraction: float = 1.0) -> Optional[Choice]:
+           batch: Optional[float] = None, estimate_fraction: float = 1.0, streaming: bool = False) -> Optional[Choice]:
     """The mode to run from ``figures`` (one row of :data:`FIGURES` per rank); None while they do not suffice.
 
     ``policy``: the acco policy running (``current == "acco"``); ``noise``: the gradient noise scale in
@@ -171,7 +172,8 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     sample; 0: below what the rounds resolve, priced per committed step, the model's limit);
     ``batch``: micro-batches per step measured in the running mode (the adaptive policy's varies);
     ``estimate_fraction``: an estimate round's bytes over a commit's (``acco.estimate_quantization``); round
-    times are commit rounds' (the timer scales estimates up by it)."""
+    times are commit rounds' (the timer scales estimates up by it); ``streaming``: ``acco.auto.streaming``, the
+    job may switch to streaming where the chosen gradient mode costs :data:`STREAMING_HINT` or more."""
     N = len(figures)
     c_sync = [r[0] or r[1] for r in figures]  # a job resumed in acco has no sync figure: its acco one bounds it
     c_acco = [r[1] or r[0] * _interference(figures) for r in figures]
@@ -213,17 +215,19 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     chosen = best if score(best) < score(running) * (1.0 - auto.switch_margin) else running
     acco_c = chosen if chosen[0] == ACCO else min((c for c in step_s if c[0] == ACCO), key=score)
     k = max(c_acco_s) / max(c_sync_s)
+    ratio = score(chosen) / price(G * max(c_sync_s), full)
+    runs = STREAMING if streaming and ratio >= STREAMING_HINT else chosen[0]
     figs = {"step": step, "compute_ms": 1e3 * max(c_sync_s), "in_flight_factor": k, "round_ms": 1e3 * R,
             "wire_factor": wire, "sync_step_ms": 1e3 * step_s[(SYNC, None)], "acco_step_ms": 1e3 * step_s[acco_c],
             "acco_charged_ms": 1e3 * step_s[acco_c] * (1.0 + auto.acco_step_penalty),
-            "was": current, "runs": chosen[0], "policy": acco_c[1], "world_size": N,
-            "noise_scale": noise, "streaming_ratio": score(chosen) / price(G * max(c_sync_s), full),
+            "was": current, "runs": runs, "policy": acco_c[1], "world_size": N,
+            "noise_scale": noise, "streaming_ratio": ratio,
             "candidates": {f"{m} {p}" if p else m: {
                 "step_ms": 1e3 * step_s[c], "batch": batches[c], "score_ms": 1e3 * score(c)}
                 for c in step_s for m, p in [c]}}
     line = _line(figs, G, current, running, chosen, step_s, batches, score, auto.acco_step_penalty,
-                 several=len(predicted) > 1)
-    return Choice(chosen[0], figs, line, acco_c[1])
+                 several=len(predicted) > 1, streaming=streaming)
+    return Choice(runs, figs, line, acco_c[1])
 
 
 def _policies(config: AccoConfig) -> tuple:
@@ -231,7 +235,7 @@ def _policies(config: AccoConfig) -> tuple:
 
 
 def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_s: dict, batches: dict, score,
-          penalty: float, several: bool) -> str:
+          penalty: float, several: bool, streaming: bool) -> str:
     """The INFO line of a choice: the figures it was made from, each candidate measured or predicted."""
     how = {c: "measured" if c == running else "predicted" for c in step_s}
     wire, noise = figs["wire_factor"], figs["noise_scale"]
@@ -246,14 +250,22 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
         line += f"; gradient noise scale {_small(noise)} micro-batches, so per step to a loss (delay penalty in) " + \
             ", ".join(f"{name(c) if c[0] == SYNC else f'{c[0]} {c[1]}'} {batches[c]:.1f} micro-batches per step: "
                       f"{1e3 * score(c):.1f} ms" for c in step_s)
-    line += f": runs {name(chosen)}" + ("" if chosen == running else f" (was {name(running)})")
+    if figs["runs"] == STREAMING:
+        line += f": runs streaming (was {name(running)}; {name(chosen)} is the best gradient mode)"
+    else:
+        line += f": runs {name(chosen)}" + ("" if chosen == running else f" (was {name(running)})")
     if figs["streaming_ratio"] >= STREAMING_HINT:
         compute_ms, sync_round_ms = G * figs["compute_ms"], figs["round_ms"] / (1.0 if current == SYNC else wire)
         why = (f"a round is {sync_round_ms / compute_ms:.1f}x a step's compute, more than any gradient round can hide"
                if chosen[0] == SYNC and sync_round_ms >= compute_ms else
                f"a step of {name(chosen)} costs {figs['streaming_ratio']:.2f}x its bare compute to a loss")
-        line += (f"; {why}: mode 'streaming' (DeepSpeed stage 0 or ds_acco.streaming.build; not a candidate: "
-                 "another engine) syncs one fragment at a time behind compute and may reach a loss sooner on this link")
+        if streaming:
+            line += (f"; {why}: streaming syncs one fragment at a time behind compute, so the job runs it from here "
+                     "to the end (acco.auto.streaming; auto does not choose again)")
+        else:
+            line += (f"; {why}: mode 'streaming' syncs one fragment at a time behind compute and may reach a loss "
+                     "sooner on this link (set acco.auto.streaming to let auto switch to it; it keeps a full copy "
+                     "of the optimizer state per rank)")
     return line
 
 
@@ -325,7 +337,8 @@ class AutoMode:
         running = state.policy if state.mode == ACCO else None
         choice = choose(figures, state.mode, self.config, self.G, step, policy=running,
                         noise=self.noise.value() if self.noise else None, batch=self.timer.batch(),
-                        estimate_fraction=self.estimate_fraction) if figures else None
+                        estimate_fraction=self.estimate_fraction,
+                        streaming=self.config.auto.streaming) if figures else None
         self._retry = choice is None
         if choice is None:
             return state.mode

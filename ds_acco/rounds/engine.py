@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 
-from ds_acco.comm.comm_thread import RoundHandle
 from ds_acco.comm.engine_lifecycle import EngineLifecycle
 from ds_acco.config import AccoConfig, parse_acco_config
 from ds_acco.errors import AccoConfigError, AccoRoundError
@@ -30,26 +28,17 @@ from ds_acco.optim.lr_schedule import LrScheduleClock
 from ds_acco.optim.shard_optimizer import ShardOptimizer
 from ds_acco.telemetry.records import RoundRecord
 
+from . import describe
 from . import state as round_state
+from . import streaming_switch as switch
 from .alignment import RoundAlignment
-from .auto_mode import SYNC, AutoMode
-from .describe import startup_fields
+from .auto_mode import ACCO, SYNC, AutoMode
 from .group_buffers import build_group_buffers, estimate_byte_fraction
 from .landing import Landing
 from .round_work import COMMIT, ESTIMATE, RoundOutcome, RoundWork
-from .state import RoundState
+from .state import InFlight, RoundState
 
 logger = logging.getLogger("ds_acco")
-
-
-@dataclass
-class InFlight:
-    """The round on the communication thread, as the training thread knows it."""
-
-    handle: RoundHandle
-    kind: str
-    mode: str
-    step: int
 
 
 class RoundEngine(EngineLifecycle):
@@ -75,6 +64,8 @@ class RoundEngine(EngineLifecycle):
         on_stop: called on the training thread at the end of the micro-batch in which every rank
             agreed to stop after a SIGTERM (:mod:`ds_acco.comm.stop_signal`); front ends save and exit
             there. None: :meth:`preempt` (stop without saving).
+        streaming_phase: builds the streaming phase ``acco.auto.streaming`` may switch to
+            (:class:`ds_acco.streaming.phase.PhaseFactory`; :mod:`ds_acco.rounds.streaming_switch`).
     """
 
     def __init__(
@@ -90,12 +81,17 @@ class RoundEngine(EngineLifecycle):
         on_swap: Optional[Callable[[RoundRecord], None]] = None,
         on_stage: Optional[Callable[[int, str], None]] = None,
         on_stop: Optional[Callable[[], None]] = None,
+        streaming_phase: Optional[Callable] = None,
     ):
         config = parse_acco_config(config)
         config.check_accumulation(gradient_accumulation_steps)
         if clip_grad_norm is not None and clip_grad_norm < 0:
             raise AccoConfigError(f"gradient_clipping: got {clip_grad_norm}; must be >= 0 (0 disables it)")
         self.groups = list(groups)
+        accum = resolve_dtype(config.grad_accum_dtype, self.groups[0].flat.dtype, "acco.grad_accum_dtype")
+        switch.check(config, self.groups, accum, streaming_phase)
+        self.streaming_factory, self.phase = streaming_phase, None
+        """The streaming phase's factory, and the phase once auto switched to it (None before)."""
         super().__init__(config, process_group, self.groups[0].flat.device, "ds_acco-comm")
         self.shard_optimizer = shard_optimizer
         self.G = gradient_accumulation_steps
@@ -109,7 +105,6 @@ class RoundEngine(EngineLifecycle):
             "(fingerprint, G, clip, buffer sizes)")
         self._align = RoundAlignment(self.coll, self.config.policy != "fixed", self.config.timeout_s, self.device)
 
-        accum = resolve_dtype(self.config.grad_accum_dtype, self.groups[0].flat.dtype, "acco.grad_accum_dtype")
         self.grads = GradBuffers(self.groups, accum)
         self._landing = Landing(self.groups, self.grads)  # no staging buffer: see the note in ds_acco/rounds/landing.py
         comm = resolve_dtype(self.config.comm_dtype, accum, "acco.comm_dtype")
@@ -126,8 +121,7 @@ class RoundEngine(EngineLifecycle):
         self._last_swap_t, self._figures = time.perf_counter(), None
         self._start_thread()
 
-    def startup_fields(self) -> dict:
-        return startup_fields(self)
+    startup_fields = describe.startup_fields
 
     # ------------------------------------------------------------ the schedule
     @property
@@ -182,6 +176,8 @@ class RoundEngine(EngineLifecycle):
         if self._inflight is not None and self._inflight.handle.failed():
             self._complete()  # raises the round's error here
         self.grads.repair()
+        if self.phase is not None:
+            return switch.micro_batch(self)
         s = self.state
         s.n += 1
         s.micro_batches += 1
@@ -194,6 +190,7 @@ class RoundEngine(EngineLifecycle):
             self._complete()
             if self.auto and self.auto.due(s.commits):
                 self.auto.decide(self._figures, s, s.commits)
+                switch.enter_if_chosen(self)
             if self.overlapping:
                 s.next_kind = self._first_kind()
             return self._stop_if_agreed(True)
@@ -205,12 +202,13 @@ class RoundEngine(EngineLifecycle):
             return False
         landed = self._inflight.kind
         self._complete()
-        if landed == ESTIMATE and self.auto and self.auto.due(s.commits + 1):
-            if self.auto.decide(self._figures, s, s.commits + 1) == SYNC:
-                self._launch(COMMIT, "acco")  # the commit of this step, waited for: sync runs from θ_{t+1}
-                self._complete()
-                s.mode, s.next_kind = SYNC, COMMIT
-                return self._stop_if_agreed(True)
+        if landed == ESTIMATE and self.auto and self.auto.due(s.commits + 1) and \
+                self.auto.decide(self._figures, s, s.commits + 1) != ACCO:  # (it set the mode to run next)
+            self._launch(COMMIT, "acco")  # the commit of this step, waited for: sync or streaming runs from θ_{t+1}
+            self._complete()
+            s.next_kind = COMMIT
+            switch.enter_if_chosen(self)
+            return self._stop_if_agreed(True)
         self._launch(s.next_kind, self.mode)
         return self._stop_if_agreed(True)
 
@@ -287,6 +285,8 @@ class RoundEngine(EngineLifecycle):
     _drain = _complete
 
     def _release(self) -> None:
+        if self.phase is not None:
+            self.phase.close(drain=False)  # at exit the streaming engine, newer, was closed first, with a drain
         self.grads.remove_hooks()
         self._align.destroy()
 
@@ -294,6 +294,8 @@ class RoundEngine(EngineLifecycle):
     def wait(self) -> None:
         """Wait for the round in flight and apply it (drain)."""
         self._ensure_open()
+        if self.phase is not None:
+            self.phase.engine.finish()
         if self._inflight is not None:
             self._complete()
 
@@ -306,6 +308,8 @@ class RoundEngine(EngineLifecycle):
         (collective: every rank calls it; see :mod:`ds_acco.rounds.alignment`).
         """
         self._ensure_open()
+        if self.phase is not None:
+            return self.phase.engine.quiesce()
         self._catch_up()
         if self._inflight is not None:
             self._inflight.handle.wait()
@@ -318,6 +322,8 @@ class RoundEngine(EngineLifecycle):
         compute buffers hold the last commit. None where neither holds them exactly (an estimate
         with nothing in flight, or ``all_gather_quantization: "int8"``): all-gather the masters then.
         """
+        if self.phase is not None:
+            return self.phase.global_buffers()  # θ_g (collective in the streaming phase)
         self.quiesce()
         if self.config.all_gather_quantization == "int8":
             return None  # every all-gathered buffer trails the masters by an int8 delta's rounding
@@ -337,6 +343,8 @@ class RoundEngine(EngineLifecycle):
         this only waits.
         """
         self._ensure_open()
+        if self.phase is not None:
+            return switch.finish(self)
         self._catch_up()
         self.wait()
         s = self.state
@@ -364,6 +372,8 @@ class RoundEngine(EngineLifecycle):
         self._ensure_open()
         if self._inflight is not None:
             raise AccoRoundError("exact_parameters needs an idle engine (call finish() or wait() first)")
+        if self.phase is not None:
+            return self.phase.consolidate()
         for i, g in enumerate(self.groups):
             if g.packing is None:
                 own = g.layout.shard(g.flat, self.rank)
@@ -381,31 +391,23 @@ class RoundEngine(EngineLifecycle):
             self._launch(self.state.next_kind, self.mode if self.overlapping else "sync")
 
     # ------------------------------------------------------------ checkpoints
-    def _identity(self) -> dict:
-        return {"fingerprint": self.config.fingerprint(), "world_size": self.world_size,
-                "padded_numels": [g.layout.padded_numel for g in self.groups]}
-
     def state_dict(self) -> dict:
         """This rank's round state (:mod:`ds_acco.rounds.state`); waits for the round in flight first."""
         self.quiesce()
-        pending = None
-        if self._inflight is not None:
-            f, outcome = self._inflight, self._inflight.handle.wait()
-            pending = {
-                "kind": f.kind, "mode": f.mode, "step": f.step, "index": f.handle.index,
-                "outcome": dict(vars(outcome), stop=False),  # a SIGTERM stops this job, not the one resuming
-                "staging_shards": [g.compute_shard(st, self.rank)
-                                   for g, st in zip(self.groups, self._landing.in_flight_targets())],
-            }
-        out = round_state.snapshot(self.state, identity=self._identity(), round_index=self._round_index,
+        pending = round_state.pending_of(self._inflight, self.groups, self._landing.in_flight_targets(), self.rank)
+        out = round_state.snapshot(self.state, identity=round_state.identity(self), round_index=self._round_index,
                                    grads=self.grads, buffers=self.buffers, kept=self.work.kept,
                                    lr_clock=self.lr_clock, pending=pending)
         out["block"] = self.config.compared_fields()  # so a resume under another block can name what changed
+        if self.phase is not None:
+            self.phase.write_back()  # the front end's masters and moments: θ_g and the mean inner state
+            out[switch.STREAMING] = self.phase.state_dict()
         return out
 
     def block_changes(self, saved: dict) -> list[str]:
         """See :func:`ds_acco.rounds.state.block_changes`."""
-        return round_state.block_changes(saved, identity=self._identity(), block=self.config.compared_fields())
+        block = self.config.compared_fields()
+        return round_state.block_changes(saved, identity=round_state.identity(self), block=block)
 
     def load_state_dict(self, saved: dict) -> None:
         """Restore :meth:`state_dict` output on every rank (collective: it all-gathers the pending result).
@@ -417,15 +419,11 @@ class RoundEngine(EngineLifecycle):
         if self._inflight is not None:
             raise AccoRoundError("load_state_dict needs an idle engine; a round is in flight")
         self.state, self._round_index, self.work.kept = round_state.restore(
-            saved, identity=self._identity(), grads=self.grads, buffers=self.buffers, lr_clock=self.lr_clock,
+            saved, identity=round_state.identity(self), grads=self.grads, buffers=self.buffers, lr_clock=self.lr_clock,
             mode=self.mode, policy=self.state.policy, block=self.config.compared_fields())
-        pending = saved["pending"]
-        if pending is not None:
-            for i, (full, part) in enumerate(zip(self._landing.in_flight_targets(), pending["staging_shards"])):
-                self.work.all_gather_compute(i, full, part.to(full.dtype))
-            handle = RoundHandle.completed(pending["index"], pending["kind"], self.config.timeout_s,
-                                           RoundOutcome(**dict(pending["outcome"], stop=False)))
-            self._inflight = InFlight(handle, pending["kind"], pending["mode"], pending["step"])
+        self._inflight = round_state.restore_pending(saved["pending"], self._landing.in_flight_targets(),
+                                                     self.work.all_gather_compute, self.config.timeout_s)
+        switch.load(self, saved)
         self._last_swap_t = time.perf_counter()
 
     def reset_rounds(self, commits: Optional[int] = None, compute_committed: bool = True) -> None:
@@ -434,6 +432,9 @@ class RoundEngine(EngineLifecycle):
         Used before loading a checkpoint; ``commits`` sets the step counter (warmup counts from it);
         ``compute_committed=False`` when the compute parameters loaded may be an estimate.
         """
+        if self.phase is not None:
+            switch.leave(self)
+            self.state.mode = SYNC  # auto measures afresh
         self.quiesce()
         if self._inflight is not None:
             self._landing.zero_in_flight()  # it held the dropped round's parameters

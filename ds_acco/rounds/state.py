@@ -15,15 +15,18 @@ defaults on load).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
+import torch
+
+from ds_acco.comm.comm_thread import RoundHandle
 from ds_acco.config import check_saved_state_fits
 from ds_acco.config.compare import carry_on_changes
 from ds_acco.layout.grad_buffers import GradBuffers
 from ds_acco.optim.lr_schedule import LrScheduleClock
 
 from .group_buffers import GroupBuffers
-from .round_work import COMMIT, KeptEstimate
+from .round_work import COMMIT, KeptEstimate, RoundOutcome
 
 FORMAT = 1
 
@@ -48,6 +51,48 @@ class RoundState:
     """The mode rounds run in: the configured one, or what ``mode: "auto"`` chose last."""
     policy: str = "fixed"
     """The acco policy rounds run under: the configured one, or what ``policy: "auto"`` chose last."""
+
+
+@dataclass
+class InFlight:
+    """The round on the communication thread, as the training thread knows it."""
+
+    handle: RoundHandle
+    kind: str
+    mode: str
+    step: int
+
+
+def identity(engine) -> dict:
+    """What a saved round state must match to load: the config's fingerprint, the world size, the buffer sizes."""
+    return {"fingerprint": engine.config.fingerprint(), "world_size": engine.world_size,
+            "padded_numels": [g.layout.padded_numel for g in engine.groups]}
+
+
+def pending_of(flight: Optional[InFlight], groups: Sequence, targets: Sequence[torch.Tensor],
+               rank: int) -> Optional[dict]:
+    """The round in flight, finished (the engine quiesced), as a checkpoint entry: its record and this rank's
+    shards of the buffers it landed in."""
+    if flight is None:
+        return None
+    outcome = flight.handle.wait()
+    return {"kind": flight.kind, "mode": flight.mode, "step": flight.step, "index": flight.handle.index,
+            "outcome": dict(vars(outcome), stop=False),  # a SIGTERM stops this job, not the one resuming
+            "staging_shards": [g.compute_shard(t, rank) for g, t in zip(groups, targets)]}
+
+
+def restore_pending(pending: Optional[dict], targets: Sequence[torch.Tensor],
+                    all_gather_compute: Callable[[int, torch.Tensor, torch.Tensor], None],
+                    timeout_s: float) -> Optional[InFlight]:
+    """All-gather a saved pending round's shards back into the buffers it landed in (collective); the round in
+    flight it becomes, finished, to be swapped in at its boundary."""
+    if pending is None:
+        return None
+    for i, (full, part) in enumerate(zip(targets, pending["staging_shards"])):
+        all_gather_compute(i, full, part.to(full.dtype))
+    handle = RoundHandle.completed(pending["index"], pending["kind"], timeout_s,
+                                   RoundOutcome(**dict(pending["outcome"], stop=False)))
+    return InFlight(handle, pending["kind"], pending["mode"], pending["step"])
 
 
 def snapshot(state: RoundState, *, identity: dict, round_index: int, grads: GradBuffers,

@@ -288,6 +288,12 @@ class StreamingEngine(EngineLifecycle):
         handle.enter_stage("done")
         return _Outcome(time.perf_counter() - start, self.coll.wire.sent - sent0, self.coll.wire.received - recv0, stop)
 
+    def quiesce(self) -> None:
+        """Wait for the round in flight without merging it: its result is in ``anchor`` and ``master`` and the
+        merge stays due at the same inner step, so the trajectory is unchanged."""
+        if self._inflight is not None:
+            self._inflight.handle.wait()
+
     def consolidate(self) -> None:
         """Make every replica the global parameters ``θ_g``, exactly (fp32 all-gather of the master shards).
 

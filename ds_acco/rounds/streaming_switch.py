@@ -1,0 +1,108 @@
+"""The round engine's side of ``mode: "auto"`` switching a job to streaming (``acco.auto.streaming``).
+
+Why the engine keeps running instead of handing over: the front end (DeepSpeed's engine, the plain
+build) and the user's loop hold the round engine; after the switch ``after_micro_batch`` still counts
+micro-batches, and every ``G`` of them it steps the phase (:class:`ds_acco.streaming.phase.StreamingPhase`,
+built by the factory the front end passed: this layer does not import ``ds_acco.streaming``) and tells the
+front end as a commit would (``on_swap``: DeepSpeed's step counters). The switch happens where every rank
+holds the committed parameters: after a sync commit, or after the commit an acco step ends with. It is
+one-way: streaming's fragment rounds say nothing about what a gradient round would cost now, so auto
+does not choose again (a resume re-enters the phase from its state).
+"""
+
+from __future__ import annotations
+
+import time
+
+from ds_acco.errors import AccoConfigError
+from ds_acco.telemetry.records import RoundRecord
+
+from .auto_mode import STREAMING
+from .round_work import COMMIT
+
+
+def check(cfg, groups, accum_dtype, factory) -> None:
+    """At start-up: ``acco.auto.streaming`` needs a front end that can build the phase, and buffers it can step."""
+    if not (cfg.mode == "auto" and cfg.auto.streaming):
+        return
+    if factory is None:
+        raise AccoConfigError("acco.auto.streaming: got true, but this front end cannot switch to streaming (it "
+                              "needs the model to cut fragments: DeepSpeed ZeRO-1, or ds_acco.plain.build with "
+                              "model=); allowed here: false")
+    factory.check(groups, accum_dtype)
+
+
+def enter(engine) -> None:
+    """Build the phase at a step boundary where every rank holds the committed parameters (collective)."""
+    if engine.config.all_gather_quantization == "int8":
+        engine.exact_parameters()  # the replicas trail the masters by an int8 delta: start θ_g from the masters
+    phase = engine.streaming_factory(engine.groups, engine.shard_optimizer, config=engine.config,
+                                     process_group=engine.coll.group, G=engine.G, clip=engine.clip,
+                                     on_stop=engine._on_stop)
+    phase.engine.telemetry = engine.telemetry  # fragment rounds are this job's rounds
+    phase.engine.inner_steps = engine.state.commits  # the fragment schedule counts the job's steps
+    engine.phase = phase
+    engine.state.mode = STREAMING
+
+
+def enter_if_chosen(engine) -> None:
+    """After a choice: enter the phase when auto chose streaming."""
+    if engine.state.mode == STREAMING and engine.phase is None:
+        enter(engine)
+
+
+def micro_batch(engine) -> bool:
+    """One backward in the phase: every ``G`` an inner step (and the fragment schedule). True after a step."""
+    s = engine.state
+    s.n += 1
+    s.micro_batches += 1
+    if s.n < engine.G:
+        return False
+    return step(engine, s.n)
+
+
+def step(engine, count: int) -> bool:
+    s = engine.state
+    t0 = time.perf_counter()
+    scheduler_steps = engine.lr_clock.advances(count * engine.world_size)
+    norm, skipped, lr = engine.phase.step(engine.grads.active_buffers(), s.active_scale, count, scheduler_steps)
+    t1 = time.perf_counter()
+    s.n = 0
+    s.commits += 1
+    record = RoundRecord(index=-1, kind=COMMIT, mode=STREAMING, step=s.commits - 1, counts=[count] * engine.world_size,
+                         compute_s=t0 - engine._last_swap_t, waited_s=t1 - t0, grad_norm=norm, skipped=skipped, lr=lr,
+                         nominal_step=engine.lr_clock.nominal_steps)
+    engine._last_swap_t = t1
+    if engine._on_swap is not None:
+        engine._on_swap(record)  # the front end's step counters; telemetry keeps the fragment rounds
+    return True
+
+
+def finish(engine) -> None:
+    """The end of training in the phase: a step for micro-batches past the last boundary, then every replica
+    takes ``θ_g`` (so the module holds the model the run trained)."""
+    if engine.state.n:
+        step(engine, engine.state.n)
+    engine.phase.consolidate()
+
+
+def load(engine, saved: dict) -> None:
+    """Match the phase to a loaded round state: enter it (and restore its state) or leave it."""
+    phase_state = saved.get(STREAMING)
+    if phase_state is None:
+        if engine.phase is not None:
+            leave(engine)
+        return
+    if engine.phase is None:
+        if engine.streaming_factory is None:
+            raise AccoConfigError("acco.auto.streaming: the checkpoint was saved in a streaming phase, which this "
+                                  "job cannot run (set acco.auto.streaming to true, on DeepSpeed ZeRO-1 or "
+                                  "ds_acco.plain.build with model=)")
+        enter(engine)
+    engine.phase.load_state_dict(phase_state)
+
+
+def leave(engine) -> None:
+    """Drop the phase (before a checkpoint load overwrites the buffers): parameters back on the groups."""
+    engine.phase.leave()
+    engine.phase = None

@@ -1,0 +1,229 @@
+"""Streaming DiLoCo as a phase of a sharded job: where ``mode: "auto"`` goes when no gradient round can hide.
+
+Why a phase and not the streaming front end: a job in ``mode: "auto"`` runs on its front end's ZeRO-1
+layout (DeepSpeed's flat groups and fp32 partitions, or the plain front end's), and the user's script
+holds that engine. Switching to streaming keeps the engine and changes what a step does:
+
+* the replica ``θ_i`` is the model's own parameters, re-bound into fragment buffers by the
+  :class:`~ds_acco.streaming.engine.StreamingEngine`; every rank starts from the committed parameters,
+  which are also ``θ_g``;
+* the inner optimizer is a full-size twin of the shard optimizer (same class and instance settings,
+  param group for param group) whose state starts as the all-gathered shard states: no moment is lost;
+* a step's gradient is this rank's accumulator divided as a round would divide it, clipped by this
+  rank's norm, stepped at the learning rate the scheduler gives the shard optimizer;
+* ``θ_g`` and the outer momentum are the streaming engine's fragment shards.
+
+It costs a full copy of the optimizer state per rank (stage 0's memory): ``acco.auto.streaming`` is off
+unless set. The shard state the gradient modes keep (masters and moments) is idle here; :meth:`write_back`
+fills it from ``θ_g`` and the ranks' mean inner moments at every checkpoint, so the front end's files hold
+one consistent model that loads anywhere (another world size, weights only, stock DeepSpeed), while this
+phase's own state (:meth:`state_dict`) resumes the run exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import defaultdict
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ds_acco.config import AccoConfig
+from ds_acco.errors import AccoConfigError
+from ds_acco.layout.flat_buffer import rebind_params
+from ds_acco.layout.sharded_group import ShardedGroup
+from ds_acco.optim.shard_optimizer import ShardOptimizer
+
+from .engine import StreamingEngine
+
+FIELD = "acco.auto.streaming"
+
+
+def check_phase_allowed(groups: Sequence[ShardedGroup], accum_dtype: torch.dtype) -> None:
+    """Refuse, before training, a job whose buffers a streaming phase cannot step."""
+    if any(g.packing is not None for g in groups):
+        raise AccoConfigError(f"{FIELD}: got true with the FSDP2 front end, whose shards are per-parameter "
+                              "chunks; allowed there: false (DeepSpeed ZeRO-1 and ds_acco.plain.build can switch)")
+    dtypes = sorted({str(g.flat.dtype) for g in groups} | {str(accum_dtype)})
+    if dtypes != ["torch.float32"]:
+        raise AccoConfigError(f"{FIELD}: got true with {'/'.join(dtypes)} parameters or accumulators; the inner "
+                              "optimizer steps the parameters themselves, so it needs fp32 (as mode 'streaming' "
+                              "does): use fp32 parameters (torch_autocast for lower-precision compute) or set it "
+                              "to false")
+
+
+class StreamingPhase:
+    """The streaming half of a job that started on gradient rounds (see the module docstring).
+
+    Args:
+        groups: the round engine's sharded groups (fp32, no packing: :func:`check_phase_allowed`).
+        shard_optimizer: steps the master shards; its class, settings and state seed the inner optimizer.
+        fragments: ``P`` lists of the groups' parameters (:func:`ds_acco.streaming.fragments_of`).
+        config: the ``"acco"`` block (mode ``auto``); its ``streaming`` block configures the phase.
+        process_group: the data-parallel group.
+        G: micro-batches per worker per step; clip: this rank's gradient-norm clip (0: off).
+        on_stop: the front end's hand-over after a SIGTERM every rank learned of.
+    """
+
+    def __init__(self, groups: Sequence[ShardedGroup], shard_optimizer: ShardOptimizer,
+                 fragments: Sequence[list[nn.Parameter]], *, config: AccoConfig,
+                 process_group: Optional[dist.ProcessGroup], G: int, clip: float, on_stop: Callable[[], None]):
+        self.groups, self.shard_optimizer, self.G, self.clip = list(groups), shard_optimizer, G, clip
+        self._where = {id(p): (gi, j) for gi, g in enumerate(self.groups) for j, p in enumerate(g.params)}
+        cfg = config.model_copy(update={"mode": "streaming", "comm_quantization": "none", "estimate_quantization":
+                                        "same", "all_gather_quantization": "none"})
+        self.engine = StreamingEngine(None, None, fragments, config=cfg, process_group=process_group, on_stop=on_stop)
+        self.rank, self.world_size = self.engine.rank, self.engine.world_size
+        self.inner = self._twin(shard_optimizer.optimizer)
+        self.engine.inner_optimizer = self.inner
+
+    # ------------------------------------------------------------ the inner optimizer
+    def _master_group(self) -> dict[int, int]:
+        return {id(g.master): gi for gi, g in enumerate(self.groups)}
+
+    def _twin(self, opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """A full-size copy of ``opt``: instance settings kept (DeepSpeed's FusedAdam keeps ``adam_w_mode`` on
+        the object, not in its groups), parameters and state replaced; the state all-gathered from the shards."""
+        gi_of = self._master_group()
+        inner = copy.copy(opt)
+        inner.param_groups = [dict({k: v for k, v in pg.items() if k != "params"},
+                                   params=[p for m in pg["params"] for p in self.groups[gi_of[id(m)]].params])
+                              for pg in opt.param_groups]
+        inner.state = defaultdict(dict)
+        for m, gi in ((m, gi_of[id(m)]) for pg in opt.param_groups for m in pg["params"]):
+            g, state = self.groups[gi], opt.state.get(m) or {}
+            full = {}
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.numel() == g.layout.shard_numel:
+                    full[key] = g.layout.views(self._gather(value, g))
+            for j, p in enumerate(g.params):
+                inner.state[p] = {key: full[key][j].clone() if key in full else
+                                  (value.clone() if torch.is_tensor(value) else copy.deepcopy(value))
+                                  for key, value in state.items()}
+        return inner
+
+    def _gather(self, shard: torch.Tensor, g: ShardedGroup) -> torch.Tensor:
+        full = shard.new_empty(g.layout.padded_numel)
+        self.engine.coll.all_gather(full, shard.detach().reshape(-1))
+        return full
+
+    # ------------------------------------------------------------ a step
+    def step(self, accumulators: Sequence[torch.Tensor], scale: float, count: int, scheduler_steps: int) -> tuple:
+        """One inner step on this rank's ``count`` micro-batches (the parameters' ``.grad`` are views of
+        ``accumulators``), then the fragment schedule. Returns ``(local gradient norm, skipped, lr)``.
+
+        A non-finite gradient skips this rank's step (and its scheduler steps, as stock DeepSpeed does) but
+        not the fragment schedule, which every rank must keep in step."""
+        for buf in accumulators:
+            buf.mul_(1.0 / (scale * count))
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(b.float()) for b in accumulators])))
+        skipped = not math.isfinite(norm)
+        lr = self.shard_optimizer.lr
+        if not skipped:
+            if self.clip and norm > self.clip:
+                for buf in accumulators:
+                    buf.mul_(self.clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s factor
+            for mine, shard in zip(self.inner.param_groups, self.shard_optimizer.optimizer.param_groups):
+                mine["lr"] = shard["lr"]
+            self.inner.step()
+            sched = self.shard_optimizer.lr_scheduler
+            for _ in range(scheduler_steps if sched is not None else 0):
+                sched.step()
+        for buf in accumulators:
+            buf.zero_()
+        self.engine.after_inner_step()
+        return norm, skipped, lr
+
+    # ------------------------------------------------------------ the global parameters
+    def global_buffers(self) -> list[torch.Tensor]:
+        """``θ_g`` in the groups' flat layout, one fresh buffer per group (collective; the round in flight is
+        waited for, not merged, so the trajectory is unchanged)."""
+        self.engine.quiesce()
+        out = [g.layout.new_buffer(g.flat) for g in self.groups]
+        views = [g.layout.views(buf) for g, buf in zip(self.groups, out)]
+        for frag in self.engine.fragments:
+            full = torch.empty_like(frag.anchor)
+            self.engine.coll.all_gather(full, frag.master)
+            for p, v in zip(frag.params, frag.layout.views(full)):
+                gi, j = self._where[id(p)]
+                views[gi][j].copy_(v)
+        return out
+
+    def write_back(self) -> None:
+        """Masters ``← θ_g`` and the shard optimizer's state ``←`` the ranks' mean inner state (collective):
+        what a checkpoint's front-end files then hold."""
+        opt, gi_of = self.shard_optimizer.optimizer, self._master_group()
+        for g, full in zip(self.groups, self.global_buffers()):
+            g.master.detach().copy_(g.layout.shard(full, self.rank))
+        for m, gi in ((m, gi_of[id(m)]) for pg in opt.param_groups for m in pg["params"]):
+            g, state = self.groups[gi], opt.state.get(m) or {}
+            first = self.inner.state.get(g.params[0], {})
+            for key, value in list(state.items()):
+                if torch.is_tensor(value) and value.numel() == g.layout.shard_numel:
+                    full = g.layout.new_buffer(value)
+                    for p, v in zip(g.params, g.layout.views(full)):
+                        v.copy_(self.inner.state[p][key])
+                    self.engine.coll.reduce_scatter_sum(value.view(-1), full)
+                    value.div_(self.world_size)
+                elif key in first:
+                    state[key] = first[key].clone() if torch.is_tensor(first[key]) else copy.deepcopy(first[key])
+        for mine, shard in zip(self.inner.param_groups, opt.param_groups):
+            if "step" in mine:  # DeepSpeed's FusedAdam counts steps per group
+                shard["step"] = mine["step"]
+
+    def consolidate(self) -> None:
+        """Every replica becomes ``θ_g`` exactly (collective: the end of training, before an export)."""
+        self.engine.consolidate()
+
+    def rebind(self) -> None:
+        """Point the parameters back at the fragment buffers (after a block that bound other values)."""
+        for frag in self.engine.fragments:
+            rebind_params(frag.params, frag.layout, frag.flat)
+
+    # ------------------------------------------------------------ checkpoints and the end
+    def state_dict(self) -> dict:
+        """This rank's replica, inner optimizer and streaming state (waits for a round, merges nothing)."""
+        return {"streaming": self.engine.state_dict(), "inner": self.inner.state_dict(),
+                "replica": [f.flat.clone() for f in self.engine.fragments]}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.inner.load_state_dict(saved["inner"])
+        with torch.no_grad():
+            for frag, replica in zip(self.engine.fragments, saved["replica"]):
+                frag.flat.copy_(replica)
+        self.engine.load_state_dict(saved["streaming"])
+
+    def leave(self) -> None:
+        """End the phase, dropping it: the parameters point at the groups' buffers again, whose values a
+        checkpoint load is about to overwrite (the only way out: the switch is one-way)."""
+        self.engine.close(drain=False)
+        for g in self.groups:
+            g.bind(g.flat)
+
+    def close(self, drain: bool) -> None:
+        self.engine.close(drain=drain)
+
+
+class PhaseFactory:
+    """What a front end hands the round engine as ``streaming_phase``: the fragments, cut before training (a model
+    that cannot be cut fails at start-up), and the phase built over them at the switch."""
+
+    def __init__(self, fragments: Sequence[list[nn.Parameter]]):
+        self.fragments = [list(f) for f in fragments]
+
+    def check(self, groups: Sequence[ShardedGroup], accum_dtype: torch.dtype) -> None:
+        """At start-up: buffers the phase can step, and fragments that cut exactly the parameters being trained."""
+        check_phase_allowed(groups, accum_dtype)
+        trained = {id(p) for g in groups for p in g.params}
+        cut = {id(p) for f in self.fragments for p in f}
+        if trained != cut:
+            raise AccoConfigError(f"{FIELD}: the fragments cut from the model hold {len(cut)} parameters, the "
+                                  f"optimizer's groups {len(trained)} ({len(cut & trained)} in both); pass the model "
+                                  "whose trainable parameters are the ones being trained, or set it to false")
+
+    def __call__(self, groups, shard_optimizer, *, config, process_group, G, clip, on_stop) -> StreamingPhase:
+        return StreamingPhase(groups, shard_optimizer, self.fragments, config=config, process_group=process_group,
+                              G=G, clip=clip, on_stop=on_stop)

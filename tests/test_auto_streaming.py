@@ -1,0 +1,240 @@
+"""``acco.auto.streaming``: auto switches a job to Streaming DiLoCo where no gradient round hides, losing nothing.
+
+Real 2-rank gloo runs of the tiny exactness job (tests/auto_workers.py: a 50 ms sleep per micro-batch, the
+link a sleep as each gradient round starts its reduce-scatter). With ``G = 4`` and a 500 ms round a sync step
+costs 700 ms against 200 ms of compute (3.5x, above ``STREAMING_HINT``), so the first choice, after step 6,
+switches to streaming. From there each rank's trajectory is the streaming reference's
+(:mod:`ds_acco.reference.streaming`) started from the sync reference's parameters and optimizer state at
+step 6, every inner step one mean of ``G`` micro-batches: the switch loses no moment and no step.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from ds_acco.config import parse_acco_config
+from ds_acco.errors import AccoConfigError
+from ds_acco.reference import ReferenceRun, reference_schedule
+from ds_acco.reference.streaming import streaming_reference
+from ds_acco.rounds.auto_mode import STREAMING_HINT
+from tests import workloads as W
+from tests.auto_workers import train_auto
+from tests.dist_harness import run_distributed
+from tests.test_exactness import assert_trajectories_equal
+
+G, COMPUTE_S, SWITCH = 4, 0.05, 6
+STREAM = {"fragments": 2, "sync_every": 6, "overlap_steps": 1, "quantize": "none", "all_gather_dtype": "fp32"}
+CONFIG = {"mode": "auto", "auto": {"measure_steps": SWITCH, "check_every": 2, "streaming": True}, "streaming": STREAM}
+FRAGMENTS = [[0, 2], [1, 3]]  # ordered_params is (w1, w2, b1, b2); the default split is one Linear per fragment
+
+
+def reference(steps: int):
+    """The sync reference for SWITCH steps, then the streaming reference from its state."""
+    model = W.make_model()
+    run = ReferenceRun(W.ordered_params(model), W.reference_grad_fn(model), W.make_reference_optimizer, 2)
+    sync = reference_schedule(run, ["sync"] * SWITCH, G)
+    state = copy.deepcopy(run.opt.state_dict())
+    grad = W.reference_grad_fn(model)
+
+    def mean_grad(worker, j, params):  # inner step j: micro-batches SWITCH·G + j·G ... of this worker, as a mean
+        total = None
+        for i in range(G):
+            g = grad(worker, SWITCH * G + j * G + i, params)
+            total = [t.clone() for t in g] if total is None else [a.add_(b) for a, b in zip(total, g)]
+        return [t.mul_(1.0 / G) for t in total]
+
+    def inner(params):
+        opt = W.make_reference_optimizer(params)
+        opt.load_state_dict(copy.deepcopy(state))  # load_state_dict keeps same-device tensors: one copy each
+        return opt
+
+    trace = streaming_reference(run.theta, mean_grad, inner, 2, FRAGMENTS, steps - SWITCH, sync_every=STREAM[
+        "sync_every"], overlap_steps=STREAM["overlap_steps"])
+    return sync, trace
+
+
+def test_a_slow_link_switches_auto_to_streaming_and_each_replica_follows_the_reference():
+    steps = SWITCH + 13
+    got = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=COMPUTE_S, link=[(0, 0.5)], steps=steps,
+                          config=CONFIG)
+    first = got[0]["choices"][0]
+    assert first["step"] == SWITCH and first["runs"] == "streaming", first
+    assert first["streaming_ratio"] >= STREAMING_HINT and first["round_ms"] > 400, first
+    line = got[0]["lines"][0]
+    assert "runs streaming (was sync; sync is the best gradient mode)" in line and "auto does not choose again" \
+        in line, line
+    assert len(got[0]["choices"]) == 1  # one-way
+    sync, trace = reference(steps)
+    for rank in (0, 1):
+        traj = got[rank]["trajectory"]
+        assert len(traj) == steps
+        assert_trajectories_equal(traj[:SWITCH], sync)
+        assert_trajectories_equal(traj[SWITCH:], [workers[rank] for workers in trace.workers])
+    # the replicas differ between syncs: a streaming phase, not sync in disguise
+    assert not torch.equal(got[0]["trajectory"][-2][0], got[1]["trajectory"][-2][0])
+    # the fragment rounds were recorded as this job's rounds, with the syncs of the reference
+    # (close() merged a round still in flight at the end: one more than the reference applied)
+    assert got[0]["fragments"][:len(trace.syncs)] == [(s + SWITCH, f, a + SWITCH) for s, f, a in trace.syncs]
+    assert len(trace.syncs) >= 3
+
+
+def test_auto_streaming_is_refused_where_it_cannot_run():
+    """Before training, naming the field: no model to cut, parameters the inner optimizer cannot step, a cut the
+    model does not allow."""
+    def refused(**kw):
+        return run_distributed(_build, 2, timeout=60, **kw)[0]
+
+    assert "acco.auto.streaming: got true, but this front end cannot switch" in refused(model=False)
+    assert "acco.auto.streaming: got true with torch.bfloat16" in refused(dtype=torch.bfloat16)
+    assert "acco.streaming.fragments: got 3; the model has 2 top-level child" in refused(fragments=3)
+    assert refused() == "built"
+    assert parse_acco_config(CONFIG).auto.streaming and not parse_acco_config({"mode": "auto"}).auto.streaming
+
+
+def _build(rank, world, *, model=True, dtype=torch.float32, fragments=2):
+    from ds_acco import plain
+
+    net = W.make_model().to(dtype)
+    config = dict(CONFIG, streaming=dict(STREAM, fragments=fragments))
+    try:
+        engine = plain.build(W.param_groups(net), torch.optim.AdamW, W.OPT_KWARGS, config=config,
+                             gradient_accumulation_steps=G, model=net if model else None)
+    except AccoConfigError as exc:
+        return str(exc)
+    engine.close()
+    return "built"
+
+
+def _train(engine, model, rank, k, steps, link, on_step=None):
+    """Train up to ``steps`` commits from micro-batch ``k``; the compute parameters after each step."""
+    trajectory = []
+    while engine.commits < steps:
+        link[0] = 0.5
+        x, y = W.batch(rank, k)
+        k += 1
+        time.sleep(COMPUTE_S)
+        W.loss_fn(model(x), y).backward()
+        before = engine.commits
+        engine.after_micro_batch()
+        if engine.commits > before:
+            trajectory.append([p.detach().clone() for p in W.ordered_params(model)])
+            if on_step is not None:
+                on_step(engine.commits)
+    return trajectory, k
+
+
+def _resume_job(rank, world, *, save_at, steps):
+    """Train to ``steps`` saving at ``save_at`` (in the phase), then a fresh engine resumes that save to ``steps``."""
+    import io
+
+    from ds_acco import plain
+    from ds_acco.rounds.committed import committed_buffers
+
+    link = [0.0]
+
+    def on_stage(index, stage):
+        if stage == "reduce-scatter":
+            time.sleep(link[0])
+
+    def build():
+        model = W.make_model()
+        engine = plain.build(W.param_groups(model), torch.optim.AdamW, W.OPT_KWARGS, config=CONFIG,
+                             gradient_accumulation_steps=G, on_stage=on_stage, model=model)
+        return model, engine
+
+    model, engine = build()
+    saved = {}
+
+    def save(step):
+        if step == save_at:
+            buf = io.BytesIO()
+            torch.save(plain.state_dict(engine), buf)
+            saved["bytes"], saved["mode"] = buf.getvalue(), engine.mode
+            saved["global"] = [t.clone() for t in committed_buffers(engine)]  # θ_g, in the groups' layout
+
+    whole, _ = _train(engine, model, rank, 0, steps, link, on_step=save)
+    engine.finish()
+    finished = [p.detach().clone() for p in W.ordered_params(model)]
+    final_global = [t.clone() for t in committed_buffers(engine)]
+    engine.close()
+    state = torch.load(io.BytesIO(saved["bytes"]), weights_only=False)
+    model, engine = build()
+    plain.load_state_dict(engine, state)
+    mode = engine.mode
+    resumed, _ = _train(engine, model, rank, engine.micro_batches, steps, link)
+    engine.close()
+    groups = W.param_groups(W.make_model())
+    return {"whole": whole, "resumed": resumed, "saved_mode": saved["mode"], "mode": mode, "finished": finished,
+            "final_global": final_global, "saved_global": saved["global"],
+            "saved_masters": state["masters"], "sizes": [sum(p.numel() for p in g["params"]) for g in groups]}
+
+
+def test_a_checkpoint_in_the_phase_resumes_exactly_and_its_masters_hold_the_global_model():
+    save_at, steps = SWITCH + 4, SWITCH + 10
+    got = run_distributed(_resume_job, 2, timeout=240, save_at=save_at, steps=steps)
+    for r in got:
+        assert r["saved_mode"] == "streaming" and r["mode"] == "streaming"
+        assert_trajectories_equal(r["resumed"], r["whole"][save_at:], atol=0, rtol=0)
+        # the front end's masters were written from θ_g: the rank-major concatenation of both ranks' shards
+        for g, size, full in zip(range(2), r["sizes"], r["saved_global"]):
+            masters = torch.cat([got[0]["saved_masters"][g], got[1]["saved_masters"][g]])
+            assert torch.equal(masters[:size], full[:size]), g
+    # finish() made every replica θ_g: both ranks end with one model, the one the exports give
+    assert_trajectories_equal([got[0]["finished"]], [got[1]["finished"]], atol=0, rtol=0)
+    assert not torch.equal(got[0]["whole"][-1][0], got[1]["whole"][-1][0])  # before it, the replicas differed
+    flat = torch.cat([got[0]["final_global"][0][:got[0]["sizes"][0]], got[0]["final_global"][1][:got[0]["sizes"][1]]])
+    assert torch.equal(flat, torch.cat([p.reshape(-1) for p in got[0]["finished"]]))
+
+
+def _ds_job(rank, world, **kw):
+    """``D.train_ds`` with auto always preferring streaming (the tiny model's ratio sits near the threshold)."""
+    from ds_acco.rounds import auto_mode
+    from tests import ds_workloads as D
+
+    hint, auto_mode.STREAMING_HINT = auto_mode.STREAMING_HINT, 0.0
+    try:
+        return D.train_ds(rank, world, **kw)
+    finally:
+        auto_mode.STREAMING_HINT = hint
+
+
+def test_deepspeed_switches_to_streaming_follows_the_reference_and_resumes(tmp_path):
+    from tests import ds_workloads as D
+
+    steps, save_at = SWITCH + 8, (SWITCH + 3) * G  # saved after step 9, three steps into the phase
+    config = D.ds_config(G, dict(CONFIG, auto=dict(CONFIG["auto"], check_every=1)))
+    whole = run_distributed(_ds_job, 2, config=config, steps=steps, timeout=300)
+    sync, trace = reference(steps)
+    for rank in (0, 1):
+        assert whole[rank]["modes"] == ["sync"] * SWITCH  # commit rounds; the phase's steps are not rounds
+        assert_trajectories_equal(whole[rank]["trajectory"][:SWITCH], sync)
+        assert_trajectories_equal(whole[rank]["trajectory"][SWITCH:], [w[rank] for w in trace.workers])
+    assert whole[0]["global_samples"] == steps * 2 * G * W.BATCH  # DeepSpeed counted every step
+
+    ckpt = str(tmp_path / "ckpt")
+    saved = run_distributed(_ds_job, 2, config=config, steps=steps, save_at=save_at, ckpt_dir=ckpt, timeout=300)
+    resumed = run_distributed(_ds_job, 2, config=config, steps=steps, ckpt_dir=ckpt, resume=True, timeout=300)
+    for rank in (0, 1):
+        assert resumed[rank]["loaded_steps"] == SWITCH + 3
+        # (the steps before the save come from the client state, which DeepSpeed keeps from rank 0 only)
+        assert_trajectories_equal(resumed[rank]["trajectory"][SWITCH + 3:], whole[rank]["trajectory"][SWITCH + 3:],
+                                  atol=0, rtol=0)
+    # DeepSpeed's own files hold θ_g and the mean moments: a job without the phase loads the global model
+    plain_auto = D.ds_config(G, {"mode": "auto", "auto": {"measure_steps": 3}})
+    other = run_distributed(D.train_ds, 2, config=plain_auto, steps=SWITCH + 4, ckpt_dir=ckpt, resume=True,
+                            timeout=300)[0]
+    assert other["loaded_masters"].keys() == saved[0]["masters"].keys()
+    for name, value in saved[0]["masters"].items():
+        assert torch.equal(other["loaded_masters"][name], value), name
+    theta_g = trace.global_params[2]  # after the third inner step
+    for got, want in zip(sorted(saved[0]["masters"].items()), sorted(zip(_names(), theta_g))):
+        torch.testing.assert_close(got[1].reshape(want[1].shape), want[1], atol=2e-6, rtol=1e-5)
+
+
+def _names():
+    model = W.make_model()
+    ids = {id(p): n for n, p in model.named_parameters()}
+    return [ids[id(p)] for p in W.ordered_params(model)]

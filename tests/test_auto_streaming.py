@@ -238,3 +238,32 @@ def _names():
     model = W.make_model()
     ids = {id(p): n for n, p in model.named_parameters()}
     return [ids[id(p)] for p in W.ordered_params(model)]
+
+
+def _short_of_memory_on_rank1(rank, world, **kw):
+    from ds_acco.rounds import streaming_switch
+
+    free = streaming_switch.free_bytes
+    if rank == 1:
+        streaming_switch.free_bytes = lambda device: 1024
+    try:
+        return train_auto(rank, world, **kw)
+    finally:
+        streaming_switch.free_bytes = free
+
+
+def test_a_rank_without_the_memory_keeps_every_rank_in_the_gradient_modes():
+    steps = SWITCH + 5
+    got = run_distributed(_short_of_memory_on_rank1, 2, timeout=240, G=G, compute_s=COMPUTE_S, link=[(0, 0.5)],
+                          steps=steps, config=CONFIG)
+    for r in got:
+        assert r["modes"] == ["sync"] * steps and r["fragments"] == []  # both ranks stayed, in lockstep
+        assert [c["runs"] for c in r["choices"]] == ["streaming", "sync", "sync"]  # not offered again
+    assert "set acco.auto.streaming to let auto switch" in got[0]["lines"][-1]
+    assert_trajectories_equal(got[0]["trajectory"], _sync_reference(steps))
+
+
+def _sync_reference(steps):
+    model = W.make_model()
+    run = ReferenceRun(W.ordered_params(model), W.reference_grad_fn(model), W.make_reference_optimizer, 2)
+    return reference_schedule(run, ["sync"] * steps, G)

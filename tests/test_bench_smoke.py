@@ -116,10 +116,15 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
                      "acco_lowbit_lrwarm": ("acco", "fixed"), "auto_lowbit_adaptive": ("auto", "adaptive"),
                      "auto_lowbit_policy": ("auto", "auto"), "auto_lowbit_policy_early": ("auto", "auto"),
                      "acco_lowbit_int4_fixed": ("acco", "fixed"), "acco_lowbit_int4_adaptive": ("acco", "adaptive"),
-                     "auto_lowbit_int4": ("auto", "auto")}
-    # int4 estimates: those three only, on the low-bit rounds
+                     "auto_lowbit_int4": ("auto", "auto"), "auto_lowbit_int4_streaming": ("auto", "auto")}
+    # int4 estimates: those four only, on the low-bit rounds
     assert {n for n, c in made.items() if c.get("acco", {}).get("estimate_quantization") == "int4"} == {
-        "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4"}
+        "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4", "auto_lowbit_int4_streaming"}
+    # the preset that may switch to streaming: the shipped auto preset plus streaming_int8's schedule and wire
+    streaming = made["auto_lowbit_int4_streaming"]["acco"]
+    assert streaming.pop("auto") == dict(made["auto_lowbit_int4"]["acco"]["auto"], streaming=True)
+    assert streaming.pop("streaming") == made["streaming_int8"]["acco"]["streaming"]
+    assert streaming == {k: v for k, v in made["auto_lowbit_int4"]["acco"].items() if k != "auto"}
     # sync steps for as long as the learning rate warms up (lrwarm, and auto as measured before policy auto); the
     # others, the shipped auto preset among them, keep the benchmark's warm-up
 
@@ -130,7 +135,8 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
     assert acco_config_of(config=made["auto_lowbit"]).auto.acco_step_penalty == 0.05
     for name in ("sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "auto_lowbit", "sync_lowbit_half",
                  "acco_lowbit_lrwarm", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early",
-                 "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4"):
+                 "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4",
+                 "auto_lowbit_int4_streaming"):
         acco = made[name]["acco"]
         assert (acco["comm_quantization"], acco["error_feedback"], acco["all_gather_quantization"]) == (
             "int8", True, "int8"), name

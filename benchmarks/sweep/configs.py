@@ -43,6 +43,9 @@ run; only how gradients travel differs:
 ``auto_lowbit_int4``  ds_configs/auto_lowbit.json as shipped: auto_lowbit_policy_early with int4
                     estimates (auto's acco candidates are the int4 ones, priced with the estimate's
                     byte fraction)
+``auto_lowbit_int4_streaming``  ds_configs/auto_lowbit_streaming.json: auto_lowbit_int4 with
+                    ``auto.streaming`` (auto may switch the job to streaming, with streaming_int8's
+                    schedule and wire formats)
 ``acco_lowbit_lrwarm``    acco low-bit fixed whose ``warmup_steps`` (sync steps) last as long
                     as the scheduler's learning-rate warm-up: ACCO's one-step delay costs most
                     while the learning rate climbs, so those steps run sync
@@ -70,7 +73,7 @@ CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive
            "streaming_fp32", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_bf16",
            "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half", "acco_lowbit_lrwarm", "auto_lowbit_adaptive",
            "auto_lowbit_policy", "auto_lowbit_policy_early", "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive",
-           "auto_lowbit_int4")
+           "auto_lowbit_int4", "auto_lowbit_int4_streaming")
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
 """The configs of the sweep part ``streaming`` (not in the default bandwidth comparison)."""
@@ -106,6 +109,7 @@ LABELS = {
     "acco_lowbit_int4_fixed": "ds_acco acco low-bit fixed, int4 estimates",
     "acco_lowbit_int4_adaptive": "ds_acco acco low-bit adaptive, int4 estimates",
     "auto_lowbit_int4": "ds_acco auto low-bit, policy auto, int4 estimates",
+    "auto_lowbit_int4_streaming": "ds_acco auto low-bit, int4 estimates, may switch to streaming",
 }
 _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "acco_fixed.json",
                   "acco_adaptive": "acco_adaptive.json", "sync_lowbit": "acco_lowbit.json",
@@ -115,7 +119,7 @@ _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "a
                   "acco_lowbit_lrwarm": "acco_lowbit.json", "auto_lowbit_adaptive": "auto_lowbit.json",
                   "auto_lowbit_policy": "auto_lowbit.json", "auto_lowbit_policy_early": "auto_lowbit.json",
                   "acco_lowbit_int4_fixed": "acco_lowbit.json", "acco_lowbit_int4_adaptive": "acco_lowbit.json",
-                  "auto_lowbit_int4": "auto_lowbit.json"}
+                  "auto_lowbit_int4": "auto_lowbit.json", "auto_lowbit_int4_streaming": "auto_lowbit_streaming.json"}
 
 
 def _load(name: str, template_dir: str) -> dict:
@@ -186,12 +190,16 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
             acco["warmup_steps"] = "scheduler"  # as these were measured; the preset now starts choosing at step 2
         acco["estimate_quantization"] = "int4" if "int4" in name else "same"  # the preset's int4 is auto_lowbit_int4
         if name in ("acco_lowbit_adaptive", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early",
-                    "acco_lowbit_int4_adaptive", "auto_lowbit_int4"):
+                    "acco_lowbit_int4_adaptive", "auto_lowbit_int4", "auto_lowbit_int4_streaming"):
             acco["policy"] = "adaptive" if "adaptive" in name else "auto"  # the preset's own, or adaptive
             acco["max_micro_batches_per_round"] = _load("acco_adaptive.json", template_dir)["acco"][
                 "max_micro_batches_per_round"]
         if warmup_steps is not None and acco.get("warmup_steps") != "scheduler":  # a preset's "scheduler" stays
             acco["warmup_steps"] = warmup_steps
+        if "streaming" in acco and streaming_sync_every is not None:  # the phase auto may switch to
+            acco["streaming"]["sync_every"] = streaming_sync_every
+            if acco["streaming"]["overlap_steps"] * acco["streaming"]["fragments"] >= streaming_sync_every:
+                acco["streaming"]["overlap_steps"] = 0
         if name == "acco_lowbit_lrwarm":
             acco["warmup_steps"] = "scheduler"  # sync for the scheduler's warm-up (ds_acco.deepspeed.checks)
         if max_micro_batches_per_round is not None and acco.get("policy") in ("adaptive", "auto"):

@@ -314,6 +314,8 @@ class AutoMode:
         self.choices: list[dict] = []
         """Every choice's figures, in order (for telemetry, tests and benchmarks)."""
         self._retry = False
+        self.streaming_refused = False
+        """Set when a switch to streaming found too little memory on some rank: streaming is not offered again."""
 
     def due(self, step: int) -> bool:
         """Whether the step that ends with commit ``step`` is one where the mode is chosen: on schedule, or
@@ -338,15 +340,16 @@ class AutoMode:
         choice = choose(figures, state.mode, self.config, self.G, step, policy=running,
                         noise=self.noise.value() if self.noise else None, batch=self.timer.batch(),
                         estimate_fraction=self.estimate_fraction,
-                        streaming=self.config.auto.streaming) if figures else None
+                        streaming=self.config.auto.streaming and not self.streaming_refused) if figures else None
         self._retry = choice is None
         if choice is None:
             return state.mode
         self.choices.append(choice.figures)
         if self.rank == 0:
             logger.info(choice.line)
-        if choice.mode != state.mode or (choice.mode == ACCO and choice.policy != state.policy):
-            self.timer.enter(choice.mode)
+        if choice.mode != STREAMING and (choice.mode != state.mode or (choice.mode == ACCO and
+                                                                       choice.policy != state.policy)):
+            self.timer.enter(choice.mode)  # (streaming's steps are not timed: auto does not choose after it)
         state.mode = choice.mode
         if choice.mode == ACCO:
             state.policy = choice.policy

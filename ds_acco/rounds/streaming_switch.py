@@ -12,12 +12,18 @@ does not choose again (a resume re-enters the phase from its state).
 
 from __future__ import annotations
 
+import logging
+import os
 import time
+
+import torch
 
 from ds_acco.errors import AccoConfigError
 from ds_acco.telemetry.records import RoundRecord
 
-from .auto_mode import STREAMING
+from .auto_mode import STREAMING, SYNC
+
+logger = logging.getLogger("ds_acco")
 from .round_work import COMMIT
 
 
@@ -32,8 +38,23 @@ def check(cfg, groups, accum_dtype, factory) -> None:
     factory.check(groups, accum_dtype)
 
 
-def enter(engine) -> None:
-    """Build the phase at a step boundary where every rank holds the committed parameters (collective)."""
+def enter(engine) -> bool:
+    """Build the phase at a step boundary where every rank holds the committed parameters (collective).
+
+    Where some rank has not the memory for it (the inner optimizer's full state and the fragment buffers, with
+    room to spare), every rank stays in the gradient modes instead, with a WARNING, and auto does not offer
+    streaming again: a job must not fail mid-run for a switch it did not need. Returns whether it switched."""
+    need, free = engine.streaming_factory.bytes_needed(engine.groups, engine.shard_optimizer), free_bytes(engine.device)
+    fits = engine.coll.all_gather_small(torch.tensor([int(free is None or need < 0.8 * free)], device=engine.device))
+    if not bool(fits.all()):
+        if engine.rank == 0:
+            logger.warning("ds_acco: auto chose streaming, but it needs about %.2f GiB more per rank and some rank "
+                           "has not that much free (this one: %s); the job stays in the gradient modes",
+                           need / 2**30, "unknown" if free is None else f"{free / 2**30:.2f} GiB")
+        engine.auto.streaming_refused = True
+        engine.auto.timer.enter(SYNC)
+        engine.state.mode = SYNC
+        return False
     if engine.config.all_gather_quantization == "int8":
         engine.exact_parameters()  # the replicas trail the masters by an int8 delta: start θ_g from the masters
     phase = engine.streaming_factory(engine.groups, engine.shard_optimizer, config=engine.config,
@@ -43,10 +64,21 @@ def enter(engine) -> None:
     phase.engine.inner_steps = engine.state.commits  # the fragment schedule counts the job's steps
     engine.phase = phase
     engine.state.mode = STREAMING
+    return True
+
+
+def free_bytes(device: torch.device):
+    """Memory free on ``device`` (CUDA: the driver's figure; CPU: the host's available pages), None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def enter_if_chosen(engine) -> None:
-    """After a choice: enter the phase when auto chose streaming."""
+    """After a choice: enter the phase when auto chose streaming (or stay in sync where it does not fit)."""
     if engine.state.mode == STREAMING and engine.phase is None:
         enter(engine)
 
@@ -98,7 +130,10 @@ def load(engine, saved: dict) -> None:
             raise AccoConfigError("acco.auto.streaming: the checkpoint was saved in a streaming phase, which this "
                                   "job cannot run (set acco.auto.streaming to true, on DeepSpeed ZeRO-1 or "
                                   "ds_acco.plain.build with model=)")
-        enter(engine)
+        if not enter(engine):
+            raise AccoConfigError("acco.auto.streaming: the checkpoint was saved in a streaming phase, for which some "
+                                  "rank has not the memory now; resume with acco.auto.streaming false to go on from "
+                                  "the global model its files hold")
     engine.phase.load_state_dict(phase_state)
 
 

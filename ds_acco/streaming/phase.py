@@ -224,6 +224,16 @@ class PhaseFactory:
                                   f"optimizer's groups {len(trained)} ({len(cut & trained)} in both); pass the model "
                                   "whose trainable parameters are the ones being trained, or set it to false")
 
+    def bytes_needed(self, groups: Sequence[ShardedGroup], shard_optimizer: ShardOptimizer) -> int:
+        """About what the phase allocates on top of the job: the inner optimizer's state (the shard state's size
+        times the world size), the fragment buffers and ``θ_g``'s all-gathered copies (fp32), a round's scratch."""
+        opt = shard_optimizer.optimizer
+        state = sum(t.numel() * t.element_size() for g in groups for t in (opt.state.get(g.master) or {}).values()
+                    if torch.is_tensor(t) and t.numel() > 1)
+        numel = sum(g.layout.padded_numel for g in groups)
+        largest = max(sum(p.numel() for p in f) for f in self.fragments)
+        return state * groups[0].layout.world_size + 8 * numel + 8 * largest
+
     def __call__(self, groups, shard_optimizer, *, config, process_group, G, clip, on_stop) -> StreamingPhase:
         return StreamingPhase(groups, shard_optimizer, self.fragments, config=config, process_group=process_group,
                               G=G, clip=clip, on_stop=on_stop)

@@ -131,7 +131,7 @@ def _resume_job(rank, world, *, save_at, steps):
     import io
 
     from ds_acco import plain
-    from ds_acco.rounds.committed import committed_buffers
+    from ds_acco.rounds.committed import committed_buffers, committed_parameters
 
     link = [0.0]
 
@@ -154,6 +154,8 @@ def _resume_job(rank, world, *, save_at, steps):
             torch.save(plain.state_dict(engine), buf)
             saved["bytes"], saved["mode"] = buf.getvalue(), engine.mode
             saved["global"] = [t.clone() for t in committed_buffers(engine)]  # θ_g, in the groups' layout
+            with committed_parameters(engine):  # evaluation on θ_g; training goes on on the replica
+                saved["inside"] = [p.detach().clone() for p in W.ordered_params(model)]
 
     whole, _ = _train(engine, model, rank, 0, steps, link, on_step=save)
     engine.finish()
@@ -168,7 +170,7 @@ def _resume_job(rank, world, *, save_at, steps):
     engine.close()
     groups = W.param_groups(W.make_model())
     return {"whole": whole, "resumed": resumed, "saved_mode": saved["mode"], "mode": mode, "finished": finished,
-            "final_global": final_global, "saved_global": saved["global"],
+            "final_global": final_global, "saved_global": saved["global"], "inside": saved["inside"],
             "saved_masters": state["masters"], "sizes": [sum(p.numel() for p in g["params"]) for g in groups]}
 
 
@@ -182,6 +184,9 @@ def test_a_checkpoint_in_the_phase_resumes_exactly_and_its_masters_hold_the_glob
         for g, size, full in zip(range(2), r["sizes"], r["saved_global"]):
             masters = torch.cat([got[0]["saved_masters"][g], got[1]["saved_masters"][g]])
             assert torch.equal(masters[:size], full[:size]), g
+        inside = torch.cat([p.reshape(-1) for p in r["inside"]])  # (w1, w2 | b1, b2): the groups' order
+        sizes = r["sizes"]
+        assert torch.equal(inside, torch.cat([r["saved_global"][0][:sizes[0]], r["saved_global"][1][:sizes[1]]]))
     # finish() made every replica θ_g: both ranks end with one model, the one the exports give
     assert_trajectories_equal([got[0]["finished"]], [got[1]["finished"]], atol=0, rtol=0)
     assert not torch.equal(got[0]["whole"][-1][0], got[1]["whole"][-1][0])  # before it, the replicas differed

@@ -1,7 +1,7 @@
 """SIGTERM to one rank, through the real ``deepspeed`` launcher: every rank stops at the same round boundary,
 saves (``acco.preemption.checkpoint_dir``), exits with ``acco.preemption.exit_code`` (143), and the
-checkpoint resumes bit-exactly under the fixed policy. Mid-round (ACCO) and mid-save (streaming); FSDP2
-under ``torchrun``.
+checkpoint resumes bit-exactly under the fixed policy. Mid-round (ACCO), mid-save (streaming), in the streaming
+phase auto switched a ZeRO-1 job to; FSDP2 under ``torchrun``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from tests.test_checkpoint_verify import REPO, _launch
 SCRIPT = "tests/scripts/preempt_script.py"
 
 
-@pytest.mark.parametrize("front, extra", [("acco", ["--at", "9"]), ("streaming", ["--at", "5", "--during-save"])])
+@pytest.mark.parametrize("front, extra", [("acco", ["--at", "9"]), ("streaming", ["--at", "5", "--during-save"]),
+                                         ("auto_streaming", ["--at", "22"])])
 def test_sigterm_to_one_rank_stops_every_rank_saves_and_resumes_exactly(tmp_path, front, extra):
     stop = _launch("--phase", "stop", "--front", front, "--out", str(tmp_path), *extra, script=SCRIPT)
     assert stop.returncode == 143, stop.stdout[-4000:]

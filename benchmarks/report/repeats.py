@@ -36,7 +36,8 @@ from .time_to_loss import SCENARIO, TOLERANCE, seconds_to, table, val_time_point
 AT = 0.75
 """The early target: the baseline's validation loss at this fraction of its token budget."""
 
-AUTO = ("auto_lowbit", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early", "auto_lowbit_int4")
+AUTO = ("auto_lowbit", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early", "auto_lowbit_int4",
+        "auto_lowbit_int4_streaming")
 """The configs that choose their mode (``mode: auto``, the fixed or the adaptive policy when acco runs)."""
 ACCO_LOWBIT = ("acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_lowbit_lrwarm", "acco_lowbit_int4_fixed",
                "acco_lowbit_int4_adaptive")
@@ -55,7 +56,11 @@ def bed_of(run: dict) -> str:
 
 
 def acco_share(run: dict) -> Optional[float]:
-    commits = [x for x in (run.get("timeline") or [[]])[0] if x.get("kind") == "commit"]
+    """The share of commits auto ran in acco (None after a switch to streaming, whose steps are not rounds)."""
+    timeline = (run.get("timeline") or [[]])[0]
+    if any(x.get("mode") == "streaming" for x in timeline):
+        return None
+    commits = [x for x in timeline if x.get("kind") == "commit"]
     return sum(x.get("mode") == "acco" for x in commits) / len(commits) if commits else None
 
 
@@ -144,7 +149,9 @@ def _targets(bed: str, rate: str, med: dict, compute_ratios: Optional[dict] = No
     for auto in (c for c in AUTO if med.get(c)):
         name = {"auto_lowbit": "auto", "auto_lowbit_adaptive": "auto (policy adaptive)",
                 "auto_lowbit_policy_early": "auto (policy auto, no sync LR warm-up)",
-                "auto_lowbit_int4": "auto (policy auto, int4 estimates)"}.get(auto, "auto (policy auto)")
+                "auto_lowbit_int4": "auto (policy auto, int4 estimates)",
+                "auto_lowbit_int4_streaming": "auto (policy auto, int4 estimates, streaming allowed)"}.get(
+                    auto, "auto (policy auto)")
         if hand:
             best = min(hand, key=hand.get)
             found.append(target(f"{name} within 1.05x of the best hand-picked mode ({bed}, {rate})",

@@ -170,8 +170,9 @@ def parse_run(spec: "RunSpec", run_dir: str, rc: int, wall_s: float, load: Optio
                     # the busiest optimizer step on the wire (a fragment round, or a whole ZeRO-1 step)
                     d["iface_tx_peak_bytes_per_step"] = max(
                         (b["tx_bytes"] - a["tx_bytes"]) / max(1, b["step"] - a["step"]) for a, b in zip(window, window[1:]))
-        if rr and all(x["mode"] == "streaming" for x in rr):
-            # fragment rounds: bytes over the run's inner steps, peak = the largest round
+        if rr and any(x["mode"] == "streaming" for x in rr):
+            # fragment rounds (after auto's switch: a few sync commits first): bytes over the run's steps, peak =
+            # the largest round; no micro-batches per commit (a step is this rank's own)
             waited, round_s = sum(x["waited_s"] for x in rr), sum(x["round_s"] for x in rr)
             d.update(rounds=len(rr), waited_s=waited, round_s=round_s, compute_s=sum(x["compute_s"] for x in rr),
                      hidden_pct=100.0 * max(0.0, 1 - waited / round_s) if round_s > 0 else None,

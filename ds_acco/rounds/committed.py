@@ -60,7 +60,8 @@ def committed_parameters(engine: RoundEngine) -> Iterator[None]:
     """Inside the block the model computes with the committed parameters (e.g. for evaluation).
 
     No backward inside the block. The compute parameters the rounds own are bound back
-    on exit, so training continues exactly as without the block.
+    on exit, so training continues exactly as without the block (in a streaming phase: the
+    replica, and the block sees ``θ_g``; collective there).
     """
     rebound = []
     for g, buf in zip(engine.groups, committed_buffers(engine)):
@@ -72,6 +73,8 @@ def committed_parameters(engine: RoundEngine) -> Iterator[None]:
     finally:
         for g, own in rebound:
             g.bind(own)
+        if engine.phase is not None:
+            engine.phase.rebind()  # the replica lives in the fragment buffers, not the groups'
 
 
 class CommittedStateDict:

@@ -22,9 +22,9 @@ from ds_acco.errors import AccoConfigError
 from ds_acco.telemetry.records import RoundRecord
 
 from .auto_mode import STREAMING, SYNC
+from .round_work import COMMIT
 
 logger = logging.getLogger("ds_acco")
-from .round_work import COMMIT
 
 
 def check(cfg, groups, accum_dtype, factory) -> None:
@@ -55,8 +55,6 @@ def enter(engine) -> bool:
         engine.auto.timer.enter(SYNC)
         engine.state.mode = SYNC
         return False
-    if engine.config.all_gather_quantization == "int8":
-        engine.exact_parameters()  # the replicas trail the masters by an int8 delta: start θ_g from the masters
     phase = engine.streaming_factory(engine.groups, engine.shard_optimizer, config=engine.config,
                                      process_group=engine.coll.group, G=engine.G, clip=engine.clip,
                                      on_stop=engine._on_stop)
@@ -68,13 +66,18 @@ def enter(engine) -> bool:
 
 
 def free_bytes(device: torch.device):
-    """Memory free on ``device`` (CUDA: the driver's figure; CPU: the host's available pages), None if unknown."""
+    """Memory free on ``device`` (CUDA: the driver's figure; CPU: the kernel's ``MemAvailable``, which counts the
+    page cache it can drop, unlike the free pages), None if unknown."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+        with open("/proc/meminfo", encoding="ascii") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
 
 
 def enter_if_chosen(engine) -> None:

@@ -144,6 +144,8 @@ class StreamingEngine(EngineLifecycle):
         process_group: the data-parallel group (default WORLD); rounds run on a private copy.
         on_stop: called after the merge at which every rank learned of a SIGTERM (front ends save and
             exit there); None: :meth:`preempt`.
+        broadcast: start every replica from rank 0's weights (False: the caller knows they are equal, as
+            at auto's switch, where a broadcast would send the whole model over the link for nothing).
 
     Raises:
         AccoConfigError: the mode is not ``streaming``, or ranks disagree on config or layout.
@@ -158,6 +160,7 @@ class StreamingEngine(EngineLifecycle):
         config: Union[AccoConfig, dict],
         process_group: Optional[dist.ProcessGroup] = None,
         on_stop: Optional[Callable[[], None]] = None,
+        broadcast: bool = True,
     ):
         config = streaming_config(config)
         s = config.streaming
@@ -174,7 +177,7 @@ class StreamingEngine(EngineLifecycle):
         self._by_offset = {f.offset: f for f in self.fragments}
         self._agree_with_peers((self.config.fingerprint(), [f.layout.padded_numel for f in self.fragments]),
                                "acco config or fragment layout (fingerprint, sizes)")
-        self._start_from_rank0()
+        self._start_from_rank0(broadcast)
         self._delta = torch.empty(max(f.layout.padded_numel for f in self.fragments), dtype=torch.float32,
                                   device=self.device)
         self._shard = torch.empty(max(f.layout.shard_numel for f in self.fragments), dtype=torch.float32,
@@ -192,11 +195,12 @@ class StreamingEngine(EngineLifecycle):
             "pseudo_gradient_reduce_scatter": s.quantize, "global_all_gather": s.all_gather_dtype,
         }
 
-    def _start_from_rank0(self) -> None:
+    def _start_from_rank0(self, broadcast: bool = True) -> None:
         """Every replica and the global fragments start from rank 0's current weights."""
         src = dist.get_process_group_ranks(self.coll.group)[0]
         for frag in self.fragments:
-            dist.broadcast(frag.flat, src=src, group=self.coll.group)
+            if broadcast:
+                dist.broadcast(frag.flat, src=src, group=self.coll.group)
             frag.reset_global(self.rank)
 
     # ------------------------------------------------------------ training side

@@ -6,9 +6,12 @@ holds that engine. Switching to streaming keeps the engine and changes what a st
 
 * the replica ``θ_i`` is the model's own parameters, re-bound into fragment buffers by the
   :class:`~ds_acco.streaming.engine.StreamingEngine`; every rank starts from the committed parameters,
-  which are also ``θ_g``;
+  which are also ``θ_g`` (with ``all_gather_quantization: "int8"``: the parameters the last int8 all-gather
+  gave, one quantisation step from the masters, which an exact fp32 all-gather of the model would cost
+  seconds on the links where the switch happens);
 * the inner optimizer is a full-size twin of the shard optimizer (same class and instance settings,
-  param group for param group) whose state starts as the all-gathered shard states: no moment is lost;
+  param group for param group) whose state starts as the all-gathered shard states: no moment is lost
+  (sent in bf16 unless ``streaming.all_gather_dtype`` is ``"fp32"``, which keeps them exact);
 * a step's gradient is this rank's accumulator divided as a round would divide it, clipped by this
   rank's norm, stepped at the learning rate the scheduler gives the shard optimizer;
 * ``θ_g`` and the outer momentum are the streaming engine's fragment shards.
@@ -75,7 +78,9 @@ class StreamingPhase:
         self._where = {id(p): (gi, j) for gi, g in enumerate(self.groups) for j, p in enumerate(g.params)}
         cfg = config.model_copy(update={"mode": "streaming", "comm_quantization": "none", "estimate_quantization":
                                         "same", "all_gather_quantization": "none"})
-        self.engine = StreamingEngine(None, None, fragments, config=cfg, process_group=process_group, on_stop=on_stop)
+        # every rank holds the parameters of the commit just applied: no broadcast
+        self.engine = StreamingEngine(None, None, fragments, config=cfg, process_group=process_group, on_stop=on_stop,
+                                      broadcast=False)
         self.rank, self.world_size = self.engine.rank, self.engine.world_size
         self.inner = self._twin(shard_optimizer.optimizer)
         self.engine.inner_optimizer = self.inner
@@ -106,9 +111,14 @@ class StreamingPhase:
         return inner
 
     def _gather(self, shard: torch.Tensor, g: ShardedGroup) -> torch.Tensor:
-        full = shard.new_empty(g.layout.padded_numel)
-        self.engine.coll.all_gather(full, shard.detach().reshape(-1))
-        return full
+        """A state shard all-gathered whole: in fp32 with ``streaming.all_gather_dtype: "fp32"``, in bf16 otherwise
+        (half the bytes: on a link slow enough for streaming, two fp32 moments of the model took seconds)."""
+        wire = torch.float32 if self.engine.config.streaming.all_gather_dtype == "fp32" else torch.bfloat16
+        shard = shard.detach().reshape(-1)
+        full = torch.empty(g.layout.padded_numel, dtype=wire if shard.is_floating_point() else shard.dtype,
+                           device=shard.device)
+        self.engine.coll.all_gather(full, shard.to(full.dtype))
+        return full.to(shard.dtype)
 
     # ------------------------------------------------------------ a step
     def step(self, accumulators: Sequence[torch.Tensor], scale: float, count: int, scheduler_steps: int) -> tuple:

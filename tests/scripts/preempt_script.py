@@ -22,13 +22,22 @@ import torch.distributed as dist
 
 from ds_acco.comm.stop_signal import AccoPreempted
 from tests import workloads as W
+from tests import ds_workloads as D
 from tests.checkpoint_workloads import ACCO, STREAMING, engine_of, train
 
-STEPS = {"acco": 6, "streaming": 12}  # streaming: a fragment round every 2 steps (sync_every 4, 2 fragments)
+STEPS = {"acco": 6, "streaming": 12, "auto_streaming": 10}  # streaming: a fragment round every 2 steps (sync_every 4,
+# 2 fragments); auto_streaming: 3 sync steps, then the same streaming schedule in a ZeRO-1 job
+AUTO_STREAMING = D.ds_config(4, {"mode": "auto", "auto": {"measure_steps": 3, "streaming": True},
+                                 "streaming": {"fragments": 2, "sync_every": 4, "overlap_steps": 1}},
+                             clip=0.5, scheduler=True)
 
 
 def config(front: str, out: str) -> dict:
-    base = ACCO if front == "acco" else STREAMING
+    if front == "auto_streaming":  # auto must switch at its first choice, whatever this machine measures
+        from ds_acco.rounds import auto_mode
+
+        auto_mode.STREAMING_HINT = 0.0
+    base = {"acco": ACCO, "streaming": STREAMING, "auto_streaming": AUTO_STREAMING}[front]
     return dict(base, acco=dict(base["acco"], preemption={"checkpoint_dir": os.path.join(out, "preempted")},
                                 timeout_s=30))
 
@@ -74,7 +83,9 @@ def resume_phase(front: str, out: str) -> None:
     engine.load_checkpoint(os.path.join(out, "preempted"))
     resumed_from = engine.global_steps
     # the data position: micro-batches this rank computed (the round state keeps it; streaming: one per step)
-    k = engine.acco.micro_batches if front == "acco" else engine.global_steps
+    k = engine.global_steps if front == "streaming" else engine.acco.micro_batches
+    if front == "auto_streaming":
+        assert engine.acco.mode == "streaming", engine.acco.mode
     last = train(engine, k, STEPS[front], [])[-1]
     engine.destroy()
     with open(os.path.join(out, f"resume{rank}.json"), "w") as f:
@@ -85,7 +96,7 @@ def resume_phase(front: str, out: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--phase", choices=["stop", "resume"], required=True)
-    p.add_argument("--front", choices=["acco", "streaming"], required=True)
+    p.add_argument("--front", choices=["acco", "streaming", "auto_streaming"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--at", type=int, default=9)
     p.add_argument("--during-save", action="store_true")

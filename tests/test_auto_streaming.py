@@ -63,6 +63,7 @@ def test_a_slow_link_switches_auto_to_streaming_and_each_replica_follows_the_ref
     first = got[0]["choices"][0]
     assert first["step"] == SWITCH and first["runs"] == "streaming", first
     assert first["streaming_ratio"] >= STREAMING_HINT and first["round_ms"] > 400, first
+    assert 0 < first["switch_s"] < 30, first  # what the switch itself cost (logged on rank 0)
     line = got[0]["lines"][0]
     assert "runs streaming (was sync; sync is the best gradient mode)" in line and "auto does not choose again" \
         in line, line

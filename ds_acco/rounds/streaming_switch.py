@@ -55,13 +55,22 @@ def enter(engine) -> bool:
         engine.auto.timer.enter(SYNC)
         engine.state.mode = SYNC
         return False
+    t0 = time.perf_counter()
     phase = engine.streaming_factory(engine.groups, engine.shard_optimizer, config=engine.config,
                                      process_group=engine.coll.group, G=engine.G, clip=engine.clip,
                                      on_stop=engine._on_stop)
     phase.engine.telemetry = engine.telemetry  # fragment rounds are this job's rounds
     phase.engine.inner_steps = engine.state.commits  # the fragment schedule counts the job's steps
+    for frag in phase.engine.fragments:
+        frag.last_sync = engine.state.commits  # (a fragment round's record counts the steps since)
     engine.phase = phase
     engine.state.mode = STREAMING
+    took = time.perf_counter() - t0
+    if engine.auto.choices:
+        engine.auto.choices[-1]["switch_s"] = took
+    if engine.rank == 0:
+        logger.info("ds_acco: streaming from step %d on; the switch took %.2f s (the optimizer state gathered whole: "
+                    "%.1f MB sent by rank 0)", engine.state.commits + 1, took, phase.gathered_bytes / 1e6)
     return True
 
 

@@ -82,7 +82,10 @@ class StreamingPhase:
         self.engine = StreamingEngine(None, None, fragments, config=cfg, process_group=process_group, on_stop=on_stop,
                                       broadcast=False)
         self.rank, self.world_size = self.engine.rank, self.engine.world_size
+        sent = self.engine.coll.wire.sent
         self.inner = self._twin(shard_optimizer.optimizer)
+        self.gathered_bytes = self.engine.coll.wire.sent - sent
+        """What gathering the optimizer state sent (the switch's cost on a slow link)."""
         self.engine.inner_optimizer = self.inner
 
     # ------------------------------------------------------------ the inner optimizer

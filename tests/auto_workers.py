@@ -45,7 +45,7 @@ def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", 
     model = W.make_model().to(device)
     engine = plain.build(W.param_groups(model), torch.optim.AdamW, W.OPT_KWARGS, config=config,
                          gradient_accumulation_steps=G, on_stage=on_stage, model=model)
-    trajectory, k = [], 0
+    trajectory, k, global_params = [], 0, None
     try:
         while engine.commits < steps:
             delay[0] = [s for start, s in [(0, 0.0), *link] if engine.commits >= start][-1]
@@ -57,6 +57,10 @@ def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", 
             engine.after_micro_batch()
             if engine.commits > before:
                 trajectory.append([p.detach().float().cpu().clone() for p in W.ordered_params(model)])
+        if engine.phase is not None:  # θ_g in the groups' layout (collective: every rank)
+            from ds_acco.rounds.committed import committed_buffers
+
+            global_params = [t.clone() for t in committed_buffers(engine)]
         if roundtrip:
             saved = engine.state_dict()
             engine.wait()  # a resume starts from an idle engine
@@ -69,6 +73,6 @@ def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", 
     commits = [r for r in engine.telemetry.records if r.kind == "commit"]
     return {"trajectory": trajectory, "modes": [r.mode for r in commits],
             "counts": [r.counts for r in engine.telemetry.records], "choices": engine.auto.choices,
-            "lines": handler.lines, "roundtrip": roundtrip,
+            "lines": handler.lines, "roundtrip": roundtrip, "global": global_params,
             "fragments": [(r.step, r.fragment, r.applied_step)
                           for r in engine.telemetry.records if r.kind == "fragment"]}

@@ -58,7 +58,7 @@ def enter(engine) -> bool:
     t0 = time.perf_counter()
     phase = engine.streaming_factory(engine.groups, engine.shard_optimizer, config=engine.config,
                                      process_group=engine.coll.group, G=engine.G, clip=engine.clip,
-                                     on_stop=engine._on_stop)
+                                     on_stop=engine._on_stop, piece_bytes=engine.coll.piece_bytes)
     phase.engine.telemetry = engine.telemetry  # fragment rounds are this job's rounds
     phase.engine.inner_steps = engine.state.commits  # the fragment schedule counts the job's steps
     for frag in phase.engine.fragments:
@@ -69,8 +69,8 @@ def enter(engine) -> bool:
     if engine.auto.choices:
         engine.auto.choices[-1]["switch_s"] = took
     if engine.rank == 0:
-        logger.info("ds_acco: streaming from step %d on; the switch took %.2f s (the optimizer state gathered whole: "
-                    "%.1f MB sent by rank 0)", engine.state.commits + 1, took, phase.gathered_bytes / 1e6)
+        logger.info("ds_acco: streaming from step %d on; the switch took %.2f s (the optimizer state follows, "
+                    "gathered behind that step's compute)", engine.state.commits + 1, took)
     return True
 
 

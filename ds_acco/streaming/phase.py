@@ -11,7 +11,9 @@ holds that engine. Switching to streaming keeps the engine and changes what a st
   seconds on the links where the switch happens);
 * the inner optimizer is a full-size twin of the shard optimizer (same class and instance settings,
   param group for param group) whose state starts as the all-gathered shard states: no moment is lost
-  (sent in bf16 unless ``streaming.all_gather_dtype`` is ``"fp32"``, which keeps them exact);
+  (sent in bf16 unless ``streaming.all_gather_dtype`` is ``"fp32"``, which keeps them exact; gathered on the
+  communication thread at the round engine's pacing while the first streaming step computes, since on a
+  link slow enough for the switch the two moments take about as long as a step);
 * a step's gradient is this rank's accumulator divided as a round would divide it, clipped by this
   rank's norm, stepped at the learning rate the scheduler gives the shard optimizer;
 * ``θ_g`` and the outer momentum are the streaming engine's fragment shards.
@@ -26,7 +28,9 @@ phase's own state (:meth:`state_dict`) resumes the run exactly.
 from __future__ import annotations
 
 import copy
+import logging
 import math
+import time
 from collections import defaultdict
 from typing import Callable, Optional, Sequence
 
@@ -43,6 +47,7 @@ from ds_acco.optim.shard_optimizer import ShardOptimizer
 from .engine import StreamingEngine
 
 FIELD = "acco.auto.streaming"
+logger = logging.getLogger("ds_acco")
 
 
 def check_phase_allowed(groups: Sequence[ShardedGroup], accum_dtype: torch.dtype) -> None:
@@ -69,11 +74,14 @@ class StreamingPhase:
         process_group: the data-parallel group.
         G: micro-batches per worker per step; clip: this rank's gradient-norm clip (0: off).
         on_stop: the front end's hand-over after a SIGTERM every rank learned of.
+        piece_bytes: the piece size the round engine's collectives agreed on (None: unpaced). A fresh group
+            starts unpaced, and on a shaped link the state's all-gather then moved at half the link rate.
     """
 
     def __init__(self, groups: Sequence[ShardedGroup], shard_optimizer: ShardOptimizer,
                  fragments: Sequence[list[nn.Parameter]], *, config: AccoConfig,
-                 process_group: Optional[dist.ProcessGroup], G: int, clip: float, on_stop: Callable[[], None]):
+                 process_group: Optional[dist.ProcessGroup], G: int, clip: float, on_stop: Callable[[], None],
+                 piece_bytes: Optional[int] = None):
         self.groups, self.shard_optimizer, self.G, self.clip = list(groups), shard_optimizer, G, clip
         self._where = {id(p): (gi, j) for gi, g in enumerate(self.groups) for j, p in enumerate(g.params)}
         cfg = config.model_copy(update={"mode": "streaming", "comm_quantization": "none", "estimate_quantization":
@@ -81,47 +89,66 @@ class StreamingPhase:
         # every rank holds the parameters of the commit just applied: no broadcast
         self.engine = StreamingEngine(None, None, fragments, config=cfg, process_group=process_group, on_stop=on_stop,
                                       broadcast=False)
+        self.engine.coll.piece_bytes = piece_bytes  # the round engine's agreed pacing (ds_acco.comm.link_pacing)
         self.rank, self.world_size = self.engine.rank, self.engine.world_size
-        sent = self.engine.coll.wire.sent
-        self.inner = self._twin(shard_optimizer.optimizer)
-        self.gathered_bytes = self.engine.coll.wire.sent - sent
-        """What gathering the optimizer state sent (the switch's cost on a slow link)."""
+        self.inner, pending = self._twin(shard_optimizer.optimizer)
         self.engine.inner_optimizer = self.inner
+        self.gathered_bytes, self.gather_s, self.waited_s = 0, 0.0, 0.0
+        """What gathering the optimizer state sent and took, and how long the first step waited for it."""
+        self._pending = (self.engine._submit("optimizer state", lambda h: self._gather(pending)), pending)
 
     # ------------------------------------------------------------ the inner optimizer
     def _master_group(self) -> dict[int, int]:
         return {id(g.master): gi for gi, g in enumerate(self.groups)}
 
-    def _twin(self, opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    def _twin(self, opt: torch.optim.Optimizer) -> tuple:
         """A full-size copy of ``opt``: instance settings kept (DeepSpeed's FusedAdam keeps ``adam_w_mode`` on
-        the object, not in its groups), parameters and state replaced; the state all-gathered from the shards."""
+        the object, not in its groups), parameters and state replaced. Returns it with the state shards still to
+        gather: ``(full buffer, this rank's shard, group, key)`` each."""
         gi_of = self._master_group()
         inner = copy.copy(opt)
         inner.param_groups = [dict({k: v for k, v in pg.items() if k != "params"},
                                    params=[p for m in pg["params"] for p in self.groups[gi_of[id(m)]].params])
                               for pg in opt.param_groups]
         inner.state = defaultdict(dict)
+        # fp32 with streaming.all_gather_dtype "fp32" (exact), else bf16: half the bytes of two moments
+        wire = torch.float32 if self.engine.config.streaming.all_gather_dtype == "fp32" else torch.bfloat16
+        pending = []
         for m, gi in ((m, gi_of[id(m)]) for pg in opt.param_groups for m in pg["params"]):
             g, state = self.groups[gi], opt.state.get(m) or {}
-            full = {}
-            for key, value in state.items():
-                if torch.is_tensor(value) and value.numel() == g.layout.shard_numel:
-                    full[key] = g.layout.views(self._gather(value, g))
-            for j, p in enumerate(g.params):
-                inner.state[p] = {key: full[key][j].clone() if key in full else
-                                  (value.clone() if torch.is_tensor(value) else copy.deepcopy(value))
-                                  for key, value in state.items()}
-        return inner
+            sharded = {key for key, v in state.items() if torch.is_tensor(v) and v.numel() == g.layout.shard_numel}
+            for p in g.params:
+                inner.state[p] = {key: torch.empty(p.shape, dtype=v.dtype, device=p.device) if key in sharded else
+                                  (v.clone() if torch.is_tensor(v) else copy.deepcopy(v)) for key, v in state.items()}
+            for key in sorted(sharded):
+                shard = state[key].detach().reshape(-1)
+                dtype = wire if shard.is_floating_point() else shard.dtype
+                pending.append((torch.empty(g.layout.padded_numel, dtype=dtype, device=shard.device),
+                                shard.to(dtype), g, key))
+        return inner, pending
 
-    def _gather(self, shard: torch.Tensor, g: ShardedGroup) -> torch.Tensor:
-        """A state shard all-gathered whole: in fp32 with ``streaming.all_gather_dtype: "fp32"``, in bf16 otherwise
-        (half the bytes: on a link slow enough for streaming, two fp32 moments of the model took seconds)."""
-        wire = torch.float32 if self.engine.config.streaming.all_gather_dtype == "fp32" else torch.bfloat16
-        shard = shard.detach().reshape(-1)
-        full = torch.empty(g.layout.padded_numel, dtype=wire if shard.is_floating_point() else shard.dtype,
-                           device=shard.device)
-        self.engine.coll.all_gather(full, shard.to(full.dtype))
-        return full.to(shard.dtype)
+    def _gather(self, pending: list) -> None:
+        """On the communication thread, behind the first inner step's compute: every state shard, whole."""
+        t0, sent = time.perf_counter(), self.engine.coll.wire.sent
+        for full, shard, _, _ in pending:
+            self.engine.coll.all_gather(full, shard)
+        self.gather_s, self.gathered_bytes = time.perf_counter() - t0, self.engine.coll.wire.sent - sent
+
+    def _ready(self) -> None:
+        """Wait for the optimizer state (before anything reads it or uses the group) and put it in place."""
+        if self._pending is None:
+            return
+        (handle, pending), self._pending = self._pending, None
+        t0 = time.perf_counter()
+        handle.wait()
+        self.waited_s = time.perf_counter() - t0
+        for full, _, g, key in pending:
+            for p, v in zip(g.params, g.layout.views(full)):
+                self.inner.state[p][key].copy_(v)
+        if self.rank == 0:
+            logger.info("ds_acco: the optimizer state arrived (%.1f MB sent by rank 0 in %.2f s, %.2f s of it not "
+                        "hidden behind the first streaming step)", self.gathered_bytes / 1e6, self.gather_s,
+                        self.waited_s)
 
     # ------------------------------------------------------------ a step
     def step(self, accumulators: Sequence[torch.Tensor], scale: float, count: int, scheduler_steps: int) -> tuple:
@@ -130,6 +157,7 @@ class StreamingPhase:
 
         A non-finite gradient skips this rank's step (and its scheduler steps, as stock DeepSpeed does) but
         not the fragment schedule, which every rank must keep in step."""
+        self._ready()
         for buf in accumulators:
             buf.mul_(1.0 / (scale * count))
         norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(b.float()) for b in accumulators])))
@@ -154,6 +182,7 @@ class StreamingPhase:
     def global_buffers(self) -> list[torch.Tensor]:
         """``θ_g`` in the groups' flat layout, one fresh buffer per group (collective; the round in flight is
         waited for, not merged, so the trajectory is unchanged)."""
+        self._ready()
         self.engine.quiesce()
         out = [g.layout.new_buffer(g.flat) for g in self.groups]
         views = [g.layout.views(buf) for g, buf in zip(self.groups, out)]
@@ -189,6 +218,7 @@ class StreamingPhase:
 
     def consolidate(self) -> None:
         """Every replica becomes ``θ_g`` exactly (collective: the end of training, before an export)."""
+        self._ready()
         self.engine.consolidate()
 
     def rebind(self) -> None:
@@ -199,10 +229,12 @@ class StreamingPhase:
     # ------------------------------------------------------------ checkpoints and the end
     def state_dict(self) -> dict:
         """This rank's replica, inner optimizer and streaming state (waits for a round, merges nothing)."""
+        self._ready()
         return {"streaming": self.engine.state_dict(), "inner": self.inner.state_dict(),
                 "replica": [f.flat.clone() for f in self.engine.fragments]}
 
     def load_state_dict(self, saved: dict) -> None:
+        self._ready()
         self.inner.load_state_dict(saved["inner"])
         with torch.no_grad():
             for frag, replica in zip(self.engine.fragments, saved["replica"]):
@@ -212,11 +244,14 @@ class StreamingPhase:
     def leave(self) -> None:
         """End the phase, dropping it: the parameters point at the groups' buffers again, whose values a
         checkpoint load is about to overwrite (the only way out: the switch is one-way)."""
+        self._ready()
         self.engine.close(drain=False)
         for g in self.groups:
             g.bind(g.flat)
 
     def close(self, drain: bool) -> None:
+        if drain:
+            self._ready()
         self.engine.close(drain=drain)
 
 
@@ -247,6 +282,7 @@ class PhaseFactory:
         largest = max(sum(p.numel() for p in f) for f in self.fragments)
         return state * groups[0].layout.world_size + 8 * numel + 8 * largest
 
-    def __call__(self, groups, shard_optimizer, *, config, process_group, G, clip, on_stop) -> StreamingPhase:
+    def __call__(self, groups, shard_optimizer, *, config, process_group, G, clip, on_stop,
+                 piece_bytes=None) -> StreamingPhase:
         return StreamingPhase(groups, shard_optimizer, self.fragments, config=config, process_group=process_group,
-                              G=G, clip=clip, on_stop=on_stop)
+                              G=G, clip=clip, on_stop=on_stop, piece_bytes=piece_bytes)

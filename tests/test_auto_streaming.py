@@ -132,7 +132,7 @@ def _resume_job(rank, world, *, save_at, steps):
     import io
 
     from ds_acco import plain
-    from ds_acco.rounds.committed import committed_buffers, committed_parameters
+    from ds_acco.rounds.committed import committed_buffers, committed_parameters, gather_committed
 
     link = [0.0]
 
@@ -162,6 +162,7 @@ def _resume_job(rank, world, *, save_at, steps):
     engine.finish()
     finished = [p.detach().clone() for p in W.ordered_params(model)]
     final_global = [t.clone() for t in committed_buffers(engine)]
+    final_masters = gather_committed(engine)  # the masters, all-gathered: θ_g too after finish()
     engine.close()
     state = torch.load(io.BytesIO(saved["bytes"]), weights_only=False)
     model, engine = build()
@@ -172,6 +173,7 @@ def _resume_job(rank, world, *, save_at, steps):
     groups = W.param_groups(W.make_model())
     return {"whole": whole, "resumed": resumed, "saved_mode": saved["mode"], "mode": mode, "finished": finished,
             "final_global": final_global, "saved_global": saved["global"], "inside": saved["inside"],
+            "final_masters": final_masters,
             "saved_masters": state["masters"], "sizes": [sum(p.numel() for p in g["params"]) for g in groups]}
 
 
@@ -191,6 +193,8 @@ def test_a_checkpoint_in_the_phase_resumes_exactly_and_its_masters_hold_the_glob
     # finish() made every replica θ_g: both ranks end with one model, the one the exports give
     assert_trajectories_equal([got[0]["finished"]], [got[1]["finished"]], atol=0, rtol=0)
     assert not torch.equal(got[0]["whole"][-1][0], got[1]["whole"][-1][0])  # before it, the replicas differed
+    for r in got:
+        assert all(torch.equal(a, b) for a, b in zip(r["final_masters"], r["final_global"]))
     flat = torch.cat([got[0]["final_global"][0][:got[0]["sizes"][0]], got[0]["final_global"][1][:got[0]["sizes"][1]]])
     assert torch.equal(flat, torch.cat([p.reshape(-1) for p in got[0]["finished"]]))
 

@@ -160,6 +160,27 @@ def test_hf_trainer_runs_streaming_from_its_deepspeed_config(tmp_path):
     assert losses[-1] < losses[0] - 0.2
 
 
+def test_hf_trainer_runs_auto_into_streaming_and_saves_the_global_model(tmp_path):
+    """``mode: auto`` with ``auto.streaming`` under HF Trainer: the switch happens inside train(), HF's schedule runs
+    to its end, and save_model() writes the global model, which the masters also hold after train()."""
+    block = json.load(open(os.path.join(ROOT, "ds_configs", "hf_trainer_acco.json")))
+    block["acco"] = {"mode": "fastest", "warmup_steps": 1, "auto": {"measure_steps": 3, "streaming": True},
+                     "streaming": {"fragments": 2, "sync_every": 4, "overlap_steps": 1}}
+    config = str(tmp_path / "auto_streaming.json")
+    json.dump(block, open(config, "w"))
+    steps = 10
+    res = _launch(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "ds_acco.run",
+                   "tests/scripts/hf_trainer_script.py", "--deepspeed-config", config, "--output-dir", str(tmp_path),
+                   "--steps", str(steps), "--fp32", "--check-export", "--force-streaming"])
+    assert res["engine"] == "AccoDeepSpeedEngine" and res["mode"] == "auto" and res["running"] == "streaming"
+    assert res["global_steps"] == steps
+    losses = res["losses"]
+    assert len(losses) == steps and all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0] - 0.2
+    export = res["export"]
+    assert export["equal_to_cast_masters"] and export["compared"] > 0
+    assert export["scheduler_steps"] == steps and export["final_lr"] == 0.0
+
+
 @pytest.mark.parametrize("mode", ["acco", "streaming"])
 def test_round_in_flight_at_interpreter_exit_is_finished_on_every_rank(mode):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)

@@ -124,10 +124,12 @@ def step(engine, count: int) -> bool:
 
 def finish(engine) -> None:
     """The end of training in the phase: a step for micro-batches past the last boundary, then every replica
-    takes ``θ_g`` (so the module holds the model the run trained)."""
+    takes ``θ_g`` (so the module holds the model the run trained), and so do the masters, with the ranks' mean
+    moments (what anything reading the front end's optimizer sees: a save, ``zero_to_fp32``, a later export)."""
     if engine.state.n:
         step(engine, engine.state.n)
     engine.phase.consolidate()
+    engine.phase.write_back()
 
 
 def load(engine, saved: dict) -> None:

@@ -24,7 +24,13 @@ parser.add_argument("--local_rank", type=int, default=-1)
 parser.add_argument("--fp32", action="store_true", help="no bf16 (streaming trains fp32 replicas)")
 parser.add_argument("--check-export", action="store_true",
                     help="save_model() after train() and compare it with the gathered fp32 master parameters")
+parser.add_argument("--force-streaming", action="store_true",
+                    help="mode auto with auto.streaming switches at its first choice, whatever this machine measures")
 args = parser.parse_args()
+if args.force_streaming:
+    from ds_acco.rounds import auto_mode
+
+    auto_mode.STREAMING_HINT = 0.0
 
 model = build_gpt("tiny", seq_len=64)
 train = ShakespeareWindows("train", seq_len=64)
@@ -59,5 +65,6 @@ if trainer.args.process_index == 0:
         "losses": losses,
         "telemetry": acco.telemetry.summary() if acco is not None else None,
         "mode": acco.config.mode if acco is not None else None,
+        "running": acco.mode if acco is not None else None,
         "export": export,
     }), flush=True)

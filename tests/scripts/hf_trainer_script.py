@@ -65,6 +65,6 @@ if trainer.args.process_index == 0:
         "losses": losses,
         "telemetry": acco.telemetry.summary() if acco is not None else None,
         "mode": acco.config.mode if acco is not None else None,
-        "running": acco.mode if acco is not None else None,
+        "running": getattr(acco, "mode", None),  # what auto runs now (the streaming engine has no choice)
         "export": export,
     }), flush=True)

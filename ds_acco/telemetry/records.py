@@ -123,10 +123,13 @@ class Telemetry:
 
     def format_line(self, record: RoundRecord) -> str:
         norm = "skip" if record.skipped else (f"{record.grad_norm:.3g}" if not math.isnan(record.grad_norm) else "-")
+        # a streaming round syncs a fragment: its counts are inner steps since that fragment's last sync
+        what = (f"{record.counts[0]} steps since its last sync" if record.kind == "fragment" else
+                f"nominal {record.nominal_step} mb/rank {record.counts}")
         return (
-            f"[ds_acco] round {record.index} {record.kind:8s} step {record.step} nominal {record.nominal_step} "
-            f"mb/rank {record.counts} compute {record.compute_s * 1e3:.1f}ms "
-            f"round {record.round_s * 1e3:.1f}ms waited {record.waited_s * 1e3:.1f}ms "
-            f"sent {record.bytes_sent / 2**20:.2f}MiB |g| {norm} "
-            f"hidden {100 * record.hidden:.0f}% (running {100 * self.hidden_fraction:.1f}%)"
+            f"[ds_acco] round {record.index} {record.kind:8s} step {record.step} {what} "
+            f"compute {record.compute_s * 1e3:.1f}ms round {record.round_s * 1e3:.1f}ms waited "
+            f"{record.waited_s * 1e3:.1f}ms sent {record.bytes_sent / 2**20:.2f}MiB "
+            + ("" if record.kind == "fragment" else f"|g| {norm} ")
+            + f"hidden {100 * record.hidden:.0f}% (running {100 * self.hidden_fraction:.1f}%)"
         )

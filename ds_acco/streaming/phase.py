@@ -158,15 +158,14 @@ class StreamingPhase:
         A non-finite gradient skips this rank's step (and its scheduler steps, as stock DeepSpeed does) but
         not the fragment schedule, which every rank must keep in step."""
         self._ready()
-        for buf in accumulators:
-            buf.mul_(1.0 / (scale * count))
-        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(b.float()) for b in accumulators])))
+        mean = 1.0 / (scale * count)
+        norm = float(torch.nn.utils.get_total_norm(accumulators)) * mean  # of the mean gradient
         skipped = not math.isfinite(norm)
         lr = self.shard_optimizer.lr
         if not skipped:
-            if self.clip and norm > self.clip:
-                for buf in accumulators:
-                    buf.mul_(self.clip / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_'s factor
+            # one pass over the gradients: the mean and the clip (torch.nn.utils.clip_grad_norm_'s factor) together
+            factor = mean * (self.clip / (norm + 1e-6) if self.clip and norm > self.clip else 1.0)
+            torch._foreach_mul_(list(accumulators), factor)
             for mine, shard in zip(self.inner.param_groups, self.shard_optimizer.optimizer.param_groups):
                 mine["lr"] = shard["lr"]
             self.inner.step()

@@ -138,3 +138,53 @@ def train_with_fault(rank, world, *, config, victim, stage, round_index, sig, G=
     observed.update(threads_after_close=comm_threads(), thread_exit_s=time.time() - closed_at,
                     commits=engine.commits, fault_round_launched_at=None)
     return observed
+
+
+def streaming_with_fault(rank, world, *, config, victim, sig, when, G=4, max_steps=400):
+    """Rank ``victim`` sends itself ``sig`` while streaming rounds run; the others train on and report the error
+    they get and when. ``when``: ``"fragment"`` (mode streaming, a fragment round in flight) or ``"switch"`` (mode
+    auto just switched to streaming: the optimizer state is being gathered; a 0.5 s sleep per gradient round makes
+    the link slow enough for auto to switch)."""
+    import os
+
+    from ds_acco import plain, streaming
+
+    _mark_baseline()
+    model = W.make_model()
+    if when == "fragment":
+        engine = streaming.build(model, torch.optim.AdamW, W.OPT_KWARGS, config=config)
+        opt = engine.inner_optimizer
+    else:
+        engine = plain.build(W.param_groups(model), torch.optim.AdamW, W.OPT_KWARGS, config=config,
+                             gradient_accumulation_steps=G, model=model,
+                             on_stage=lambda index, stage: time.sleep(0.5) if stage == "reduce-scatter" else None)
+    observed = {"error": None, "message": "", "raised_at": None, "killed_at": None}
+    started = time.time()
+    try:
+        for k in range(max_steps * G):
+            x, y = W.batch(rank, k)
+            W.loss_fn(model(x), y).backward()
+            if when == "fragment":
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                engine.after_inner_step()
+                hit = engine.in_flight
+            else:
+                time.sleep(0.05)
+                engine.after_micro_batch()
+                hit = engine.phase is not None
+            if hit and observed["killed_at"] is None:
+                observed["killed_at"] = time.time()
+                if rank == victim:
+                    os.kill(os.getpid(), sig)
+            if time.time() - started > 90:
+                break
+    except Exception as exc:  # noqa: BLE001
+        observed.update(error=type(exc).__name__, message=str(exc), raised_at=time.time())
+    closed_at = time.time()
+    engine.close(drain=False)
+    deadline = time.time() + config.get("timeout_s", 600) + 5
+    while comm_threads() and time.time() < deadline:
+        time.sleep(0.1)
+    observed.update(threads_after_close=comm_threads(), thread_exit_s=time.time() - closed_at)
+    return observed

@@ -48,6 +48,26 @@ def test_launcher_exits_nonzero_when_a_peer_dies():
     assert proc.stderr.count("AccoRoundError: ds_acco round 3") >= 2, proc.stderr[-3000:]
 
 
+STREAM = {"fragments": 2, "sync_every": 4, "overlap_steps": 1, "quantize": "int8"}
+AUTO = {"mode": "auto", "auto": {"measure_steps": 3, "streaming": True}, "streaming": STREAM}
+
+
+@pytest.mark.parametrize("when, sig", [("fragment", signal.SIGKILL), ("fragment", signal.SIGSTOP),
+                                       ("switch", signal.SIGKILL)])
+def test_a_dead_or_stopped_peer_ends_streaming_rounds_with_an_error(when, sig):
+    """Mode streaming with a fragment round in flight, and auto's switch to streaming while the optimizer state
+    is being gathered: the survivors raise within acco.timeout_s, and close their threads."""
+    config = dict(AUTO if when == "switch" else {"mode": "streaming", "streaming": STREAM}, timeout_s=TIMEOUT_S)
+    res = run_distributed(F.streaming_with_fault, 3, config=config, victim=2, sig=sig, when=when, expect_dead=[2],
+                          timeout=150)
+    assert res[2] is None
+    for r in res[:2]:
+        assert r["error"] in ("AccoRoundError", "AccoTimeoutError"), r
+        assert ("optimizer state" if when == "switch" else "fragment") in r["message"], r["message"]
+        assert r["raised_at"] - r["killed_at"] < TIMEOUT_S + 5, r
+        assert r["threads_after_close"] == [], r
+
+
 START_ALONE = """
 import time, torch, ds_acco
 from ds_acco.errors import AccoTimeoutError

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from ds_acco.numerics.quantization import block_absmax, dequantize_blockwise, num_blocks, quantize_blockwise
+from ds_acco.numerics.quantization import (block_absmax, dequantize_blockwise, dequantize_log, num_blocks,
+                                          quantize_blockwise, quantize_log)
 from ds_acco.reference import ReferenceRun, reference_trajectory
 from tests import int8_workers as I
 from tests import workloads as W
@@ -54,6 +55,32 @@ def test_rows_and_blocks_are_independent_and_zero_blocks_exact():
     acc = torch.ones(3, 10)
     dequantize_blockwise(q.payload, q.scales, 4, out=acc, accumulate=True)
     torch.testing.assert_close(acc, y + 1)
+
+
+@pytest.mark.parametrize("numel, block", [(1000, 256), (1000, 64), (7, 3), (1, 1)])
+def test_log_codes_keep_zeros_lose_no_positive_value_and_stay_within_the_block_factor(numel, block):
+    """Adam's second moment at one byte (the switch to streaming): a block spanning up to 60 octaves."""
+    g = torch.Generator().manual_seed(numel)
+    x = (torch.randn(2, numel, generator=g) * torch.logspace(-30, 0, numel, base=2)).square()
+    x[:, ::5] = 0.0
+    q = quantize_log(x, block)
+    assert q.payload.dtype == torch.uint8 and q.scales.shape == (2, 2 * num_blocks(numel, block))
+    y = dequantize_log(q.payload, q.scales, block)
+    assert torch.equal(y == 0, x == 0)
+    lo, hi = q.scales.view(2, -1, 2).unbind(2)
+    factor = _per_element(2 ** ((hi - lo) / 508), numel, block) * (1 + 1e-5)
+    ratio = torch.where(x > 0, y / x, 1.0)
+    assert (ratio <= factor).all() and (1 / ratio <= factor).all()
+    assert float(torch.where(x > 0, ratio, 1.0).sub(1).abs().max()) > 0 or numel == block == 1
+    half = num_blocks(numel, block) // 2 * block  # a piece of whole blocks: its codes and scales are the whole's
+    if half:
+        piece = quantize_log(x[:, :half], block)
+        assert torch.equal(piece.payload, q.payload[:, :half]) and torch.equal(piece.scales, q.scales[:, :piece.scales.shape[1]])
+
+
+def test_log_codes_of_empty_and_constant_blocks():
+    q = quantize_log(torch.tensor([0.0, 0.0, 0.0, 2.5, 2.5, 2.5]), 3)
+    assert torch.equal(dequantize_log(q.payload, q.scales, 3), torch.tensor([[0.0, 0.0, 0.0, 2.5, 2.5, 2.5]]))
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True, "256"])

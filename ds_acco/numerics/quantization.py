@@ -38,7 +38,7 @@ class Quantized(NamedTuple):
     """An int8 payload and its per-block scales.
 
     Attributes:
-        payload: int8, the shape of the (2-D) input, ``(rows, numel)``.
+        payload: int8 (uint8 from :func:`quantize_log`), the shape of the (2-D) input, ``(rows, numel)``.
         scales: fp32 block absmax values, ``(rows, num_blocks(numel, block_size))``.
     """
 
@@ -95,15 +95,19 @@ def block_absmax(x: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> torch
         fp32 tensor ``(rows, num_blocks(numel, block_size))``.
     """
     check_block_size(block_size)
-    rows = _as_rows(x)
+    return _per_block(_as_rows(x).abs(), block_size, torch.amax).float()
+
+
+def _per_block(rows: torch.Tensor, block_size: int, reduce) -> torch.Tensor:
+    """``reduce`` (``torch.amax`` or ``torch.amin``) over each block of each row: ``(rows, blocks)``."""
     full, short = _split(rows, block_size)
     parts = []
     if full is not None:
-        parts.append(full.abs().amax(dim=2).float())
+        parts.append(reduce(full, dim=2))
     if short is not None:
-        parts.append(short.abs().amax(dim=1, keepdim=True).float())
+        parts.append(reduce(short, dim=1, keepdim=True))
     if not parts:
-        return torch.zeros(rows.shape[0], 0, dtype=torch.float32, device=x.device)
+        return torch.zeros(rows.shape[0], 0, dtype=rows.dtype, device=rows.device)
     return torch.cat(parts, dim=1)
 
 
@@ -211,6 +215,52 @@ def dequantize_blockwise(
     if src_short is not None:
         _write(dst_short, src_short.float().mul_(step[:, k:]), accumulate)
     return out
+
+
+LOG_CODES = 255
+"""Codes of :func:`quantize_log` for positive values (1-255; 0 is an exact zero)."""
+
+
+def quantize_log(x: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> Quantized:
+    """Non-negative values to one byte each on a per-block logarithmic scale.
+
+    For Adam's second moment, whose values in one block span tens of octaves: a linear scale would round
+    the small ones to 0, and a 0 there becomes a step of ``lr * m / eps``. Here code 0 is an exact 0 and
+    codes 1-255 spread the log2 range of a block's positive values evenly, so no positive value becomes 0
+    and each is off by at most the factor ``2 ** (range / 508)`` (1.4% for a block spanning 10 octaves,
+    2.8% for 20). Returns a uint8 payload shaped like ``x``'s rows and, as scales, each block's lowest and
+    highest log2 side by side, ``(rows, 2 * num_blocks)`` (a piece of whole blocks keeps its scales together).
+    Finite, non-negative input only (callers check).
+    """
+    check_block_size(block_size)
+    rows = _as_rows(x).float()
+    positive = rows > 0
+    logs = torch.where(positive, rows, 1.0).log2_()
+    lo = _per_block(torch.where(positive, logs, torch.inf), block_size, torch.amin)
+    hi = _per_block(torch.where(positive, logs, -torch.inf), block_size, torch.amax)
+    empty = lo > hi  # no positive value in the block
+    lo, hi = lo.masked_fill_(empty, 0.0), hi.masked_fill_(empty, 0.0)
+    step = (hi - lo) / (LOG_CODES - 1)
+    inv = torch.where(step > 0, 1.0 / step, 0.0)
+    n = rows.shape[1]
+    codes = (logs - _per_element(lo, n, block_size)).mul_(_per_element(inv, n, block_size))
+    codes = codes.round_().add_(1).clamp_(1, LOG_CODES).masked_fill_(~positive, 0)
+    return Quantized(codes.to(torch.uint8), torch.stack([lo, hi], dim=2).flatten(1))
+
+
+def dequantize_log(payload: torch.Tensor, scales: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
+    """Inverse of :func:`quantize_log`: fp32 ``(rows, numel)``."""
+    rows = _as_rows(payload)
+    n = rows.shape[1]
+    blocks = num_blocks(n, block_size)
+    lo, hi = scales.reshape(rows.shape[0], blocks, 2).unbind(dim=2)
+    step = (hi - lo) / (LOG_CODES - 1)
+    logs = (rows.float() - 1).mul_(_per_element(step, n, block_size)).add_(_per_element(lo, n, block_size))
+    return logs.exp2_().masked_fill_(rows == 0, 0.0)
+
+
+def _per_element(per_block: torch.Tensor, numel: int, block_size: int) -> torch.Tensor:
+    return per_block.repeat_interleave(block_size, dim=1)[:, :numel]
 
 
 def pack_int4(q: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -73,6 +73,28 @@ def test_auto_mode_on_cuda_switches_to_acco_on_a_slow_link_and_follows_the_rules
     assert_trajectories_equal(got["trajectory"], reference_schedule(ref, got["modes"], 4))
 
 
+def test_auto_switches_to_streaming_on_cuda_and_follows_the_rules():
+    """The switch's optimizer state gathered on the comm stream (fp32: exact) and the phase stepping on the GPU."""
+    from tests import test_auto_streaming as S
+    from tests.auto_workers import train_auto
+
+    steps = S.SWITCH + 7
+    got = train_auto(0, 1, G=S.G, compute_s=S.COMPUTE_S, link=[(0, 0.5)], steps=steps, device="cuda", config=S.CONFIG)
+    assert [c["runs"] for c in got["choices"]] == ["streaming"], got["lines"]
+    sync, trace = S.reference(steps, world=1)
+    assert_trajectories_equal(got["trajectory"][:S.SWITCH], sync)
+    assert_trajectories_equal(got["trajectory"][S.SWITCH:], [workers[0] for workers in trace.workers])
+
+
+def test_the_switch_sends_the_optimizer_state_at_one_byte_on_cuda():
+    from tests import test_auto_streaming as S
+
+    exact = S._phase_state(0, 1, all_gather_dtype="fp32", piece=512, device="cuda")
+    assert all(torch.equal(exact["got"][k], exact["want"][k]) for k in exact["want"])
+    small = S._phase_state(0, 1, all_gather_dtype="bf16", piece=512, device="cuda")
+    S.assert_state_within_one_byte_bounds(small, world=1)
+
+
 def test_low_bit_rounds_on_cuda_stay_close_to_exact():
     exact = W.train_with_engine(0, 1, config={"mode": "acco"}, G=4, steps=10, device="cuda")
     lowbit = W.train_with_engine(0, 1, config={"mode": "acco", "comm_quantization": "int8", "error_feedback": True,

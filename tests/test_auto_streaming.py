@@ -370,7 +370,7 @@ def assert_state_within_one_byte_bounds(r: dict, world: int) -> None:
     positive value lost), first-moment values within the block's absmax / 254."""
     for (gi, key), want in r["want"].items():
         got, n = r["got"][gi, key], r["shard_numel"][gi]
-        for a in range(0, world * n, 256):
+        for a in (a for row in range(world) for a in range(row * n, (row + 1) * n, 256)):
             end = min(a + 256, (a // n + 1) * n)
             w, g = want[a:end], got[a:end]
             if key == "exp_avg":

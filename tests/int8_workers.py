@@ -152,7 +152,7 @@ def train_streaming(rank: int, world: int, *, config: dict, steps: int) -> dict:
         engine.close()
     records = [(r.step, r.fragment, r.applied_step, r.bytes_sent) for r in engine.telemetry.records]
     return {"trajectory": trajectory, "fragments": fragments, "schedule": schedule, "records": records,
-            "summary": engine.summary()}
+            "summary": engine.summary(), "piece_bytes": engine.coll.piece_bytes}
 
 
 def streaming_runs(rank: int, world: int, *, configs: dict, steps: int) -> dict:

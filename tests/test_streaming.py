@@ -84,11 +84,13 @@ def test_int8_streaming_bytes_peak_and_accuracy(runs):
         per_fragment[name] = {frag: nbytes for _, frag, _, nbytes in run["records"]}
     # exact bytes for the tiny model on 3 ranks: fragment 0 has 25 elements (padded 27, chunk 9),
     # fragment 1 has 18 (chunk 6). fp32: reduce-scatter and all-gather of 4-byte elements, 2/3 of them.
-    # Every round also all-gathers one int64 stop flag (preemption, on by default): 8 bytes to 2 peers.
-    stop = 8 * 2
+    # Every round also all-gathers two int64s (the stop flag and the pacing vote): 16 bytes to 2 peers.
+    stop = 16 * 2
     assert per_fragment["fp32"] == {0: 2 * 27 * 4 * 2 // 3 + stop, 1: 2 * 18 * 4 * 2 // 3 + stop}
     # int8: 2 wire rows of [one 4-byte scale | payload padded to 4]; bf16 all-gather 2/3 of 2-byte elements
     assert per_fragment["int8"] == {0: 2 * (4 + 12) + 27 * 2 * 2 // 3 + stop, 1: 2 * (4 + 8) + 18 * 2 * 2 // 3 + stop}
+    # the pacing votes travel with the flag: every rank cuts its collectives with the same agreed piece size
+    assert len({runs[r]["int8"]["piece_bytes"] for r in range(WORLD)}) == 1 and int8["piece_bytes"] >= 64 << 10
     payload = {name: sum(v - stop for v in per_fragment[name].values()) for name in per_fragment}
     assert payload["int8"] / payload["fp32"] < 0.5  # on this tiny model; the flag is 16 bytes of any size
     # peak bytes per round: one fragment in flight instead of the whole model

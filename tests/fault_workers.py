@@ -130,14 +130,19 @@ def train_with_fault(rank, world, *, config, victim, stage, round_index, sig, G=
                 break
     except Exception as exc:  # noqa: BLE001
         observed.update(error=type(exc).__name__, message=str(exc), raised_at=time.time())
+    _close_and_watch(engine, config, observed)
+    observed.update(commits=engine.commits, fault_round_launched_at=None)
+    return observed
+
+
+def _close_and_watch(engine, config: dict, observed: dict) -> None:
+    """Close without draining (a peer is gone) and record how long the communication thread took to end."""
     closed_at = time.time()
     engine.close(drain=False)
     deadline = time.time() + config.get("timeout_s", 600) + 5
     while comm_threads() and time.time() < deadline:
         time.sleep(0.1)
-    observed.update(threads_after_close=comm_threads(), thread_exit_s=time.time() - closed_at,
-                    commits=engine.commits, fault_round_launched_at=None)
-    return observed
+    observed.update(threads_after_close=comm_threads(), thread_exit_s=time.time() - closed_at)
 
 
 def streaming_with_fault(rank, world, *, config, victim, sig, when, G=4, max_steps=400):
@@ -181,10 +186,5 @@ def streaming_with_fault(rank, world, *, config, victim, sig, when, G=4, max_ste
                 break
     except Exception as exc:  # noqa: BLE001
         observed.update(error=type(exc).__name__, message=str(exc), raised_at=time.time())
-    closed_at = time.time()
-    engine.close(drain=False)
-    deadline = time.time() + config.get("timeout_s", 600) + 5
-    while comm_threads() and time.time() < deadline:
-        time.sleep(0.1)
-    observed.update(threads_after_close=comm_threads(), thread_exit_s=time.time() - closed_at)
+    _close_and_watch(engine, config, observed)
     return observed

@@ -313,7 +313,7 @@ def _phase_state(rank, world, *, all_gather_dtype, piece, device="cpu"):
     """Train three sync steps of a two-layer model, build the phase by hand (pieces of ``piece`` elements) and
     return its inner optimizer's state next to the shard states all-gathered exactly (flat, rank-major)."""
     from ds_acco import plain
-    from ds_acco.streaming import phase as phase_module
+    from ds_acco.comm import int8_collectives
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(40, 50), torch.nn.Tanh(), torch.nn.Linear(50, 30)).to(device)
@@ -331,13 +331,13 @@ def _phase_state(rank, world, *, all_gather_dtype, piece, device="cpu"):
             full = g.layout.new_buffer(g.flat)
             engine.coll.all_gather(full, opt.state[g.master][key].reshape(-1))
             out["want"][gi, key] = full.cpu()
-    phase_module.PIECE, saved = piece, phase_module.PIECE
+    int8_collectives.LOG_PIECE, saved = piece, int8_collectives.LOG_PIECE
     try:
         phase = engine.streaming_factory(engine.groups, engine.shard_optimizer, config=engine.config,
                                          process_group=engine.coll.group, G=2, clip=0.0, on_stop=lambda: None)
         phase._ready()
     finally:
-        phase_module.PIECE = saved
+        int8_collectives.LOG_PIECE = saved
     for gi, g in enumerate(engine.groups):
         for key in ("exp_avg", "exp_avg_sq"):
             full = g.layout.new_buffer(g.flat)

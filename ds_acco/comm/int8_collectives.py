@@ -41,12 +41,15 @@ import torch
 from ds_acco.numerics.dtypes import DTYPES
 from ds_acco.numerics.finite import all_finite, count_non_finite
 from ds_acco.numerics.quantization import (DEFAULT_BLOCK_SIZE, QMAX, QMAX_INT4, check_block_size, dequantize_blockwise,
-                                           num_blocks, pack_int4, quantize_blockwise, unpack_int4)
+                                           dequantize_log, num_blocks, pack_int4, quantize_blockwise, quantize_log,
+                                           unpack_int4)
 
 from . import collectives
 from .collectives import RoundCollectives
 
-WIRE_DTYPES = ("fp32", "bf16", "int8")
+WIRE_DTYPES = ("fp32", "bf16", "int8", "log8")
+LOG_PIECE = 1 << 18
+"""Elements a ``log8`` row converts at once (whole blocks): a few MiB of scratch whatever the shard's size."""
 CUDA_RECV_BYTES = 1 << 26
 """Received wire rows of one delta all-gather piece on a GPU, over all ranks (64 MiB). Each piece costs its
 thread a dozen kernel launches that hold the Python interpreter while the training thread launches its
@@ -69,14 +72,18 @@ def _round4(n: int) -> int:
 
 class _WireRows:
     """``rows`` packed wire rows (scales, payload, alignment) of ``numel`` elements each; ``bits`` 8 or 4
-    (int4: two elements per payload byte, through an int8 scratch of the levels)."""
+    (int4: two elements per payload byte, through an int8 scratch of the levels). ``log``: non-negative values as
+    :func:`~ds_acco.numerics.quantization.quantize_log` codes (two scales a block), quantised and dequantised
+    :data:`LOG_PIECE` elements at a time: its arithmetic takes several fp32 copies of what it converts."""
 
-    def __init__(self, rows: int, numel: int, block_size: int, device: Optional[torch.device], bits: int = 8):
-        self.numel, self.block_size, self.bits = numel, block_size, bits
+    def __init__(self, rows: int, numel: int, block_size: int, device: Optional[torch.device], bits: int = 8,
+                 log: bool = False):
+        self.numel, self.block_size, self.bits, self.log = numel, block_size, bits, log
         self.qmax = QMAX if bits == 8 else QMAX_INT4
         self.blocks = num_blocks(numel, block_size)
+        self.per_block = 2 if log else 1
         self.payload_bytes = numel if bits == 8 else -(-numel // 2)
-        self.row_bytes = 4 * self.blocks + _round4(self.payload_bytes)
+        self.row_bytes = 4 * self.per_block * self.blocks + _round4(self.payload_bytes)
         self.buffer = torch.zeros(rows, self.row_bytes, dtype=torch.int8, device=device)
         # int4: the levels before packing (an even width: a lone last element pairs with a zero)
         self._levels = torch.zeros(rows, 2 * self.payload_bytes, dtype=torch.int8, device=device) if bits == 4 \
@@ -84,15 +91,28 @@ class _WireRows:
 
     @property
     def scales(self) -> torch.Tensor:
-        return self.buffer[:, : 4 * self.blocks].view(torch.float32)
+        return self.buffer[:, : 4 * self.per_block * self.blocks].view(torch.float32)
 
     @property
     def payload(self) -> torch.Tensor:
-        start = 4 * self.blocks
+        start = 4 * self.per_block * self.blocks
         return self.buffer[:, start : start + self.payload_bytes]
+
+    def _log_pieces(self):
+        """``(elements, scales)`` slices of whole blocks, :data:`LOG_PIECE` elements at most."""
+        step = max(1, LOG_PIECE // self.block_size) * self.block_size
+        for a in range(0, self.numel, step):
+            b = min(a + step, self.numel)
+            yield slice(a, b), slice(2 * a // self.block_size, 2 * num_blocks(b, self.block_size))
 
     def pack(self, x: torch.Tensor) -> None:
         """Quantise ``x`` (``(rows, numel)``) into the rows."""
+        if self.log:
+            for elements, scales in self._log_pieces():
+                q = quantize_log(x[:, elements], self.block_size)
+                self.payload[:, elements].view(torch.uint8).copy_(q.payload)
+                self.scales[:, scales].copy_(q.scales)
+            return
         if self._levels is None:
             quantize_blockwise(x, self.block_size, payload=self.payload, scales=self.scales)
             return
@@ -103,6 +123,12 @@ class _WireRows:
     def unpack(self, out: torch.Tensor, accumulate: bool = False, row: Optional[int] = None) -> torch.Tensor:
         """Dequantise the rows (or only ``row``) into ``out`` (``(rows, numel)``, or ``(1, numel)``)."""
         rows = slice(None) if row is None else slice(row, row + 1)
+        if self.log:
+            for elements, scales in self._log_pieces():
+                value = dequantize_log(self.payload[rows, elements].view(torch.uint8), self.scales[rows, scales],
+                                       self.block_size)
+                out[:, elements].add_(value) if accumulate else out[:, elements].copy_(value)
+            return out
         if self._levels is None:
             levels = self.payload[rows]
         else:
@@ -237,7 +263,7 @@ class Int8ReduceScatter:
 
 
 class ShardAllGather:
-    """All-gather of equal shards, sent as fp32, bf16 or blockwise int8.
+    """All-gather of equal shards, sent as fp32, bf16, blockwise int8 or (non-negative values) log8 codes.
 
     Every rank, the shard's owner included, ends with the same values: the owner's
     own part is also rounded through the wire dtype, so replicas never diverge.
@@ -245,9 +271,10 @@ class ShardAllGather:
     Args:
         shard_numel: elements per rank.
         world_size: ranks in the group.
-        wire_dtype: ``"fp32"``, ``"bf16"`` or ``"int8"`` (blockwise absmax, one fp32
-            scale per ``block_size`` elements).
-        block_size: int8 only.
+        wire_dtype: ``"fp32"``, ``"bf16"``, ``"int8"`` (blockwise absmax, one fp32
+            scale per ``block_size`` elements) or ``"log8"`` (non-negative values only:
+            :func:`~ds_acco.numerics.quantization.quantize_log`, two scales a block).
+        block_size: int8 and log8 only.
         device: where the wire buffers live.
 
     Raises:
@@ -268,9 +295,10 @@ class ShardAllGather:
         if shard_numel < 1 or world_size < 1:
             raise ValueError(f"shard_numel and world_size must be >= 1, got {shard_numel}, {world_size}")
         self.shard_numel, self.world_size, self.wire_dtype = shard_numel, world_size, wire_dtype
-        if wire_dtype == "int8":
-            self._send_rows = _WireRows(1, shard_numel, block_size, device)
-            self._recv_rows = _WireRows(world_size, shard_numel, block_size, device)
+        if wire_dtype in ("int8", "log8"):
+            log = wire_dtype == "log8"
+            self._send_rows = _WireRows(1, shard_numel, block_size, device, log=log)
+            self._recv_rows = _WireRows(world_size, shard_numel, block_size, device, log=log)
         else:
             dt = DTYPES[wire_dtype]
             self._send = torch.empty(shard_numel, dtype=dt, device=device)
@@ -279,7 +307,7 @@ class ShardAllGather:
     @property
     def bytes_per_call(self) -> int:
         """Bytes this rank sends (and receives) per call by the ring model."""
-        if self.wire_dtype == "int8":
+        if self.wire_dtype in ("int8", "log8"):
             return (self.world_size - 1) * self._send_rows.row_bytes
         return (self.world_size - 1) * self._send.numel() * self._send.element_size()
 
@@ -299,10 +327,12 @@ class ShardAllGather:
                 f"ShardAllGather built for {self.shard_numel} x {self.world_size}, got shard {shard.numel()}, "
                 f"full {full.numel()}"
             )
-        if self.wire_dtype == "int8":
+        if self.wire_dtype in ("int8", "log8"):
             self._send_rows.pack(shard.reshape(1, -1))
             coll.all_gather(self._recv_rows.buffer.view(-1), self._send_rows.buffer.view(-1))
-            self._recv_rows.unpack(full.view(self.world_size, self.shard_numel))
+            rows = full.view(self.world_size, self.shard_numel)
+            for r in range(self.world_size):  # a row at a time: a dequantisation's scratch stays one shard's size
+                self._recv_rows.unpack(rows[r : r + 1], row=r)
             return full
         self._send.copy_(shard.reshape(-1))
         if full.dtype == self._send.dtype and full.is_contiguous():

@@ -21,11 +21,10 @@ import torch
 import torch.distributed as dist
 
 from ds_acco.config import AccoConfig, no_preemption_dir, parse_acco_config
-from ds_acco.errors import AccoConfigError
 from ds_acco.layout.sharded_group import build_sharded_groups
 from ds_acco.optim.shard_optimizer import ShardOptimizer
 from ds_acco.rounds.engine import RoundEngine
-from ds_acco.streaming import PhaseFactory, fragments_of
+from ds_acco.streaming import phase_factory
 
 logger = logging.getLogger("ds_acco")
 
@@ -76,12 +75,6 @@ def build(
     optimizer = optimizer_cls(opt_groups, **(optimizer_kwargs or {}))
     scheduler = lr_scheduler(optimizer) if lr_scheduler is not None else None
     shard_opt = ShardOptimizer(optimizer, [g.master for g in groups], scheduler)
-    phase = None
-    if config.mode == "auto" and config.auto.streaming and model is not None:
-        try:
-            phase = PhaseFactory(fragments_of(model, config))
-        except ValueError as exc:
-            raise AccoConfigError(str(exc)) from None
     engine = RoundEngine(
         groups,
         shard_opt,
@@ -92,7 +85,7 @@ def build(
         grad_scale=grad_scale,
         on_stage=on_stage,
         on_stop=on_stop,
-        streaming_phase=phase,
+        streaming_phase=phase_factory(model, config),
     )
     engine.announce(f"plain PyTorch, {len(groups)} group(s)")
     return engine

@@ -41,7 +41,7 @@ from ds_acco.optim.shard_optimizer import ShardOptimizer
 from ds_acco.rounds.committed import CommittedStateDict, committed_parameters
 from ds_acco.rounds.engine import RoundEngine
 from ds_acco.rounds.round_work import COMMIT
-from ds_acco.streaming import PhaseFactory, fragments_of
+from ds_acco.streaming import phase_factory
 from ds_acco.telemetry.records import RoundRecord
 
 from . import _internals as internals
@@ -99,12 +99,6 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
             groups.append(ShardedGroup(params, layout, flat, master, rebind=self._acco_rebinder(i, params, layout)))
         shard_opt = ShardOptimizer(opt.optimizer, [g.master for g in groups], self.lr_scheduler)
         G = self.gradient_accumulation_steps()
-        cfg, phase = self._acco_config, None
-        if cfg.mode == "auto" and cfg.auto.streaming:  # the fragments auto may switch to, cut before training
-            try:
-                phase = PhaseFactory(fragments_of(self.module, cfg))
-            except ValueError as exc:
-                raise AccoConfigError(str(exc)) from None
         self.acco = RoundEngine(
             groups,
             shard_opt,
@@ -119,7 +113,7 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
             grad_scale=lambda: float(opt.loss_scale if self.fp16_enabled() else 1.0) / G,
             on_swap=self._acco_on_swap,
             on_stop=self._acco_note_stop,
-            streaming_phase=phase,
+            streaming_phase=phase_factory(self.module, self._acco_config),
         )
         self.acco.commits = self.global_steps
         # Exports (module.state_dict(), save_16bit_model, HF save_model) give the committed parameters.

@@ -9,10 +9,10 @@ May import: layers 0-2 and torch; never ``ds_acco.rounds`` (the two engines shar
 lifecycle through ``ds_acco.comm.engine_lifecycle``).
 """
 
-from ds_acco.streaming.build import build, fragments_of
+from ds_acco.streaming.build import build, fragments_of, phase_factory
 from ds_acco.streaming.engine import FragmentRecord, StreamingEngine
 from ds_acco.streaming.phase import PhaseFactory, StreamingPhase
 from ds_acco.streaming.schedule import sync_fragment, sync_offset
 
 __all__ = ["FragmentRecord", "PhaseFactory", "StreamingEngine", "StreamingPhase", "build", "fragments_of",
-           "sync_fragment", "sync_offset"]
+           "phase_factory", "sync_fragment", "sync_offset"]

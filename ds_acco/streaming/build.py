@@ -19,6 +19,7 @@ from ds_acco.errors import AccoConfigError
 from ds_acco.layout.fragments import FragmentSpec, default_fragments, explicit_fragments, named_fragments
 
 from .engine import StreamingEngine, streaming_config
+from .phase import PhaseFactory
 
 
 def fragments_of(model: nn.Module, config: AccoConfig, explicit: Optional[FragmentSpec] = None) -> list[list[nn.Parameter]]:
@@ -29,6 +30,18 @@ def fragments_of(model: nn.Module, config: AccoConfig, explicit: Optional[Fragme
     if config.streaming.fragment_modules is not None:
         return named_fragments(config.streaming.fragment_modules, model, P)
     return default_fragments(model, P)
+
+
+def phase_factory(model: Optional[nn.Module], config: AccoConfig) -> Optional[PhaseFactory]:
+    """What a front end hands the round engine for ``acco.auto.streaming``: the fragments, cut now, so a model
+    that cannot be cut fails before training. None where auto may not switch, or without a model (the round
+    engine then refuses ``acco.auto.streaming``, naming it)."""
+    if model is None or not (config.mode == "auto" and config.auto.streaming):
+        return None
+    try:
+        return PhaseFactory(fragments_of(model, config))
+    except ValueError as exc:
+        raise AccoConfigError(str(exc)) from None
 
 
 def build(

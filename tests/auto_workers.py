@@ -26,9 +26,10 @@ class _Lines(logging.Handler):
             self.lines.append(record.getMessage())
 
 
-def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", roundtrip=False):
+def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", roundtrip=False, startup_s=0.0):
     """Train ``steps`` optimizer steps; ``link`` is ``[(from_step, seconds per round), ...]``; ``compute_s``
-    is the sleep per micro-batch (one per rank, or one for all); ``roundtrip``: save the round state at the end
+    is the sleep per micro-batch (one per rank, or one for all), ``startup_s`` more in the first (start-up);
+    ``roundtrip``: save the round state at the end
     and load it back into the engine, returning the saved mode and policy and what the load restored."""
     from ds_acco import plain
 
@@ -51,7 +52,7 @@ def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", 
             delay[0] = [s for start, s in [(0, 0.0), *link] if engine.commits >= start][-1]
             x, y = (t.to(device) for t in W.batch(rank, k))
             k += 1
-            time.sleep(compute_s[rank] if isinstance(compute_s, (list, tuple)) else compute_s)
+            time.sleep((compute_s[rank] if isinstance(compute_s, (list, tuple)) else compute_s) + (startup_s if k == 1 else 0))
             W.loss_fn(model(x), y).backward()
             before = engine.commits
             engine.after_micro_batch()

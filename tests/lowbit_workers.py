@@ -102,6 +102,22 @@ def paced_collective_checks(coll) -> dict:
     return out
 
 
+def probe_checks(coll) -> dict:
+    """A group's first large collective times the link on its head and agrees the piece size before the rest."""
+    from ds_acco.comm.link_pacing import MIN_PIECE_BYTES, LinkPacer
+
+    N, rank = coll.world_size, coll.rank
+    n = LinkPacer.probe_numel(MIN_PIECE_BYTES // ((N - 1) * 4)) + 1000
+    full = torch.arange(N * n, dtype=torch.float32) * (rank + 1) + rank
+    out = {"n": n}
+    for name in ("probe", "after"):
+        calls0, pieces0 = coll.wire.calls, coll.wire.pieces
+        rs = coll.reduce_scatter_sum(torch.empty(n), full)
+        out[name] = {"rs": rs, "calls": coll.wire.calls - calls0, "pieces": coll.wire.pieces - pieces0,
+                     "piece_bytes": coll.piece_bytes}
+    return out
+
+
 def train_recording_swaps(rank: int, world: int, *, config: dict, G: int, steps: int, setup=None) -> dict:
     """The tiny job under ds_acco.plain; after every swap: the compute buffers, this rank's
     master shards, the round kind, and the compute buffers the round started from."""
@@ -175,7 +191,7 @@ def everything(rank: int, world: int) -> dict:
     coll = RoundCollectives(None, 60.0)
     try:
         out = {"delta": delta_all_gather_checks(coll), "rs": all_to_all_reduce_scatter_checks(coll),
-               "paced": paced_collective_checks(coll)}
+               "paced": paced_collective_checks(coll), "probe": probe_checks(coll)}
     finally:
         coll.destroy()
     out["train"] = {name: train_recording_swaps(rank, world, config=cfg, G=G, steps=STEPS)

@@ -69,6 +69,22 @@ def test_link_changes_make_auto_switch_and_the_trajectory_follows_the_rules():
                      r"delay penalty\)", switch), switch
 
 
+def test_the_first_choice_comes_after_one_step_without_its_start_up():
+    """With ``measure_steps: 1`` auto chooses after step 1: that step's compute is timed from the end of its first
+    micro-batch (0.5 s of start-up here, which would have read as 175 ms per micro-batch), and the ranks gather
+    their figures once its round is over; the sync step is predicted (one commit, no interval yet)."""
+    results = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=COMPUTE_S, link=[(0, 0.1)], steps=4,
+                              config=dict(AUTO, auto={"measure_steps": 1, "check_every": 20}), startup_s=0.5)
+    assert results[0]["choices"] == results[1]["choices"]  # the same figures on every rank
+    got = results[0]
+    first = got["choices"][0]
+    assert first["step"] == 1 and first["runs"] == "acco", first  # 300 ms in sync against 2 x 100 ms (+10%)
+    assert 45 < first["compute_ms"] < 75 and 90 < first["round_ms"] < 170, first
+    assert first["sync_step_ms"] == pytest.approx(4 * first["compute_ms"] + first["round_ms"], rel=1e-3)
+    assert got["modes"][0] == "sync" and set(got["modes"][1:]) == {"acco"}, got["modes"]
+    assert_trajectories_equal(got["trajectory"], reference(got["modes"]))
+
+
 def test_adaptive_policy_switches_too_and_commits_what_workers_computed():
     got = run(link=[(6, 0.1)], steps=16, policy="adaptive")
     # the adaptive policy's smaller batches are priced with the noise scale measured in the sync rounds
@@ -190,9 +206,9 @@ def test_a_choice_without_figures_is_tried_again_the_next_step():
 def test_auto_config_errors_name_the_field():
     with pytest.raises(AccoConfigError, match=r"acco.auto.check_every: got 0"):
         parse_acco_config({"mode": "auto", "auto": {"check_every": 0}})
-    # step 1 is start-up, step 2 measured, its figures travel with round 3: no choice can come sooner
-    with pytest.raises(AccoConfigError, match=r"acco.auto.measure_steps: got 2"):
-        parse_acco_config({"mode": "auto", "auto": {"measure_steps": 2}})
+    # a choice needs one step measured
+    with pytest.raises(AccoConfigError, match=r"acco.auto.measure_steps: got 0"):
+        parse_acco_config({"mode": "auto", "auto": {"measure_steps": 0}})
     with pytest.raises(AccoConfigError, match=r"acco.auto.every: unknown key .*allowed keys: acco_step_penalty, "
                                               r"check_every, measure_steps, streaming, switch_margin"):
         parse_acco_config({"mode": "auto", "auto": {"every": 3}})

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import time
+
 import pytest
 import torch
 
@@ -111,6 +113,40 @@ def test_paced_collectives_cut_in_the_agreed_pieces_give_the_same_results(result
         # 100 bytes / ((N - 1) x 4 bytes) = 12 elements per piece: 4 pieces of 40 each, 3 collectives
         assert p["calls"] == 3 and p["pieces"] == 3 * 4
         assert p["measured"] and p["vote"] >= 64 << 10  # timed on the pieces; never below the floor
+
+
+def test_the_first_large_collective_probes_the_link_and_agrees_its_pieces(results):
+    """The head of a group's first large collective goes in small and 4x pieces, one tiny all-gather agrees the
+    piece size, the rest follows in it (ds_acco/comm/link_pacing.py); the sum is the one of whole collectives."""
+    N = L.WORLD
+    n = results[0]["probe"]["n"]
+    total = sum(torch.arange(N * n, dtype=torch.float32) * (r + 1) + r for r in range(N)).view(N, n)
+    agreed = {r["probe"]["probe"]["piece_bytes"] for r in results}
+    assert len(agreed) == 1  # every rank cuts the rest the same way
+    for rank, r in enumerate(results):
+        probe, after = r["probe"]["probe"], r["probe"]["after"]
+        assert torch.equal(probe["rs"], total[rank]) and torch.equal(after["rs"], total[rank])
+        assert probe["calls"] == 2 and probe["pieces"] >= 1 + 2 * 3 + 1 + 1, probe  # the vote's all-gather counts
+        # loopback is fast: the probe does not cut it into small pieces (64 KiB) from then on
+        assert probe["piece_bytes"] is None or probe["piece_bytes"] > 4 * (64 << 10), probe
+        assert after["calls"] == 1, after  # once per group
+
+
+def test_the_probe_times_the_link_without_a_calls_fixed_cost():
+    """A link of 4 MB/s whose calls each cost 4 ms more: timed on small pieces alone it reads 2.4 MB/s, the probe
+    fits the rate from the extra bytes of its large pieces; calls that cost only their fixed time leave the link
+    unmeasured (whole collectives next)."""
+    from ds_acco.comm.link_pacing import LinkPacer
+
+    def link(rate, fixed):
+        return lambda start, n: time.sleep(fixed + n / rate)
+
+    pacer = LinkPacer()
+    covered = pacer.probe(16 << 10, 1, link(4e6, 0.004))
+    assert covered == LinkPacer.probe_numel(16 << 10)
+    assert 3.4e6 < pacer.rate < 4.6e6, pacer.rate
+    pacer.probe(256 << 10, 1, link(float("inf"), 0.004))
+    assert pacer.piece_bytes(1 << 40) > 1 << 20, pacer.rate  # the largest pieces, or pieces over a megabyte
 
 
 @pytest.mark.parametrize("name", ["acco_fp32", "acco_lowbit"])

@@ -17,9 +17,9 @@ would cut a loopback or datacenter round into thousands of collectives, each
 paying a fixed latency. The piece size follows the send rate of earlier pieces:
 ``PIECE_SECONDS`` of link time, never below ``MIN_PIECE_BYTES`` and never above
 the caller's bound (the scratch-memory bound of :mod:`ds_acco.comm.collectives`).
-Ranks start with the largest piece (as before pacing existed), so fast links
-never see small pieces; a slow link is found by the first round and paced from
-the second on. Each rank measures its own link; the ranks cut with the smallest
+A job's first large collective probes the link with :data:`PROBE_PIECES` of the
+smallest pieces and agrees the size before sending the rest, so the first round
+is paced too; fast links then go on in the largest pieces. Each rank measures its own link; the ranks cut with the smallest
 piece any of them asked for (:meth:`ds_acco.comm.collectives.RoundCollectives.adopt_pacing`). A piece's time includes waiting for the slowest rank to arrive,
 which makes the rate look lower, never higher; the estimate therefore keeps the
 best recent rate and lets it decay only by half per observation.
@@ -33,6 +33,9 @@ from typing import Callable, Optional
 PIECE_SECONDS = 0.025
 """Link time one piece may take: on the emulated cluster 64 KiB pieces (21 ms at 25 Mbit/s, 52 ms at
 10 Mbit/s) brought the rounds to the link rate, 256 KiB pieces (84 ms at 25 Mbit/s) did not."""
+
+PROBE_PIECES = 3
+"""Pieces of each of the two sizes a job's first large collective times the link on (:meth:`LinkPacer.probe`)."""
 
 MIN_PIECE_BYTES = 64 << 10
 """Below this a piece's fixed per-collective cost (a few hundred microseconds on gloo) starts to show even
@@ -59,6 +62,31 @@ class LinkPacer:
             return
         rate = sent_bytes / seconds
         self.rate = rate if self.rate is None else max(rate, 0.5 * self.rate)
+
+    def probe(self, small: int, sent_per_element: int, one: Callable[[int, int], None]) -> int:
+        """Time the link on the first elements of a collective; returns how many it sent (:meth:`probe_numel`).
+
+        One piece of ``small`` elements absorbs the other ranks' arrival, then :data:`PROBE_PIECES` of ``small``
+        and as many of ``4 * small``: the rate is the extra bytes of the large ones over their extra time, so a
+        gloo call's fixed cost (2-3 ms on a busy two-core host, as long as 64 KiB takes at 200 Mbit/s) cancels
+        out. Timed from small pieces alone, loopback read as 6 MB/s and would have been cut into 160 KB pieces.
+        A link too fast to time this way (no extra time) is left unmeasured: the next collective runs whole."""
+        def timed(start: int, n: int) -> float:
+            t0 = time.perf_counter()
+            for i in range(PROBE_PIECES):
+                one(start + i * n, n)
+            return time.perf_counter() - t0
+
+        one(0, small)
+        t_small = timed(small, small)
+        t_large = timed(small * (1 + PROBE_PIECES), 4 * small)
+        extra = t_large - t_small
+        self.rate = PROBE_PIECES * 3 * small * sent_per_element / extra if extra > 0 else None
+        return self.probe_numel(small)
+
+    @staticmethod
+    def probe_numel(small: int) -> int:
+        return small * (1 + 5 * PROBE_PIECES)
 
     def run(self, total: int, piece: int, sent_per_element: int, one: Callable[[int, int], None]) -> int:
         """Call ``one(start, n)`` for consecutive pieces of ``piece`` elements covering ``total``, timing them.

@@ -96,10 +96,12 @@ class AutoConfig(_Block):
     for the other one from the same measurements, charges ``acco`` the loss cost of its delay, and
     switches only for a clear gain."""
 
-    measure_steps: int = Field(default=3, ge=3)
+    measure_steps: int = Field(default=1, ge=1)
     """Synchronous steps measured before the first choice (the first choice comes after
-    ``max(warmup_steps, measure_steps)`` steps). At least 3: step 1 holds start-up and is not
-    counted, step 2 is measured, and a step's figures reach the other ranks with the next round."""
+    ``max(warmup_steps, measure_steps)`` steps). One suffices: step 1's compute is timed from the end of its
+    first micro-batch (which holds start-up), its round is paced from a probe of the link
+    (``ds_acco.comm.link_pacing``), and a choice in sync gathers every rank's figures once its round is over.
+    More steps give medians over more samples (up to 3)."""
     check_every: int = Field(default=20, ge=1)
     """Steps between two choices after the first: a link that slows or a worker that falls behind
     changes the answer."""

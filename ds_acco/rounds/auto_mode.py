@@ -49,9 +49,12 @@ from __future__ import annotations
 
 import logging
 import statistics
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Optional, Sequence
+
+import torch
 
 from ds_acco.config import AccoConfig
 
@@ -109,11 +112,17 @@ class StepTimer:
         """The old mode's median round just before a switch, until the new mode's first window fills."""
         self._mode = SYNC
         self._mb_since_swap = 0
-        self._skip = 1  # the first interval holds start-up (first forward, allocations)
+        self._skip = 0
+        self._first: Optional[list] = []
+        """The job's first interval: the ends of its micro-batches (None once it is over). Its first micro-batch
+        holds start-up (first forward, allocations; +13% on the real-compute bed), so that interval's compute is
+        timed from the end of the first micro-batch to the end of the last."""
         self._last_commit: Optional[tuple[float, int]] = None
 
     def micro_batch(self) -> None:
         self._mb_since_swap += 1
+        if self._first is not None:
+            self._first.append(time.perf_counter())
 
     def enter(self, mode: str) -> None:
         """A new mode (or acco policy) runs from now: its round and step figures start afresh (not its compute;
@@ -131,10 +140,13 @@ class StepTimer:
         """One swap: ``compute_s`` since the previous swap; ``committed`` is the total of micro-batches
         committed so far when this swap was a commit (None for an estimate)."""
         mbs, self._mb_since_swap = self._mb_since_swap, 0
+        if self._first is not None:
+            ends, self._first = self._first, None
+            mbs, compute_s = len(ends) - 1, (ends[-1] - ends[0] if ends else 0.0)
         if self._skip:
             self._skip -= 1
         else:
-            if mbs:
+            if mbs > 0:
                 self.compute[self._mode].append(compute_s / mbs)
             self.rounds.append(round_s)
             if self._across is not None and len(self.rounds) == _WINDOW:
@@ -180,9 +192,11 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     R = max(r[2] for r in figures) / 1e6  # in the running mode
     measured = max(r[3] for r in figures) / 1e6
     wire = max((r[4] for r in figures if len(r) > 4), default=0) / 1e3 or 1.0
-    if min(c_sync) <= 0 or measured <= 0:
+    if min(c_sync) <= 0 or (measured <= 0 and current != SYNC):
         return None
     c_sync_s = [c / 1e6 for c in c_sync]
+    if measured <= 0:  # a choice after the first step: one commit, no interval between two yet
+        measured = G * max(c_sync_s) + R
     c_acco_s = [c / 1e6 for c in c_acco]
     auto, full = config.auto, float(G * N)
     running = (SYNC, None) if current == SYNC else (ACCO, policy or _policies(config)[0])
@@ -322,6 +336,13 @@ class AutoMode:
         the step after one whose figures did not suffice (a resume just before a check has not measured a step
         yet), rather than ``check_every`` steps later."""
         return self._retry or (step >= self.first and (step - self.first) % self.config.auto.check_every == 0)
+
+    def gathered(self, submit, coll, device) -> list:
+        """Every rank's figures now, one row per rank: a choice in sync comes after its round, so the figures
+        including that round go in one tiny all-gather on the communication thread (in acco they ride the next
+        round's count all-gather, and the step's choice waits for none)."""
+        local = torch.tensor(self.timer.local(), dtype=torch.int64, device=device)
+        return submit("auto figures", lambda handle: coll.all_gather_small(local).cpu().tolist()).wait()
 
     def after_round(self, record, outcome, *, now: float, committed: Optional[int]) -> None:
         """Feed one swapped-in round: its times to the timer, its norms to the noise scale."""

@@ -189,7 +189,7 @@ class RoundEngine(EngineLifecycle):
             self._launch(COMMIT, "sync")
             self._complete()
             if self.auto and self.auto.due(s.commits):
-                self.auto.decide(self._figures, s, s.commits)
+                self.auto.decide(self.auto.gathered(self._submit, self.coll, self.device), s, s.commits)
                 switch.enter_if_chosen(self)
             if self.overlapping:
                 s.next_kind = self._first_kind()

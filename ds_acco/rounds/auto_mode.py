@@ -26,10 +26,11 @@ quantisation and sums and the network stack's, competes with the training thread
 longer than the same round in ``sync`` (1.55x on a one-core host at 100 Mbit/s), which the
 factor measures across the first switch (1 before). ``acco`` is charged
 ``auto.acco_step_penalty`` for the extra steps its one-step delay costs to reach the same
-loss, and a switch needs a gain of ``auto.switch_margin``. Every rank reports its figures
-in the all-gather each round already makes (:mod:`ds_acco.rounds.round_work`), so every
-rank computes the same choice from the same integers: no extra collective, no rank that
-disagrees. When ``R`` exceeds the whole compute of a step, ``acco`` cannot hide it and
+loss, and a switch needs a gain of ``auto.switch_margin``. Every rank computes the same choice from the
+same integers, so no rank disagrees: in acco the figures ride the count all-gather each round already
+makes (:mod:`ds_acco.rounds.round_work`); in sync the choice comes after the step's round, and one tiny
+all-gather brings every rank's figures including it (:meth:`AutoMode.gathered`), so the first choice
+can come after step 1. When ``R`` exceeds the whole compute of a step, ``acco`` cannot hide it and
 ``sync`` wins; when ``R`` is tiny, hiding it is not worth the penalty; between the two,
 ``acco`` wins. Where even the best of them costs :data:`STREAMING_HINT` times a step's bare compute,
 ``acco.auto.streaming`` switches the job to streaming (:mod:`ds_acco.rounds.streaming_switch`).

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import time
 
+import pytest
 import torch
 
 from ds_acco.config import parse_acco_config
@@ -56,10 +57,13 @@ def reference(steps: int, world: int = 2):
     return sync, trace
 
 
-def test_a_slow_link_switches_auto_to_streaming_and_each_replica_follows_the_reference():
+@pytest.mark.parametrize("warmup", [0, 10])
+def test_a_slow_link_switches_auto_to_streaming_and_each_replica_follows_the_reference(warmup):
+    """With a warm-up longer than ``measure_steps`` (10 against 6) auto looks once after ``measure_steps`` all the
+    same: streaming has no delay for the warm-up to keep away."""
     steps = SWITCH + 13
     got = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=COMPUTE_S, link=[(0, 0.5)], steps=steps,
-                          config=CONFIG)
+                          config=dict(CONFIG, warmup_steps=warmup))
     first = got[0]["choices"][0]
     assert first["step"] == SWITCH and first["runs"] == "streaming", first
     assert first["streaming_ratio"] >= STREAMING_HINT and first["round_ms"] > 400, first
@@ -80,6 +84,18 @@ def test_a_slow_link_switches_auto_to_streaming_and_each_replica_follows_the_ref
     # (close() merged a round still in flight at the end: one more than the reference applied)
     assert got[0]["fragments"][:len(trace.syncs)] == [(s + SWITCH, f, a + SWITCH) for s, f, a in trace.syncs]
     assert len(trace.syncs) >= 3
+
+
+def test_a_look_inside_the_warm_up_starts_nothing_but_streaming():
+    """A 100 ms round against 200 ms of compute favours acco; the look after step 1 (``measure_steps``) falls
+    inside a 4-step warm-up, so the job stays in sync and the first choice, after step 4, starts acco."""
+    config = dict(CONFIG, warmup_steps=4, auto=dict(CONFIG["auto"], measure_steps=1))
+    got = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=COMPUTE_S, link=[(0, 0.1)], steps=7,
+                          config=config)[0]
+    first = got["choices"][0]
+    assert first["step"] == 4 and first["runs"] == "acco", first
+    assert got["modes"][:4] == ["sync"] * 4 and set(got["modes"][4:]) == {"acco"}, got["modes"]
+    assert len(got["lines"]) == len(got["choices"])  # the look inside the warm-up logged nothing at INFO
 
 
 def test_auto_streaming_is_refused_where_it_cannot_run():

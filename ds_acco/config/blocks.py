@@ -120,7 +120,9 @@ class AutoConfig(_Block):
     gradient mode costs at least 1.35x a step's bare compute to a loss (``ds_acco.rounds.auto_mode.STREAMING_HINT``):
     there no gradient round hides, and streaming's fragment rounds do. Off unless set, because from the switch
     on every rank keeps a full copy of the optimizer state (ZeRO stage 0's memory). Needs fp32 parameters, and
-    DeepSpeed ZeRO-1 or ``ds_acco.plain.build(..., model=)``. One-way: auto does not choose again after it."""
+    DeepSpeed ZeRO-1 or ``ds_acco.plain.build(..., model=)``. One-way: auto does not choose again after it.
+    Where ``warmup_steps`` outlasts ``measure_steps``, auto also looks once after ``measure_steps``: the warm-up keeps
+    acco's delay from the first steps, streaming has none, so that look may start streaming (and nothing else)."""
 
 
 class StreamingConfig(_Block):

@@ -98,6 +98,22 @@ def test_a_look_inside_the_warm_up_starts_nothing_but_streaming():
     assert len(got["lines"]) == len(got["choices"])  # the look inside the warm-up logged nothing at INFO
 
 
+def test_a_look_after_step_one_prices_unmeasured_noise_small_and_starts_streaming():
+    """``policy: "auto"``: the noise scale needs two rounds, so the look after step 1 takes it as small (a committed
+    step of any batch buys the same loss) rather than pricing the adaptive policy's up-to-16-micro-batch commits per
+    sample, which on a link no round hides would look free; so a 500 ms round against 200 ms of compute starts
+    streaming after step 1, and the line says how the noise scale was taken."""
+    config = dict(CONFIG, policy="auto", max_micro_batches_per_round=16, warmup_steps=2,
+                  auto=dict(CONFIG["auto"], measure_steps=1))
+    got = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=COMPUTE_S, link=[(0, 0.5)], steps=6,
+                          config=config)[0]
+    first = got["choices"][0]
+    assert first["step"] == 1 and first["runs"] == "streaming" and first["noise_measured"] is False, first
+    assert first["candidates"]["acco adaptive"]["batch"] > 8, first  # it would commit more than sync's 8
+    assert "gradient noise scale not measured yet, taken as small" in got["lines"][0], got["lines"][0]
+    assert got["modes"] == ["sync"], got["modes"]  # commits after step 1 are streaming's fragment syncs
+
+
 def test_auto_streaming_is_refused_where_it_cannot_run():
     """Before training, naming the field: no model to cut, parameters the inner optimizer cannot step, a cut the
     model does not allow."""

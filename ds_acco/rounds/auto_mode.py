@@ -177,7 +177,8 @@ class StepTimer:
 
 def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G: int, step: int,
            policy: Optional[str] = None, noise: Optional[float] = None,
-           batch: Optional[float] = None, estimate_fraction: float = 1.0, streaming: bool = False) -> Optional[Choice]:
+           batch: Optional[float] = None, estimate_fraction: float = 1.0, streaming: bool = False,
+           noise_measured: bool = True) -> Optional[Choice]:
     """The mode to run from ``figures`` (one row of :data:`FIGURES` per rank); None while they do not suffice.
 
     ``policy``: the acco policy running (``current == "acco"``); ``noise``: the gradient noise scale in
@@ -186,7 +187,8 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     ``batch``: micro-batches per step measured in the running mode (the adaptive policy's varies);
     ``estimate_fraction``: an estimate round's bytes over a commit's (``acco.estimate_quantization``); round
     times are commit rounds' (the timer scales estimates up by it); ``streaming``: ``acco.auto.streaming``, the
-    job may switch to streaming where the chosen gradient mode costs :data:`STREAMING_HINT` or more."""
+    job may switch to streaming where the chosen gradient mode costs :data:`STREAMING_HINT` or more;
+    ``noise_measured``: False where ``noise`` is the small-noise limit taken before two rounds measured it."""
     N = len(figures)
     c_sync = [r[0] or r[1] for r in figures]  # a job resumed in acco has no sync figure: its acco one bounds it
     c_acco = [r[1] or r[0] * _interference(figures) for r in figures]
@@ -236,7 +238,7 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
             "wire_factor": wire, "sync_step_ms": 1e3 * step_s[(SYNC, None)], "acco_step_ms": 1e3 * step_s[acco_c],
             "acco_charged_ms": 1e3 * step_s[acco_c] * (1.0 + auto.acco_step_penalty),
             "was": current, "runs": runs, "policy": acco_c[1], "world_size": N,
-            "noise_scale": noise, "streaming_ratio": ratio,
+            "noise_scale": noise, "noise_measured": noise_measured, "streaming_ratio": ratio,
             "candidates": {f"{m} {p}" if p else m: {
                 "step_ms": 1e3 * step_s[c], "batch": batches[c], "score_ms": 1e3 * score(c)}
                 for c in step_s for m, p in [c]}}
@@ -262,7 +264,8 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
             f"({f'x{wire:.2f} in acco' if current == SYNC else f'x{1 / wire:.2f} in sync'}); "
             f"per step of {G} micro-batches: sync {figs['sync_step_ms']:.1f} ms ({how[(SYNC, None)]}), {acco}")
     if noise is not None:
-        line += f"; gradient noise scale {_small(noise)} micro-batches, so per step to a loss (delay penalty in) " + \
+        scale = f"{_small(noise)} micro-batches" if figs["noise_measured"] else "not measured yet, taken as small"
+        line += f"; gradient noise scale {scale}, so per step to a loss (delay penalty in) " + \
             ", ".join(f"{name(c) if c[0] == SYNC else f'{c[0]} {c[1]}'} {batches[c]:.1f} micro-batches per step: "
                       f"{1e3 * score(c):.1f} ms" for c in step_s)
     if figs["runs"] == STREAMING:
@@ -331,7 +334,11 @@ class AutoMode:
         """With ``auto.streaming``, a look after ``measure_steps`` inside the warm-up: the warm-up keeps acco's
         one-step delay away from the first steps, and streaming, which has no such delay, may start at once where
         a gradient round cannot hide (at 25 Mbit/s each sync step cost 2.5 s against streaming's 1.3 s). Such a
-        look switches to streaming or leaves the job in sync until the first choice."""
+        look switches to streaming or leaves the job in sync until the first choice. Where the adaptive policy is a
+        candidate and the noise scale has not had its two rounds yet, the look takes it as small (every committed
+        step buys the same loss): every choice on the bench measured 0 to 3 micro-batches, against batches
+        of 4-16; taken per sample instead, adaptive's commits of up to 16 micro-batches on a link
+        where no round hides would look free and no look could ever start streaming."""
         self.choices: list[dict] = []
         """Every choice's figures, in order (for telemetry, tests and benchmarks)."""
         self._retry = False
@@ -366,10 +373,14 @@ class AutoMode:
         """The mode (and, under ``policy: "auto"``, the acco policy) to run after ``step``: sets them on the engine's
         ``state`` and returns the mode (unchanged while the figures do not suffice); logs the figures."""
         running = state.policy if state.mode == ACCO else None
-        choice = choose(figures, state.mode, self.config, self.G, step, policy=running,
-                        noise=self.noise.value() if self.noise else None, batch=self.timer.batch(),
-                        estimate_fraction=self.estimate_fraction,
-                        streaming=self.config.auto.streaming and not self.streaming_refused) if figures else None
+        noise = self.noise.value() if self.noise else None
+        assumed = noise is None and self.noise is not None and step < self.first
+        if assumed:  # a look inside the warm-up, before two rounds measured it: its small limit (see self.early)
+            noise = 0.0
+        choice = choose(figures, state.mode, self.config, self.G, step, policy=running, noise=noise,
+                        batch=self.timer.batch(), estimate_fraction=self.estimate_fraction,
+                        streaming=self.config.auto.streaming and not self.streaming_refused,
+                        noise_measured=not assumed) if figures else None
         self._retry = choice is None
         if choice is None:
             return state.mode

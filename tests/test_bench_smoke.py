@@ -184,6 +184,17 @@ def test_timeline_reconstruction():
     assert iv[2]["comm"][0] == pytest.approx(1.9) and iv[2]["wait"] == (pytest.approx(2.4), pytest.approx(2.5))
 
 
+def test_timeline_draws_the_fragment_rounds_of_auto_after_its_switch(tmp_path):
+    """A sweep of one auto run that switched to streaming: its rounds after the switch are fragment rounds."""
+    recs = [dict(index=0, kind="commit", mode="sync", counts=[4, 4], compute_s=1.0, round_s=1.4, waited_s=1.4),
+            *(dict(index=i, kind="fragment", mode="streaming", counts=[4, 4], compute_s=1.3, round_s=0.4,
+                   waited_s=0.0) for i in range(1, 5))]
+    result = {"runs": [{"ok": True, "scenario": "time_to_loss", "config": "auto_lowbit_int4_streaming",
+                        "timeline": [recs, recs]}]}
+    path = plots.timeline(result, str(tmp_path / "timeline.png"))
+    assert path and os.path.getsize(path) > 5000
+
+
 def test_loopback_sweep_has_no_shaped_runs():
     sweep = plans.build_sweep("full", netns=False, root=False, rates=["unshaped", "10mbit"])
     assert {r.rate for r in sweep.runs if r.scenario == "bandwidth"} == {"unshaped"}

@@ -241,7 +241,8 @@ def timeline(result: dict, path: str, max_rounds: int = 14) -> Optional[str]:
         return None
     plt = _plt()
     fig, axes = plt.subplots(len(chosen), 1, figsize=(11, 2.3 + 1.6 * len(chosen)), squeeze=False)
-    colors = {"compute": "#4c9be8", "wait": "#e84c4c", "estimate": "#f5a623", "commit": "#7b5ea7", "sync": "#7b5ea7"}
+    colors = {"compute": "#4c9be8", "wait": "#e84c4c", "estimate": "#f5a623", "commit": "#7b5ea7", "sync": "#7b5ea7",
+              "fragment": "#3aa655"}  # (auto's streaming phase: its fragment rounds after the switch)
     for ax, r in zip(axes[:, 0], chosen):
         rows, labels = [], []
         for rank, recs in enumerate(r["timeline"]):

@@ -190,7 +190,7 @@ def test_timeline_draws_the_fragment_rounds_of_auto_after_its_switch(tmp_path):
             *(dict(index=i, kind="fragment", mode="streaming", counts=[4, 4], compute_s=1.3, round_s=0.4,
                    waited_s=0.0) for i in range(1, 5))]
     result = {"runs": [{"ok": True, "scenario": "time_to_loss", "config": "auto_lowbit_int4_streaming",
-                        "timeline": [recs, recs]}]}
+                        "rate": "25mbit", "timeline": [recs, recs]}]}
     path = plots.timeline(result, str(tmp_path / "timeline.png"))
     assert path and os.path.getsize(path) > 5000
 

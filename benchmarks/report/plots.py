@@ -271,7 +271,8 @@ def timeline(result: dict, path: str, max_rounds: int = 14) -> Optional[str]:
         ax.set_yticklabels(labels, fontsize=7)
         ax.set_xlabel("seconds (each rank's own clock, from its first drawn round)")
         ax.set_title(f"{LABELS[r['config']]} at {r['rate']}: blue compute, red wait, black tick swap; "
-                     f"rounds: orange estimate / purple commit (number = micro-batches in the round)", fontsize=8)
+                     f"rounds: orange estimate / purple commit / green fragment (number = micro-batches in the round)",
+                     fontsize=8)
         ax.grid(alpha=0.3, axis="x")
     fig.suptitle(_title(result, "per-round compute / communication timeline (from round telemetry)"), fontsize=9)
     fig.tight_layout()

@@ -17,10 +17,10 @@ would cut a loopback or datacenter round into thousands of collectives, each
 paying a fixed latency. The piece size follows the send rate of earlier pieces:
 ``PIECE_SECONDS`` of link time, never below ``MIN_PIECE_BYTES`` and never above
 the caller's bound (the scratch-memory bound of :mod:`ds_acco.comm.collectives`).
-A job's first large collective probes the link with :data:`PROBE_PIECES` of the
-smallest pieces and agrees the size before sending the rest, so the first round
-is paced too; fast links then go on in the largest pieces. Each rank measures its own link; the ranks cut with the smallest
-piece any of them asked for (:meth:`ds_acco.comm.collectives.RoundCollectives.adopt_pacing`). A piece's time includes waiting for the slowest rank to arrive,
+A job's first large collective probes the link (:meth:`LinkPacer.probe`) and the
+ranks agree the size before sending the rest, so the first round is paced too;
+fast links then go on in the largest pieces. Each rank measures its own link; the
+ranks cut with the smallest piece any of them asked for (:meth:`ds_acco.comm.collectives.RoundCollectives.adopt_pacing`). A piece's time includes waiting for the slowest rank to arrive,
 which makes the rate look lower, never higher; the estimate therefore keeps the
 best recent rate and lets it decay only by half per observation.
 """

@@ -13,6 +13,7 @@ round telemetry on; a ds_acco run's first ``--warmup`` steps are sync rounds (no
 their compute) and the rest overlap, so one run gives both figures. Two runs per config.
 
     python -m benchmarks.gpu_overlap --out /tmp/gpu_overlap
+    python -m benchmarks.gpu_overlap --out /tmp/gpu_overlap --configs acco_lowbit_int4_fixed --profile 14:16
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = ("sync_lowbit", "acco_lowbit_int4_fixed", "acco_lowbit_fixed", "acco_fixed")
 
 
-def run_one(name: str, out: str, repeat: int, args: argparse.Namespace) -> dict:
-    """Train one config once; its per-round compute split by whether a round was in flight."""
+def run_one(name: str, out: str, repeat: int, args: argparse.Namespace, profile: Optional[str] = None) -> dict:
+    """Train one config once; its per-round compute split by whether a round was in flight; with ``profile``
+    (``"A:B"``) a torch profile of steps A+1 to B too (:mod:`benchmarks.report.round_trace` reads it)."""
     from benchmarks.sweep.configs import make_config
     from benchmarks.sweep.parse import read_jsonl
     from tests.dist_harness import free_port
 
-    tag = f"{name}_r{repeat}"
+    tag = f"{name}_r{repeat}" + ("_profiled" if profile else "")
     tele = os.path.join(out, f"{tag}.telemetry.jsonl")
     cfg = make_config(name, micro_batch=args.micro_batch, grad_accum=args.grad_accum, warmup_steps=args.warmup,
                       telemetry_jsonl=tele)
@@ -49,6 +51,9 @@ def run_one(name: str, out: str, repeat: int, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, "-m", "examples.train_lm", "--model-size", args.model_size, "--seq-len",
            str(args.seq_len), "--steps", str(args.steps), "--eval-every", "0", "--no-progress",
            "--log-jsonl", log, "--deepspeed_config", cfg_path]
+    trace = os.path.join(out, f"{tag}.trace")
+    if profile:
+        cmd += ["--profile-steps", profile, "--profile-out", trace]
     with open(os.path.join(out, f"{tag}.log"), "w", encoding="utf-8") as f:
         rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, timeout=900).returncode
     rounds = read_jsonl(tele + ".rank0")  # the one rank's round records
@@ -66,6 +71,10 @@ def run_one(name: str, out: str, repeat: int, args: argparse.Namespace) -> dict:
         row["s_per_step_late"] = (late[-1]["train_s"] - late[0]["train_s"]) / (len(late) - 1)
     a, b = row["compute_ms_per_mb_overlapped"], row["compute_ms_per_mb_sync"]
     row["in_flight_ratio"] = a / b if a and b and name != "sync_lowbit" else None
+    if profile and os.path.exists(trace + ".json.gz"):
+        from benchmarks.report.round_trace import summarize
+
+        row["profile"] = summarize(trace + ".json.gz")  # the profiler's own cost is in this run's figures
     return row
 
 
@@ -94,6 +103,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--grad-accum", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=8, help="acco.warmup_steps: sync steps before overlap")
+    ap.add_argument("--profile", default=None, metavar="A:B",
+                    help="then one more run of the first config with a torch profile of steps A+1 to B (every "
+                         "thread): a round's operations and launches, the compute stream's busy share with and "
+                         "without a round's thread active")
     args = ap.parse_args(argv)
 
     import torch
@@ -107,13 +120,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         for name in [c for c in args.configs.split(",") if c]:
             rows.append(run_one(name, args.out, repeat, args))
             print(json.dumps(rows[-1]), flush=True)
+    profiled = None
+    if args.profile:
+        from benchmarks.report.round_trace import describe
+
+        profiled = run_one(args.configs.split(",")[0], args.out, 0, args, profile=args.profile)
+        print(f"profile ({profiled['config']}): " + (describe(profiled["profile"]) if "profile" in profiled
+                                                      else "no trace written"), flush=True)
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "world_size": 1,
-              "args": vars(args), "rows": rows}
+              "args": vars(args), "rows": rows, "profiled": profiled}
     with open(os.path.join(args.out, "gpu_overlap.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
     print(f"{result['device']}, torch {result['torch']}, {args.model_size} GPT, N = 1")
     print(table(rows))
-    return 0 if all(r["rc"] == 0 for r in rows) else 1
+    return 0 if all(r["rc"] == 0 for r in rows + ([profiled] if profiled else [])) else 1
 
 
 if __name__ == "__main__":

@@ -98,6 +98,15 @@ def _delays(text: str) -> list[float]:
     return values
 
 
+def _window(text: str) -> tuple[int, int]:
+    from examples.step_profile import parse_window
+
+    try:
+        return parse_window(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -133,6 +142,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help="set by the deepspeed launcher; the value in $LOCAL_RANK wins")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    p.add_argument("--profile-steps", type=_window, default=None, metavar="A:B",
+                   help="torch profile of optimizer steps A+1 to B, every thread (examples/step_profile.py)")
+    p.add_argument("--profile-out", default="profile", help="trace path without .json.gz (rank r > 0 adds .rank<r>)")
     deepspeed.add_config_arguments(p)  # --deepspeed, --deepspeed_config
     args = p.parse_args(argv)
     if not args.deepspeed_config:
@@ -172,6 +184,7 @@ def main(argv=None) -> int:
     import ds_acco
     from examples.models import SIZES, build_gpt, count_parameters
     from examples.shakespeare import micro_batch, validation_batches
+    from examples.step_profile import StepProfile
     from examples.train_metrics import (JsonlLog, StepMeter, all_gather_ints, all_reduce_max, all_reduce_sum,
                                         comm_hidden_pct, distributed_validation_loss, format_pct)
 
@@ -224,6 +237,7 @@ def main(argv=None) -> int:
               f"micro-batch {micro_bs} x accum {grad_accum} x seq {args.seq_len}, {mode}", flush=True)
 
     log = JsonlLog(args.log_jsonl, enabled=rank == 0)
+    profile = StepProfile(args.profile_steps, args.profile_out, rank)
     meter = StepMeter(micro_bs * args.seq_len, world)
     bar = tqdm(total=args.steps, initial=min(engine.global_steps, args.steps), unit="step",
                disable=rank != 0 or args.no_progress, dynamic_ncols=True, file=sys.stderr)
@@ -250,6 +264,7 @@ def main(argv=None) -> int:
 
         # ---- an optimizer step (commit) happened
         step = engine.global_steps
+        profile.after_step(step)
         step_loss = meter.end_step()
         hidden = comm_hidden_pct(engine)
         record = dict(step=step, loss=step_loss, lr=engine.get_lr()[0], micro_batches=len(meter.last_step_losses),

@@ -380,6 +380,57 @@ def test_gpu_overlap_bench_parses_a_real_run_on_the_cpu(tmp_path):
     assert gpu_overlap.main(["--out", str(tmp_path / "refused")]) == 2  # no CUDA device here
 
 
+def test_gpu_overlap_profiles_a_run_and_finds_its_rounds_on_the_cpu(tmp_path):
+    """``--profile A:B``: the run's torch profile (every thread) and what it says of the rounds. On the CPU there
+    are no streams and no launches; the round thread's bursts and operations are the same code's."""
+    import argparse
+
+    from benchmarks import gpu_overlap
+    from benchmarks.report.round_trace import describe
+
+    args = argparse.Namespace(model_size="tiny", seq_len=32, micro_batch=2, grad_accum=4, steps=8, warmup=3)
+    row = gpu_overlap.run_one("acco_lowbit_int4_fixed", str(tmp_path), 0, args, profile="5:7")
+    assert row["rc"] == 0, (tmp_path / "acco_lowbit_int4_fixed_r0_profiled.log").read_text()[-3000:]
+    prof = row["profile"]
+    assert 3 <= prof["rounds"] <= 6  # two acco steps: two rounds each, joined where they touch
+    assert prof["ops_per_round"] > 20 and prof["round_ms"] > 0
+    assert prof["launches_per_round"] is None and prof["compute_stream_busy"] is None  # no GPU here
+    assert 0 < prof["training_ops_busy"][1] <= 1
+    assert "rounds of host work" in describe(prof) and "compute stream busy: n/a" in describe(prof)
+
+
+def test_round_trace_reads_the_streams_busy_share(tmp_path):
+    """The figures from a small Chrome trace written by hand: a round thread (the one issuing ``c10d::``), a
+    compute stream busy 3 of the round's 10 ms and 16 of the other 20."""
+    import gzip
+    import json
+
+    from benchmarks.report.round_trace import summarize
+
+    x = lambda tid, cat, name, ts, dur: {"ph": "X", "tid": tid, "cat": cat, "name": name, "ts": ts, "dur": dur}
+    ev = [x(1, "cpu_op", "aten::mm", 0, 30_000),                                    # the training thread
+          x(2, "cpu_op", "c10d::allgather_", 10_000, 2_000), x(2, "cpu_op", "aten::mul_", 12_000, 1_000),
+          x(2, "cpu_op", "aten::add_", 16_000, 4_000), x(2, "cuda_runtime", "cudaLaunchKernel", 16_100, 100),
+          x(7, "kernel", "gemm", 0, 8_000), x(7, "kernel", "gemm", 14_000, 3_000), x(7, "kernel", "gemm", 21_000, 8_000),
+          x(9, "kernel", "mul", 12_500, 500)]                                        # the round's stream
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    s = summarize(str(path))
+    assert s["rounds"] == 1 and s["round_ms"] == pytest.approx(10.0)
+    assert s["ops_per_round"] == 3 and s["launches_per_round"] == 1
+    assert s["compute_stream_busy"] == pytest.approx((0.3, 0.8))
+
+
+def test_train_lm_refuses_a_bad_profile_window(capsys):
+    from examples.train_lm import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--deepspeed_config", "ds_configs/acco_fixed.json", "--profile-steps", "6:4"])
+    assert "expected 0 <= A < B" in capsys.readouterr().err
+    assert parse_args(["--deepspeed_config", "ds_configs/acco_fixed.json", "--profile-steps", "2:4"]).profile_steps == (2, 4)
+
+
 def test_a_run_ends_when_its_slowest_rank_does():
     """Time to a loss reads validations at the slowest rank's clock (``val_train_s``, from ``examples/train_lm.py``)
     and the final validation at the summary's (the slowest rank's at the end). Rank 0's clock at its last step was

@@ -153,6 +153,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--deepspeed_config: no such file: {args.deepspeed_config}")
     if (args.save_every or args.resume) and not args.save_dir:
         p.error("--save-every and --resume need --save-dir")
+    if args.profile_steps and args.profile_steps[1] > args.steps:
+        p.error(f"--profile-steps: the window ends at step {args.profile_steps[1]}, after --steps {args.steps}")
     return args
 
 

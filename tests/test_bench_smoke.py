@@ -429,6 +429,9 @@ def test_train_lm_refuses_a_bad_profile_window(capsys):
         parse_args(["--deepspeed_config", "ds_configs/acco_fixed.json", "--profile-steps", "6:4"])
     assert "expected 0 <= A < B" in capsys.readouterr().err
     assert parse_args(["--deepspeed_config", "ds_configs/acco_fixed.json", "--profile-steps", "2:4"]).profile_steps == (2, 4)
+    with pytest.raises(SystemExit):  # a window past the run's end would never be written
+        parse_args(["--deepspeed_config", "ds_configs/acco_fixed.json", "--steps", "3", "--profile-steps", "2:4"])
+    assert "after --steps 3" in capsys.readouterr().err
 
 
 def test_a_run_ends_when_its_slowest_rank_does():

@@ -14,6 +14,8 @@ their compute) and the rest overlap, so one run gives both figures. Two runs per
 
     python -m benchmarks.gpu_overlap --out /tmp/gpu_overlap
     python -m benchmarks.gpu_overlap --out /tmp/gpu_overlap --configs acco_lowbit_int4_fixed --profile 14:16
+    mkdir /tmp/base && git archive HEAD~1 ds_acco | tar -x -C /tmp/base     # then, on the GPU machine:
+    python -m benchmarks.gpu_overlap --out /tmp/gpu_overlap --configs acco_fixed --baseline /tmp/base
 """
 
 from __future__ import annotations
@@ -30,14 +32,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = ("sync_lowbit", "acco_lowbit_int4_fixed", "acco_lowbit_fixed", "acco_fixed")
 
 
-def run_one(name: str, out: str, repeat: int, args: argparse.Namespace, profile: Optional[str] = None) -> dict:
+def run_one(name: str, out: str, repeat: int, args: argparse.Namespace, profile: Optional[str] = None,
+            baseline: Optional[str] = None) -> dict:
     """Train one config once; its per-round compute split by whether a round was in flight; with ``profile``
-    (``"A:B"``) a torch profile of steps A+1 to B too (:mod:`benchmarks.report.round_trace` reads it)."""
+    (``"A:B"``) a torch profile of steps A+1 to B too (:mod:`benchmarks.report.round_trace` reads it); with
+    ``baseline`` (a folder holding another ``ds_acco/``) that library instead of this tree's, the same script."""
     from benchmarks.sweep.configs import make_config
     from benchmarks.sweep.parse import read_jsonl
     from tests.dist_harness import free_port
 
-    tag = f"{name}_r{repeat}" + ("_profiled" if profile else "")
+    tag = f"{name}_r{repeat}" + ("_profiled" if profile else "") + ("_baseline" if baseline else "")
     tele = os.path.join(out, f"{tag}.telemetry.jsonl")
     cfg = make_config(name, micro_batch=args.micro_batch, grad_accum=args.grad_accum, warmup_steps=args.warmup,
                       telemetry_jsonl=tele)
@@ -55,10 +59,13 @@ def run_one(name: str, out: str, repeat: int, args: argparse.Namespace, profile:
     if profile:
         cmd += ["--profile-steps", profile, "--profile-out", trace]
     with open(os.path.join(out, f"{tag}.log"), "w", encoding="utf-8") as f:
-        rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, timeout=900).returncode
+        # `python -m` puts its working folder first on the path: the baseline's ds_acco wins, examples/ is this tree's
+        rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=baseline or REPO,
+                            timeout=900).returncode
     rounds = read_jsonl(tele + ".rank0")  # the one rank's round records
     steps = [s for s in read_jsonl(log) if "step" in s and "event" not in s]
-    row: dict = {"config": name, "repeat": repeat, "rc": rc, "rounds": len(rounds),
+    row: dict = {"config": name, "repeat": repeat, "tree": "baseline" if baseline else "this", "rc": rc,
+                 "rounds": len(rounds),
                  "final_loss": steps[-1]["loss"] if steps else None}
     for key, sel in (("sync", lambda r: r["mode"] == "sync"), ("overlapped", lambda r: r["mode"] != "sync")):
         # a round's compute is the training thread's time since the previous swap; the first two rounds
@@ -79,14 +86,15 @@ def run_one(name: str, out: str, repeat: int, args: argparse.Namespace, profile:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| config | run | compute ms/mb, sync rounds | with a round in flight | ratio | s/step after warm-up |"
-             " loss at end |", "|---|---|---|---|---|---|---|"]
+    lines = ["| config | tree | run | compute ms/mb, sync rounds | with a round in flight | ratio "
+             "| s/step after warm-up | loss at end |", "|---|---|---|---|---|---|---|---|"]
 
     def f(v: Optional[float], fmt: str) -> str:
         return format(v, fmt) if isinstance(v, (int, float)) else "-"
 
     for r in rows:
-        lines.append(f"| {r['config']} | {r['repeat']} | {f(r['compute_ms_per_mb_sync'], '.2f')} | "
+        lines.append(f"| {r['config']} | {r.get('tree', 'this')} | {r['repeat']} | "
+                     f"{f(r['compute_ms_per_mb_sync'], '.2f')} | "
                      f"{f(r['compute_ms_per_mb_overlapped'], '.2f')} | {f(r['in_flight_ratio'], '.3f')} | "
                      f"{f(r.get('s_per_step_late'), '.4f')} | {f(r['final_loss'], '.4f')} |")
     return "\n".join(lines)
@@ -103,6 +111,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--grad-accum", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=8, help="acco.warmup_steps: sync steps before overlap")
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="a folder holding another ds_acco/ (git archive REV ds_acco | tar -x -C DIR): each run of "
+                         "a config is preceded by one with that library, on the same machine (an A/B in one call)")
     ap.add_argument("--profile", default=None, metavar="A:B",
                     help="then one more run of the first config with a torch profile of steps A+1 to B (every "
                          "thread): a round's operations and launches, the compute stream's busy share with and "
@@ -118,8 +129,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows = []
     for repeat in range(args.repeats):
         for name in [c for c in args.configs.split(",") if c]:
-            rows.append(run_one(name, args.out, repeat, args))
-            print(json.dumps(rows[-1]), flush=True)
+            for baseline in ([os.path.abspath(args.baseline)] if args.baseline else []) + [None]:
+                rows.append(run_one(name, args.out, repeat, args, baseline=baseline))
+                print(json.dumps(rows[-1]), flush=True)
     profiled = None
     if args.profile:
         from benchmarks.report.round_trace import describe

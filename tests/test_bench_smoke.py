@@ -376,7 +376,7 @@ def test_gpu_overlap_bench_parses_a_real_run_on_the_cpu(tmp_path):
     assert row["rounds_sync"] == 3 - 2 and row["rounds_overlapped"] == 2 * 5 + 1 - 2  # the first two of each left out
     assert row["in_flight_ratio"] == pytest.approx(row["compute_ms_per_mb_overlapped"] / row["compute_ms_per_mb_sync"])
     assert 0 < row["final_loss"] < 10 and row["s_per_step_late"] > 0
-    assert "| acco_lowbit_int4_fixed | 0 |" in gpu_overlap.table([row])
+    assert "| acco_lowbit_int4_fixed | this | 0 |" in gpu_overlap.table([row])
     assert gpu_overlap.main(["--out", str(tmp_path / "refused")]) == 2  # no CUDA device here
 
 
@@ -397,6 +397,26 @@ def test_gpu_overlap_profiles_a_run_and_finds_its_rounds_on_the_cpu(tmp_path):
     assert prof["launches_per_round"] is None and prof["compute_stream_busy"] is None  # no GPU here
     assert 0 < prof["training_ops_busy"][1] <= 1
     assert "rounds of host work" in describe(prof) and "compute stream busy: n/a" in describe(prof)
+
+
+def test_gpu_overlap_runs_a_baseline_library_beside_this_one(tmp_path):
+    """``--baseline DIR``: the same script with another ``ds_acco/`` (here a copy that says so when imported)."""
+    import argparse
+    import shutil
+
+    from benchmarks import gpu_overlap
+
+    base = tmp_path / "base"
+    shutil.copytree(os.path.join(gpu_overlap.REPO, "ds_acco"), base / "ds_acco",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(base / "ds_acco" / "__init__.py", "a", encoding="utf-8") as f:
+        f.write('\nprint("ds_acco from the baseline folder", flush=True)\n')
+    args = argparse.Namespace(model_size="tiny", seq_len=32, micro_batch=2, grad_accum=4, steps=4, warmup=1)
+    row = gpu_overlap.run_one("acco_fixed", str(tmp_path), 0, args, baseline=str(base))
+    log = (tmp_path / "acco_fixed_r0_baseline.log").read_text()
+    assert row["rc"] == 0 and row["tree"] == "baseline", log[-3000:]
+    assert "ds_acco from the baseline folder" in log
+    assert "| acco_fixed | baseline | 0 |" in gpu_overlap.table([row])
 
 
 def test_round_trace_reads_the_streams_busy_share(tmp_path):

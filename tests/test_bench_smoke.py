@@ -419,6 +419,17 @@ def test_gpu_overlap_runs_a_baseline_library_beside_this_one(tmp_path):
     assert "| acco_fixed | baseline | 0 |" in gpu_overlap.table([row])
 
 
+def test_gpu_check_runs_the_cuda_tests_and_the_bench_and_fails_without_a_gpu(tmp_path):
+    """``benchmarks/gpu_check.sh``: one command for a lent GPU; on the CPU both parts run and say why they
+    measure nothing, and the script exits non-zero (the bench refuses without CUDA)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rc = subprocess.run(["bash", os.path.join(repo, "benchmarks", "gpu_check.sh"), str(tmp_path)],
+                        capture_output=True, text=True, timeout=300).returncode
+    assert rc == 1
+    assert re.search(r"\d+ skipped", (tmp_path / "test_cuda.log").read_text())
+    assert "no CUDA device here" in (tmp_path / "overlap.log").read_text()
+
+
 def test_round_trace_reads_the_streams_busy_share(tmp_path):
     """The figures from a small Chrome trace written by hand: a round thread (the one issuing ``c10d::``), a
     compute stream busy 3 of the round's 10 ms and 16 of the other 20."""

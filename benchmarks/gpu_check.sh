@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Everything this project measures on one GPU, in one call (world size 1: NCCL takes one rank per GPU):
+# the CUDA tests against the reference rules, compute per micro-batch with and without a round in flight
+# (each run beside a baseline library's when BASELINE_DIR holds another ds_acco/), and a profile of a
+# round's operations and launches. Device time is scarce: this is the command to run first.
+#
+#   bash benchmarks/gpu_check.sh OUT [BASELINE_DIR]
+#   (BASELINE_DIR: mkdir DIR && git archive REV ds_acco | tar -x -C DIR)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: bash benchmarks/gpu_check.sh OUT [BASELINE_DIR]}
+base=${2:-}
+mkdir -p "$out"
+python3 -m pytest -q tests/test_cuda.py 2>&1 | tee "$out/test_cuda.log"
+tests=${PIPESTATUS[0]}
+python3 -m benchmarks.gpu_overlap --out "$out/overlap" --configs acco_fixed,acco_lowbit_int4_fixed --steps 30 \
+    --warmup 10 --profile 14:16 ${base:+--baseline "$base"} 2>&1 | tee "$out/overlap.log"
+bench=${PIPESTATUS[0]}
+exit $(( tests != 0 || bench != 0 ))

@@ -3,12 +3,16 @@
 Two ways, same results:
 
 * **pooled** (default): N long-lived worker processes per world size, started
-  once per test session with a default gloo group that stays up, run one job at
-  a time. Starting a process that imports torch, DeepSpeed and transformers
-  costs seconds of CPU, far more than the tiny jobs themselves, so reuse keeps
-  the suite inside its time budget. Every job builds its own engines and
-  process groups; a job that fails or overruns its timeout kills the pool, and
-  the next job starts a fresh one.
+  once per test module (tests/conftest.py closes them after each) with a default
+  gloo group that stays up, run one job at a time. Starting a process that imports
+  torch, DeepSpeed and transformers costs seconds of CPU, far more than the tiny
+  jobs themselves, so reuse keeps the suite inside its time budget. Every job builds
+  its own engines and process groups; a job that fails or overruns its timeout kills
+  the pool, and the next job starts a fresh one. Pools once lived for the whole
+  session: a worker that had run the jobs of a dozen modules before test_fsdp.py's
+  died there once with SIGABRT in a full suite run, never in 40 runs of the same job
+  on a fresh pool. A worker that dies leaves its ``faulthandler`` report (every
+  thread's Python stack) in the error this harness raises.
 * **fresh** (``fresh=True``, and always with ``expect_dead``): new processes for
   one job, for tests that kill or stop workers. Each worker writes its return
   value or traceback to a temporary folder; the parent joins them within
@@ -18,6 +22,7 @@ Two ways, same results:
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import socket
 import tempfile
@@ -52,7 +57,24 @@ def _worker(rank, world_size, port, outdir, fn, args, kwargs, pg_timeout):
         os._exit(1)
 
 
+def _crash_path(pid: int) -> str:
+    return os.path.join(tempfile.gettempdir(), f"ds_acco_test_worker_{pid}.crash")
+
+
+def _crash_report(pid) -> str:
+    """What ``faulthandler`` wrote for a worker that died of a signal (empty if nothing)."""
+    try:
+        with open(_crash_path(pid), encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        os.remove(_crash_path(pid))
+    except (OSError, TypeError):
+        return ""
+    return f"\n--- its faulthandler report ---\n{text[-8000:]}" if text.strip() else ""
+
+
 def _pool_worker(rank, world_size, port, conn, pg_timeout):
+    crash = open(_crash_path(os.getpid()), "w", encoding="utf-8")  # noqa: SIM115 - open while the worker lives
+    faulthandler.enable(file=crash, all_threads=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -67,6 +89,9 @@ def _pool_worker(rank, world_size, port, conn, pg_timeout):
         except BaseException:
             conn.send(("error", traceback.format_exc()))
     dist.destroy_process_group()
+    faulthandler.disable()
+    crash.close()
+    os.remove(crash.name)
 
 
 class _Pool:
@@ -94,7 +119,9 @@ class _Pool:
             try:
                 status, payload = c.recv()
             except EOFError:
-                errors.append(f"--- rank {r} --- died (exit code {self.procs[r].exitcode})")
+                self.procs[r].join(5)
+                errors.append(f"--- rank {r} --- died (exit code {self.procs[r].exitcode})" +
+                              _crash_report(self.procs[r].pid))
                 continue
             if status == "ok":
                 results[r] = payload
@@ -120,6 +147,8 @@ class _Pool:
             if p.is_alive():
                 p.kill()
                 p.join()
+            if os.path.exists(_crash_path(p.pid)):
+                os.remove(_crash_path(p.pid))
 
 
 _POOLS: dict[int, _Pool] = {}

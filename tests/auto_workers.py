@@ -26,11 +26,13 @@ class _Lines(logging.Handler):
             self.lines.append(record.getMessage())
 
 
-def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", roundtrip=False, startup_s=0.0):
+def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", roundtrip=False, startup_s=0.0,
+               hid=W.HID):
     """Train ``steps`` optimizer steps; ``link`` is ``[(from_step, seconds per round), ...]``; ``compute_s``
     is the sleep per micro-batch (one per rank, or one for all), ``startup_s`` more in the first (start-up);
     ``roundtrip``: save the round state at the end
-    and load it back into the engine, returning the saved mode and policy and what the load restored."""
+    and load it back into the engine, returning the saved mode and policy and what the load restored; ``hid``: the
+    model's hidden width."""
     from ds_acco import plain
 
     delay = [0.0]
@@ -43,7 +45,7 @@ def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", 
     log = logging.getLogger("ds_acco")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
-    model = W.make_model().to(device)
+    model = W.make_model(hid=hid).to(device)
     engine = plain.build(W.param_groups(model), torch.optim.AdamW, W.OPT_KWARGS, config=config,
                          gradient_accumulation_steps=G, on_stage=on_stage, model=model)
     trajectory, k, global_params = [], 0, None
@@ -75,5 +77,6 @@ def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", 
     return {"trajectory": trajectory, "modes": [r.mode for r in commits],
             "counts": [r.counts for r in engine.telemetry.records], "choices": engine.auto.choices,
             "lines": handler.lines, "roundtrip": roundtrip, "global": global_params,
+            "commit_bytes": engine.auto.commit_bytes, "piece_bytes": engine.coll.piece_bytes,
             "fragments": [(r.step, r.fragment, r.applied_step)
                           for r in engine.telemetry.records if r.kind == "fragment"]}

@@ -232,15 +232,18 @@ def test_a_checkpoint_in_the_phase_resumes_exactly_and_its_masters_hold_the_glob
 
 
 def _ds_job(rank, world, **kw):
-    """``D.train_ds`` with auto always preferring streaming (the tiny model's ratio sits near the threshold)."""
+    """``D.train_ds`` with auto always preferring streaming (the tiny model's ratio sits near the threshold), from
+    the first choice after ``measure_steps`` (the look before the first round, which would take any probed rate,
+    has its own test)."""
     from ds_acco.rounds import auto_mode
     from tests import ds_workloads as D
 
     hint, auto_mode.STREAMING_HINT = auto_mode.STREAMING_HINT, 0.0
+    look, auto_mode.AutoMode.look_first = auto_mode.AutoMode.look_first, lambda self: False
     try:
         return D.train_ds(rank, world, **kw)
     finally:
-        auto_mode.STREAMING_HINT = hint
+        auto_mode.STREAMING_HINT, auto_mode.AutoMode.look_first = hint, look
 
 
 def test_deepspeed_switches_to_streaming_follows_the_reference_and_resumes(tmp_path):

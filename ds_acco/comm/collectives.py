@@ -193,6 +193,36 @@ class RoundCollectives:
         return 1 + 2 * PROBE_PIECES + self.pacer.run(rest, self._piece(rest, cap, sent_per_element),
                                                      sent_per_element, lambda start, n: one(head + start, n))
 
+    def probe_link(self) -> Optional[float]:
+        """Probe the link before any round needs it (collective; gloo only): the bytes per second this rank
+        sends in agreed pieces, or None where there is nothing to time (another backend, one rank, a link too
+        fast to time, a job whose collectives already probed it).
+
+        What the first large collective would have done at its head (:meth:`_probe`), on scratch, then a few
+        pieces of the agreed size timed as a round's would be, so ``mode: "auto"`` can price a round before the
+        first one runs (about 1.4 MiB from each rank). The probe's own rate is not that figure: its 256 KiB
+        pieces stall on a slow link's deep queue (:mod:`ds_acco.comm.link_pacing`), and at 10 Mbit/s it read
+        half the rate the agreed pieces then moved at."""
+        if not (self.reduce_scatter_via_all_to_all and self._probe_due and self.piece_bytes is None):
+            return None
+        self._probe_due = False
+        sent_per_element = self.world_size - 1  # one byte an element
+        small = max(1, MIN_PIECE_BYTES // sent_per_element)
+        numel = max(LinkPacer.probe_numel(small), 2 * PROBE_PIECES * 4 * small)
+        rows = torch.zeros(self.world_size, numel, dtype=torch.uint8)
+
+        def one(start: int, n: int) -> None:
+            self._exchange_piece(rows, start, n)
+
+        self._probe(LinkPacer.probe_numel(small), small, sent_per_element, 4 * small * sent_per_element, one)
+        if self.piece_bytes is None:
+            return None
+        piece = max(1, min(4 * small, self.piece_bytes // sent_per_element))
+        pieces = self.pacer.run(2 * PROBE_PIECES * piece, piece, sent_per_element, one)
+        self.wire.add(self.world_size * (LinkPacer.probe_numel(small) + 2 * PROBE_PIECES * piece), self.world_size,
+                      pieces=1 + 2 * PROBE_PIECES + pieces)
+        return self.pacer.last_rate
+
     def _exchange_piece(self, rows: torch.Tensor, start: int, n: int) -> torch.Tensor:
         """All-to-all of columns ``[start, start + n)`` of ``rows`` (one row per destination rank), through
         piece scratch; returns the received ``(N, n)`` rows (one per source rank), valid until the next piece."""

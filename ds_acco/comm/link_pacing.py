@@ -49,6 +49,8 @@ class LinkPacer:
         self.piece_seconds, self.min_piece_bytes = piece_seconds, min_piece_bytes
         self.rate: Optional[float] = None
         """Bytes per second this rank sent per collective piece, the best recent figure (None: not measured)."""
+        self.last_rate: Optional[float] = None
+        """The latest collective's own figure (:meth:`observe`), which :attr:`rate` may hold above."""
 
     def piece_bytes(self, max_bytes: int) -> int:
         """Bytes one piece may send from this rank: ``max_bytes`` until the link has been measured."""
@@ -60,7 +62,7 @@ class LinkPacer:
         """One collective (or the pieces after its first) sent ``sent_bytes`` from this rank in ``seconds``."""
         if sent_bytes <= 0 or seconds <= 0:
             return
-        rate = sent_bytes / seconds
+        rate = self.last_rate = sent_bytes / seconds
         self.rate = rate if self.rate is None else max(rate, 0.5 * self.rate)
 
     def probe(self, small: int, sent_per_element: int, one: Callable[[int, int], None]) -> int:

@@ -164,6 +164,12 @@ class StepTimer:
                 self.batches.append(committed - done)
         self._last_commit = (now, committed)
 
+    def first_compute(self) -> Optional[float]:
+        """Seconds per micro-batch in the job's first interval so far, its first micro-batch left out (None
+        before two micro-batches ended, or once the interval is over)."""
+        ends = self._first
+        return (ends[-1] - ends[0]) / (len(ends) - 1) if ends and len(ends) > 1 else None
+
     def batch(self) -> Optional[float]:
         """Micro-batches committed per step in the running mode (the same on every rank: counts are gathered)."""
         return float(statistics.median(self.batches)) if self.batches else None
@@ -254,13 +260,16 @@ def _policies(config: AccoConfig) -> tuple:
 def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_s: dict, batches: dict, score,
           penalty: float, several: bool, streaming: bool) -> str:
     """The INFO line of a choice: the figures it was made from, each candidate measured or predicted."""
-    how = {c: "measured" if c == running else "predicted" for c in step_s}
+    first = figs["step"] == 0  # the look before the first round: only compute measured
+    how = {c: "measured" if c == running and not first else "predicted" for c in step_s}
     wire, noise = figs["wire_factor"], figs["noise_scale"]
     acco = ", ".join(f"acco {c[1]} {1e3 * step_s[c]:.1f} ms ({how[c]}; {1e3 * step_s[c] * (1 + penalty):.1f} ms "
                      f"with the {penalty:.0%} delay penalty)" for c in step_s if c[0] == ACCO)
     name = lambda c: f"{c[0]} {c[1]}" if c[1] and several else c[0]  # noqa: E731
-    line = (f"ds_acco auto at step {figs['step']}: compute {figs['compute_ms']:.1f} ms per micro-batch "
-            f"(x{figs['in_flight_factor']:.2f} with a round in flight), round {figs['round_ms']:.1f} ms in {current} "
+    when, where = ("before the first round", "predicted from a probe of the link") if first else \
+        (f"at step {figs['step']}", f"in {current}")
+    line = (f"ds_acco auto {when}: compute {figs['compute_ms']:.1f} ms per micro-batch "
+            f"(x{figs['in_flight_factor']:.2f} with a round in flight), round {figs['round_ms']:.1f} ms {where} "
             f"({f'x{wire:.2f} in acco' if current == SYNC else f'x{1 / wire:.2f} in sync'}); "
             f"per step of {G} micro-batches: sync {figs['sync_step_ms']:.1f} ms ({how[(SYNC, None)]}), {acco}")
     if noise is not None:
@@ -321,10 +330,15 @@ def _predict_acco(c: Sequence[float], R: float, G: int, config: AccoConfig, poli
 class AutoMode:
     """The engine's side of ``mode: "auto"``: its timer, the noise scale, when a choice is due, the choices made."""
 
-    def __init__(self, config: AccoConfig, G: int, world_size: int, rank: int, estimate_fraction: float = 1.0):
+    def __init__(self, config: AccoConfig, G: int, world_size: int, rank: int, estimate_fraction: float = 1.0,
+                 commit_bytes: int = 0):
         self.config, self.G, self.rank = config, G, rank
         self.estimate_fraction = estimate_fraction
         """An estimate round's bytes over a commit's: below 1 with ``acco.estimate_quantization: "int4"``."""
+        self.commit_bytes = commit_bytes
+        """Bytes this rank sends in a commit round: with the probed link rate, a round's time before one ran."""
+        self.probe = None
+        """The link probe running behind step 1's compute (:meth:`look_first`), then None."""
         self.timer = StepTimer(G, world_size)
         self.noise = NoiseScale() if config.policy != "fixed" else None
         """The gradient noise scale, where a policy with smaller batches is a candidate (None otherwise)."""
@@ -345,6 +359,24 @@ class AutoMode:
         self.streaming_refused = False
         """Set when a switch to streaming found too little memory on some rank: streaming is not offered again."""
 
+    def look_first(self) -> bool:
+        """Whether to probe the link behind step 1's compute and look before the first round: with
+        ``auto.streaming`` only (the look starts streaming or nothing) and ``G >= 2`` (compute is timed from the
+        end of the first micro-batch, which holds start-up). At 25 Mbit/s the look after step 1 cost a sync step
+        of 2.7 s where streaming's took 1.3 s; this look enters streaming with step 1's gradients instead."""
+        return self.config.auto.streaming and self.G >= 2 and not self.streaming_refused
+
+    def first_figures(self, rate: Optional[float]) -> list[int]:
+        """This rank's figures before the first round (:data:`FIGURES`): step 1's compute per micro-batch and a
+        commit round's bytes at the probed ``rate`` (zeros without one: the link was too fast to time; a choice
+        then waits for measured figures). The rate is the agreed pieces' own, headers and per-call costs in: on
+        the emulated cluster 1.12x and 1.15x the bytes' time at the nominal 10 and 25 Mbit/s, where measured low-bit
+        rounds took 1.17x; a round's quantisation and sums are left out, so it errs a little towards staying."""
+        c = self.timer.first_compute()
+        if not rate or not c:
+            return [0] * FIGURES
+        return [int(round(c * 1e6)), 0, int(round(self.commit_bytes / rate * 1e6)), 0, 0]
+
     def due(self, step: int) -> bool:
         """Whether the step that ends with commit ``step`` is one where the mode is chosen: on schedule, or
         the step after one whose figures did not suffice (a resume just before a check has not measured a step
@@ -352,11 +384,11 @@ class AutoMode:
         return self._retry or step == self.early or \
             (step >= self.first and (step - self.first) % self.config.auto.check_every == 0)
 
-    def gathered(self, submit, coll, device) -> list:
-        """Every rank's figures now, one row per rank: a choice in sync comes after its round, so the figures
-        including that round go in one tiny all-gather on the communication thread (in acco they ride the next
-        round's count all-gather, and the step's choice waits for none)."""
-        local = torch.tensor(self.timer.local(), dtype=torch.int64, device=device)
+    def gathered(self, submit, coll, device, figures: Optional[list[int]] = None) -> list:
+        """Every rank's figures now (``figures``, by default the timer's), one row per rank: a choice in sync comes
+        after its round, so the figures including that round go in one tiny all-gather on the communication
+        thread (in acco they ride the next round's count all-gather, and the step's choice waits for none)."""
+        local = torch.tensor(self.timer.local() if figures is None else figures, dtype=torch.int64, device=device)
         return submit("auto figures", lambda handle: coll.all_gather_small(local).cpu().tolist()).wait()
 
     def after_round(self, record, outcome, *, now: float, committed: Optional[int]) -> None:
@@ -381,7 +413,7 @@ class AutoMode:
                         batch=self.timer.batch(), estimate_fraction=self.estimate_fraction,
                         streaming=self.config.auto.streaming and not self.streaming_refused,
                         noise_measured=not assumed) if figures else None
-        self._retry = choice is None
+        self._retry = choice is None and step > 0  # (the look before the first round is not retried)
         if choice is None:
             return state.mode
         if step < self.first and choice.mode != STREAMING:  # a look inside the warm-up: sync until it ends

@@ -33,7 +33,7 @@ from . import state as round_state
 from . import streaming_switch as switch
 from .alignment import RoundAlignment
 from .auto_mode import ACCO, SYNC, AutoMode
-from .group_buffers import build_group_buffers, estimate_byte_fraction
+from .group_buffers import build_group_buffers, round_bytes
 from .landing import Landing
 from .round_work import COMMIT, ESTIMATE, RoundOutcome, RoundWork
 from .state import InFlight, RoundState
@@ -112,8 +112,9 @@ class RoundEngine(EngineLifecycle):
         self.lr_clock = LrScheduleClock(self.G * self.world_size, by_tokens=self.config.policy != "fixed")
         self.work = RoundWork(self.groups, self.buffers, self._landing, self.coll, shard_optimizer, self.lr_clock,
                               self.config, self.clip, on_stage)
-        self.auto = AutoMode(self.config, self.G, self.world_size, self.rank, estimate_byte_fraction(
-            self.buffers, self.groups, self.world_size, comm)) if self.config.mode == "auto" else None
+        estimate, commit = round_bytes(self.buffers, self.groups, self.world_size, comm)
+        self.auto = AutoMode(self.config, self.G, self.world_size, self.rank, estimate / commit if commit else 1.0,
+                             commit) if self.config.mode == "auto" else None
         """``mode: "auto"``'s timer and choices (:mod:`ds_acco.rounds.auto_mode`); None in the other modes."""
         self.state = RoundState(mode=SYNC if self.auto else self.config.mode, active_scale=self._current_scale(),
                                 policy="fixed" if self.config.policy == "auto" else self.config.policy)
@@ -185,7 +186,10 @@ class RoundEngine(EngineLifecycle):
             self.auto.timer.micro_batch()
         if not self.overlapping:
             if s.n < self.G:
+                switch.probe_if_due(self)
                 return False
+            if switch.look_before_first_round(self):
+                return self._stop_if_agreed(True)
             self._launch(COMMIT, "sync")
             self._complete()
             if self.auto and self.auto.due(s.commits):
@@ -302,15 +306,14 @@ class RoundEngine(EngineLifecycle):
     def quiesce(self) -> None:
         """Wait for the round in flight to end *without* swapping it in.
 
-        The training trajectory is unchanged (a fixed-policy swap still happens at the
-        quota), and the engine's state is now at rest, ready for :meth:`state_dict`.
-        Under the adaptive policy the ranks first agree on the rounds launched
-        (collective: every rank calls it; see :mod:`ds_acco.rounds.alignment`).
-        """
+        The trajectory is unchanged (a fixed-policy swap still happens at the quota), and the engine is at rest,
+        ready for :meth:`state_dict`. Under the adaptive policy the ranks first agree on the rounds launched
+        (collective: every rank calls it; see :mod:`ds_acco.rounds.alignment`)."""
         self._ensure_open()
         if self.phase is not None:
             return self.phase.engine.quiesce()
         self._catch_up()
+        switch.wait_probe(self)  # (no collective of this thread may meet it on the group)
         if self._inflight is not None:
             self._inflight.handle.wait()
 
@@ -365,10 +368,8 @@ class RoundEngine(EngineLifecycle):
     def exact_parameters(self) -> None:
         """Make the compute parameters exactly the master parameters on every rank (collective, idle engine).
 
-        With ``all_gather_quantization: "int8"`` the replicas trail the masters by one quantisation
-        step of the last delta; an export wants the committed values. Later int8 deltas are taken
-        against these values, so training continues as usual.
-        """
+        With ``all_gather_quantization: "int8"`` the replicas trail the masters by one quantisation step of the last
+        delta; an export wants the committed values. Later int8 deltas are taken against these values."""
         self._ensure_open()
         if self._inflight is not None:
             raise AccoRoundError("exact_parameters needs an idle engine (call finish() or wait() first)")
@@ -406,8 +407,7 @@ class RoundEngine(EngineLifecycle):
 
     def block_changes(self, saved: dict) -> list[str]:
         """See :func:`ds_acco.rounds.state.block_changes`."""
-        block = self.config.compared_fields()
-        return round_state.block_changes(saved, identity=round_state.identity(self), block=block)
+        return round_state.block_changes(saved, identity=round_state.identity(self), block=self.config.compared_fields())
 
     def load_state_dict(self, saved: dict) -> None:
         """Restore :meth:`state_dict` output on every rank (collective: it all-gathers the pending result).

@@ -112,17 +112,17 @@ def build_group_buffers(groups: Sequence[ShardedGroup], config: AccoConfig, accu
     return out
 
 
-def estimate_byte_fraction(buffers: Sequence[GroupBuffers], groups: Sequence[ShardedGroup], world_size: int,
-                           comm: torch.dtype) -> float:
-    """An int4 estimate round's bytes over a commit round's (ring model; 1.0 without ``estimate_quantization``):
-    ``mode: "auto"`` predicts acco's two rounds from a sync round's time with it."""
-    if not buffers or buffers[0].est_rs is None:
-        return 1.0
+def round_bytes(buffers: Sequence[GroupBuffers], groups: Sequence[ShardedGroup], world_size: int,
+                comm: torch.dtype) -> tuple[int, int]:
+    """Bytes this rank sends in an estimate round and in a commit round (ring model): ``mode: "auto"`` predicts
+    acco's two rounds from a sync round's time with their ratio, and a round's time from a probe of the link
+    before any round ran (an estimate without ``estimate_quantization`` is a commit's size)."""
     n = world_size - 1
-    estimate = sum(b.est_rs.bytes_per_call + b.est_ag.bytes_per_call for b in buffers)
     commit = 0
     for g, b in zip(groups, buffers):
         commit += b.int8_rs.bytes_per_call if b.int8_rs is not None else \
             n * g.layout.shard_numel * torch.empty(0, dtype=comm).element_size()
         commit += b.delta_ag.bytes_per_call if b.delta_ag is not None else n * g.layout.shard_numel * g.flat.element_size()
-    return estimate / commit if commit else 1.0
+    if not buffers or buffers[0].est_rs is None:
+        return commit, commit
+    return sum(b.est_rs.bytes_per_call + b.est_ag.bytes_per_call for b in buffers), commit

@@ -264,3 +264,24 @@ def test_a_slow_worker_is_compute_not_link():
     first = results[0]["choices"][0]
     assert first["round_ms"] < 40 and first["compute_ms"] > 90, first
     assert first["runs"] == "sync", first
+
+
+def test_the_look_before_the_first_round_prices_a_commit_from_the_probed_rate():
+    """Step 1's compute (its first micro-batch left out) and a commit round's bytes at the probe's rate make the
+    figures; without a rate (a link too fast to time) the rank gives zeros and no choice is made. The line says what
+    was predicted: here a 1 MB commit at 1.25 MB/s (0.8 s) against 4 x 50 ms makes sync cost 5x its compute."""
+    cfg = parse_acco_config(dict(AUTO, auto=dict(AUTO["auto"], streaming=True), streaming={"fragments": 2}))
+    auto = AutoMode(cfg, G, 2, 0, commit_bytes=1_000_000)
+    assert auto.look_first() and not AutoMode(cfg, 1, 2, 0).look_first()  # G = 1: no compute to time
+    assert auto.first_figures(1.25e6) == [0] * 5  # no micro-batch ended yet
+    auto.timer._first = [10.0, 10.05, 10.10, 10.15]  # the ends of step 1's micro-batches
+    assert auto.first_figures(None) == [0] * 5
+    row = auto.first_figures(1.25e6)
+    assert row == [50_000, 0, 800_000, 0, 0], row
+    choice = choose([row, [0] * 5], "sync", cfg, G, step=0, streaming=True)
+    assert choice is None  # a rank without figures: every rank waits for measured ones
+    choice = choose([row, row], "sync", cfg, G, step=0, streaming=True)
+    assert choice.mode == "streaming" and choice.figures["streaming_ratio"] == pytest.approx(5.0, rel=1e-3)
+    assert choice.line.startswith("ds_acco auto before the first round: compute 50.0 ms per micro-batch"), choice.line
+    assert "round 800.0 ms predicted from a probe of the link" in choice.line and "sync 1000.0 ms (predicted)" in \
+        choice.line, choice.line

@@ -200,7 +200,7 @@ class RoundCollectives:
 
         What the first large collective would have done at its head (:meth:`_probe`), on scratch, then a few
         pieces of the agreed size timed as a round's would be, so ``mode: "auto"`` can price a round before the
-        first one runs (about 1.4 MiB from each rank). The probe's own rate is not that figure: its 256 KiB
+        first one runs (1.4 to 2.5 MiB from each rank). The probe's own rate is not that figure: its 256 KiB
         pieces stall on a slow link's deep queue (:mod:`ds_acco.comm.link_pacing`), and at 10 Mbit/s it read
         half the rate the agreed pieces then moved at."""
         if not (self.reduce_scatter_via_all_to_all and self._probe_due and self.piece_bytes is None):

@@ -121,8 +121,9 @@ class AutoConfig(_Block):
     there no gradient round hides, and streaming's fragment rounds do. Off unless set, because from the switch
     on every rank keeps a full copy of the optimizer state (ZeRO stage 0's memory). Needs fp32 parameters, and
     DeepSpeed ZeRO-1 or ``ds_acco.plain.build(..., model=)``. One-way: auto does not choose again after it.
-    Where ``warmup_steps`` outlasts ``measure_steps``, auto also looks once after ``measure_steps``: the warm-up keeps
-    acco's delay from the first steps, streaming has none, so that look may start streaming (and nothing else)."""
+    Auto also looks before the first round, from a probe of the link behind step 1's compute (gloo, ``G >= 2``), and
+    where ``warmup_steps`` outlasts ``measure_steps`` once after ``measure_steps``: the warm-up keeps acco's delay
+    from the first steps, streaming has none, so those looks may start streaming (and nothing else)."""
 
 
 class StreamingConfig(_Block):

@@ -369,9 +369,9 @@ class AutoMode:
     def first_figures(self, rate: Optional[float]) -> list[int]:
         """This rank's figures before the first round (:data:`FIGURES`): step 1's compute per micro-batch and a
         commit round's bytes at the probed ``rate`` (zeros without one: the link was too fast to time; a choice
-        then waits for measured figures). The rate is the agreed pieces' own, headers and per-call costs in: on
-        the emulated cluster 1.12x and 1.15x the bytes' time at the nominal 10 and 25 Mbit/s, where measured low-bit
-        rounds took 1.17x; a round's quantisation and sums are left out, so it errs a little towards staying."""
+        then waits for measured figures). The rate is the agreed pieces' own, headers and per-call costs in; a
+        round's quantisation and sums are left out. On the real-compute bed at 25 Mbit/s it predicted 1.19-1.32 s
+        (six runs) for sync low-bit rounds that took 1.24 s on the wire (BENCHMARKS.md)."""
         c = self.timer.first_compute()
         if not rate or not c:
             return [0] * FIGURES

@@ -5,7 +5,8 @@ build) and the user's loop hold the round engine; after the switch ``after_micro
 micro-batches, and every ``G`` of them it steps the phase (:class:`ds_acco.streaming.phase.StreamingPhase`,
 built by the factory the front end passed: this layer does not import ``ds_acco.streaming``) and tells the
 front end as a commit would (``on_swap``: DeepSpeed's step counters). The switch happens where every rank
-holds the committed parameters: after a sync commit, or after the commit an acco step ends with. It is
+holds the committed parameters: after a sync commit, after the commit an acco step ends with, or before a job's
+first round (``θ_0``; step 1's gradients are then the first inner step, priced from a probe of the link). It is
 one-way: streaming's fragment rounds say nothing about what a gradient round would cost now, so auto
 does not choose again (a resume re-enters the phase from its state).
 """

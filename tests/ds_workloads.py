@@ -32,13 +32,15 @@ def ds_config(G: int, acco: dict | None = None, clip: float = 0.0, dtype: str = 
 
 
 def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt_dir=None, resume=False,
-             torch_style_backward=False, save_every=None, kill_in_save=None, single_group=False, poison=None):
-    """Return module parameters after each optimizer step (and telemetry counts when ACCO is on)."""
+             torch_style_backward=False, save_every=None, kill_in_save=None, single_group=False, poison=None,
+             hid=W.HID):
+    """Return module parameters after each optimizer step (and telemetry counts when ACCO is on); ``hid``: the
+    model's hidden width."""
     import deepspeed
 
     import ds_acco
 
-    model = W.make_model()
+    model = W.make_model(hid=hid)
     init = ds_acco.initialize if use_ds_acco else deepspeed.initialize
     groups = list(model.parameters()) if single_group else W.param_groups(model)
     engine, _, _, _ = init(model=model, model_parameters=groups, config=config)
@@ -88,6 +90,7 @@ def train_ds(rank, world, *, config, steps, use_ds_acco=True, save_at=None, ckpt
         out["modes"] = [r.mode for r in acco.telemetry.records if r.kind == "commit"]
         out["summary"] = acco.telemetry.summary()
         out["accum_dtypes"] = sorted({str(dt) for dt in acco.grads.dtypes})
+        out["choices"] = acco.auto.choices if acco.auto is not None else []
     engine.destroy()
     return out
 

@@ -1,7 +1,8 @@
 """One emulated host's part of a ``mode: "auto"`` test on a shaped link (run by ``launchers/local_cluster.py``).
 
-``python -m tests.netns_auto_job OUT KWARGS_JSON``: the launcher sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
-``MASTER_PORT``; :func:`tests.auto_workers.train_auto` runs with the keyword arguments given, and its result goes to
+``python -m tests.netns_auto_job OUT KWARGS_JSON [ds]``: the launcher sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``
+and ``MASTER_PORT``; :func:`tests.auto_workers.train_auto` (the plain front end; with ``ds``,
+:func:`tests.ds_workloads.train_ds`, DeepSpeed's) runs with the keyword arguments given, and its result goes to
 ``OUT/rank<r>.pt`` for the test to read.
 """
 
@@ -17,15 +18,19 @@ import torch.distributed as dist
 from tests.auto_workers import train_auto
 
 
-def main(out: str, kwargs: str) -> None:
+def main(out: str, kwargs: str, front: str = "plain") -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        got = train_auto(rank, world, **json.loads(kwargs))
+        if front == "ds":
+            from tests.ds_workloads import train_ds as train
+        else:
+            train = train_auto
+        got = train(rank, world, **json.loads(kwargs))
         torch.save(got, os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

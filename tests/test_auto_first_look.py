@@ -5,7 +5,8 @@ a wide version of the tiny exactness job (hidden width 32768: a commit round sen
 0.84 s at the link rate, against 0.2 s of compute per step, a sleep per micro-batch). Auto prices step 1's round
 from the probe before sending it and starts streaming with step 1's gradients as the first inner step: no gradient
 round is ever sent, and each replica follows the streaming reference from the initial parameters with a fresh
-inner optimizer, as ``mode: "streaming"`` would. On loopback the same look starts nothing.
+inner optimizer, as ``mode: "streaming"`` would; the same through DeepSpeed (ZeRO-1), whose step counters
+count that first inner step. On loopback the same look starts nothing.
 """
 
 from __future__ import annotations
@@ -49,17 +50,24 @@ def reference(steps: int, world: int = 2):
                                sync_every=STREAM["sync_every"], overlap_steps=STREAM["overlap_steps"])
 
 
-@pytest.mark.skipif(not system.netns_available(), reason="needs root and iproute2 (ip, tc)")
-def test_a_slow_link_starts_streaming_before_the_first_round_and_each_replica_follows_the_reference(tmp_path):
-    steps = 8
-    kwargs = dict(G=G, compute_s=COMPUTE_S, link=[], steps=steps, hid=HID, config=CONFIG)
+needs_netns = pytest.mark.skipif(not system.netns_available(), reason="needs root and iproute2 (ip, tc)")
+
+
+def on_slow_link(tmp_path, kwargs: dict, *front: str) -> list[dict]:
+    """Both ranks' results of ``tests/netns_auto_job.py`` on two hosts joined at ``RATE``."""
     proc = subprocess.run([sys.executable, LAUNCHER, "--hosts", "2", "--rate", f"{int(RATE)}bit", "--quiet",
                            "--log-dir", str(tmp_path), "--timeout", "240", "--", sys.executable, "-m",
-                           "tests.netns_auto_job", str(tmp_path), json.dumps(kwargs)],
+                           "tests.netns_auto_job", str(tmp_path), json.dumps(kwargs), *front],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     logs = "".join((tmp_path / f"host{r}.log").read_text() for r in (0, 1) if (tmp_path / f"host{r}.log").exists())
     assert proc.returncode == 0, proc.stderr[-3000:] + logs[-5000:]
-    got = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+@needs_netns
+def test_a_slow_link_starts_streaming_before_the_first_round_and_each_replica_follows_the_reference(tmp_path):
+    steps = 8
+    got = on_slow_link(tmp_path, dict(G=G, compute_s=COMPUTE_S, link=[], steps=steps, hid=HID, config=CONFIG))
     first = got[0]["choices"][0]
     assert first["step"] == 0 and first["runs"] == "streaming", first
     # the round priced from the probe: a commit round's bytes at about the link's rate (tbf lets nothing faster
@@ -78,6 +86,23 @@ def test_a_slow_link_starts_streaming_before_the_first_round_and_each_replica_fo
         assert len(got[rank]["choices"]) == 1  # one-way
         assert_trajectories_equal(got[rank]["trajectory"], [w[rank] for w in trace.workers])
     assert got[0]["fragments"][:len(trace.syncs)] == list(trace.syncs) and len(trace.syncs) >= 2
+
+
+@needs_netns
+def test_deepspeed_starts_streaming_before_the_first_round_counts_every_step_and_follows_the_reference(tmp_path):
+    """The same through ``ds_acco.initialize`` (ZeRO-1): DeepSpeed's step counters advance at the first inner step
+    as at a commit, and the module's parameters follow the same reference."""
+    from tests import ds_workloads as D
+
+    steps = 6
+    got = on_slow_link(tmp_path, dict(config=D.ds_config(G, CONFIG), steps=steps, hid=HID), "ds")
+    trace = reference(steps)
+    for rank in (0, 1):
+        first = got[rank]["choices"][0]
+        assert first["step"] == 0 and first["runs"] == "streaming" and len(got[rank]["choices"]) == 1, first
+        assert got[rank]["modes"] == []  # no gradient round
+        assert got[rank]["global_samples"] == steps * 2 * G * W.BATCH  # DeepSpeed counted every step
+        assert_trajectories_equal(got[rank]["trajectory"], [w[rank] for w in trace.workers])
 
 
 def test_on_loopback_the_look_before_the_first_round_starts_nothing():

@@ -33,10 +33,11 @@ AUTO_STREAMING = D.ds_config(4, {"mode": "auto", "auto": {"measure_steps": 3, "s
 
 
 def config(front: str, out: str) -> dict:
-    if front == "auto_streaming":  # auto must switch at its first choice, whatever this machine measures
-        from ds_acco.rounds import auto_mode
+    if front == "auto_streaming":  # auto must switch at its first choice, whatever this machine measures (and not
+        from ds_acco.rounds import auto_mode  # before the first round, which with any rate a probe gives would)
 
         auto_mode.STREAMING_HINT = 0.0
+        auto_mode.AutoMode.look_first = lambda self: False
     base = {"acco": ACCO, "streaming": STREAMING, "auto_streaming": AUTO_STREAMING}[front]
     return dict(base, acco=dict(base["acco"], preemption={"checkpoint_dir": os.path.join(out, "preempted")},
                                 timeout_s=30))

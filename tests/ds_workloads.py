@@ -178,6 +178,33 @@ def exports_after_loop(rank, world, *, configs, micro_batches, ckpt_root):
     return out
 
 
+def export_after_a_rank_ran_ahead(rank, world, *, config, micro_batches, ckpt_dir):
+    """Rank 0 runs one micro-batch more than the others, then every rank exports and saves.
+
+    With ``max_micro_batches_per_round: 1`` every micro-batch ends the round in flight and launches the
+    next, so after ``micro_batches`` (odd) every rank has a commit in flight; rank 0's extra micro-batch
+    swaps it in and launches an estimate, and the others swap theirs in inside the export (the catch-up)."""
+    import torch.distributed as dist
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    engine = _ds_engine(config)
+    for k in range(micro_batches + (rank == 0)):
+        _micro_batch(engine, rank, k)
+    acco = engine.acco
+    before = (acco._round_index, acco._inflight.kind if acco.in_flight else None)
+    exported = {k: v.clone() for k, v in engine.module.state_dict().items()}
+    after = (acco._round_index, acco._inflight.kind if acco.in_flight else None)
+    masters = full_masters(engine)
+    engine.save_checkpoint(ckpt_dir)
+    dist.barrier()
+    out = {"before": before, "after": after, "exported": exported, "masters": masters}
+    if rank == 0:
+        out["zero_to_fp32"] = {k: v.detach().clone() for k, v in get_fp32_state_dict_from_zero_checkpoint(ckpt_dir).items()}
+    acco.close()
+    engine.destroy()
+    return out
+
+
 def trajectory_with_exports(rank, world, *, config, steps, export_every, ckpt_dir):
     """Parameters after each commit of a run that exports every ``export_every`` micro-batches
     (state_dict, a checkpoint, an evaluation on the committed parameters), and of one that never does."""

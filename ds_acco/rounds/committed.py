@@ -102,8 +102,9 @@ class CommittedStateDict:
             return
         buffers = committed_buffers(self.engine)
         for g, buf, entries in zip(self.engine.groups, buffers, self._entries):
-            if buf is g.flat:
-                continue  # the module's own parameters are the committed ones
+            # Even where ``buf`` is the compute buffer: the entries were taken before this hook ran, and a rank that
+            # was a round behind swapped that round in above (the adaptive policy's catch-up, rounds/alignment.py),
+            # so they may still view the buffer it replaced (zeroed by the swap and reused as an accumulator).
             views = g.layout.views(buf)
             for name, j in entries:
                 key = prefix + name

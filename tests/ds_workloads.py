@@ -179,11 +179,13 @@ def exports_after_loop(rank, world, *, configs, micro_batches, ckpt_root):
 
 
 def export_after_a_rank_ran_ahead(rank, world, *, config, micro_batches, ckpt_dir):
-    """Rank 0 runs one micro-batch more than the others, then every rank exports and saves.
+    """Rank 0 runs one micro-batch more than the others, then every rank exports, evaluates on the committed
+    parameters, saves and finishes.
 
     With ``max_micro_batches_per_round: 1`` every micro-batch ends the round in flight and launches the
-    next, so after ``micro_batches`` (odd) every rank has a commit in flight; rank 0's extra micro-batch
-    swaps it in and launches an estimate, and the others swap theirs in inside the export (the catch-up)."""
+    next, so after ``micro_batches`` every rank has the same round in flight (a commit after an odd count,
+    an estimate after an even one); rank 0's extra micro-batch swaps it in and launches the next, and the
+    others swap theirs in inside the export (the catch-up)."""
     import torch.distributed as dist
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
@@ -195,9 +197,14 @@ def export_after_a_rank_ran_ahead(rank, world, *, config, micro_batches, ckpt_di
     exported = {k: v.clone() for k, v in engine.module.state_dict().items()}
     after = (acco._round_index, acco._inflight.kind if acco.in_flight else None)
     masters = full_masters(engine)
+    with engine.committed_parameters(), torch.no_grad():
+        evaluated = engine.module(W.batch(99, 0)[0]).clone()
     engine.save_checkpoint(ckpt_dir)
     dist.barrier()
-    out = {"before": before, "after": after, "exported": exported, "masters": masters}
+    engine.finish()
+    out = {"before": before, "after": after, "exported": exported, "masters": masters, "evaluated": evaluated,
+           "finished": {n: p.detach().clone() for n, p in engine.module.named_parameters()},
+           "finished_masters": full_masters(engine), "steps": engine.global_steps}
     if rank == 0:
         out["zero_to_fp32"] = {k: v.detach().clone() for k, v in get_fp32_state_dict_from_zero_checkpoint(ckpt_dir).items()}
     acco.close()

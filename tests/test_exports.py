@@ -37,13 +37,16 @@ def test_state_dict_after_the_loop_equals_zero_to_fp32_of_a_checkpoint_saved_aft
     assert differs, "the module never held anything but the committed parameters: the test shows nothing"
 
 
-def test_a_rank_a_round_behind_exports_the_committed_parameters_too(tmp_path):
+@pytest.mark.parametrize("micro_batches,behind", [(5, "commit"), (4, "estimate")])
+def test_a_rank_a_round_behind_exports_the_committed_parameters_too(tmp_path, micro_batches, behind):
     # Under the adaptive policy the export first lets a rank that is a round behind launch it (the catch-up),
-    # which swaps its commit in: state_dict's entries, taken before, viewed the replaced buffer (zeros).
+    # which swaps its round in: state_dict's entries, taken before, viewed the replaced buffer (a commit
+    # swapped in that way exported zeros).
     cfg = dict(ADAPTIVE, acco=dict(ADAPTIVE["acco"], max_micro_batches_per_round=1))
-    ranks = run_distributed(D.export_after_a_rank_ran_ahead, 2, config=cfg, micro_batches=5,
+    ranks = run_distributed(D.export_after_a_rank_ran_ahead, 2, config=cfg, micro_batches=micro_batches,
                             ckpt_dir=str(tmp_path), timeout=300)
-    assert ranks[0]["before"][1] == "estimate" and ranks[1]["before"] == (ranks[0]["before"][0] - 1, "commit")
+    ahead = {"commit": "estimate", "estimate": "commit"}[behind]
+    assert ranks[0]["before"][1] == ahead and ranks[1]["before"] == (ranks[0]["before"][0] - 1, behind)
     assert ranks[0]["after"] == ranks[1]["after"] == ranks[0]["before"]  # rank 1 caught up; nothing else ran
     fp32 = ranks[0]["zero_to_fp32"]
     for rank, out in enumerate(ranks):
@@ -51,6 +54,10 @@ def test_a_rank_a_round_behind_exports_the_committed_parameters_too(tmp_path):
         for name, value in fp32.items():
             assert torch.equal(out["exported"][name], value), (rank, name)
             assert torch.equal(out["masters"][name], value), (rank, name)
+            assert torch.equal(out["finished"][name], out["finished_masters"][name]), (rank, "finish", name)
+            assert torch.equal(out["finished"][name], ranks[0]["finished"][name]), (rank, "finish", name)
+    assert torch.equal(ranks[0]["evaluated"], ranks[1]["evaluated"])
+    assert ranks[0]["steps"] == ranks[1]["steps"]
     assert any(v.abs().sum() > 0 for v in fp32.values())
 
 

@@ -4,7 +4,10 @@
 ``--at``, while a round is in flight, or rank 0 does in the middle of a checkpoint save (``--during-save``).
 Every rank must stop at the same round boundary, save to ``acco.preemption.checkpoint_dir``, and
 exit with ``acco.preemption.exit_code``; each rank notes where it stopped in ``<out>/stop<r>.json``.
-``--phase resume``: load that checkpoint, train to the end, and compare with a run never stopped.
+``--phase resume``: load that checkpoint, train to the end, and compare with a run never stopped. Under the adaptive
+policy (``acco_adaptive``: rank 1 a slower worker, so the ranks contribute different micro-batch counts) no run
+repeats another's timing: the resume compares what it loaded with what each rank held when it stopped, and the
+ranks' parameters at the end with each other.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from tests import workloads as W
 from tests import ds_workloads as D
 from tests.checkpoint_workloads import ACCO, STREAMING, engine_of, train
 
-STEPS = {"acco": 6, "streaming": 12, "auto_streaming": 10}  # streaming: a fragment round every 2 steps (sync_every 4,
+STEPS = {"acco": 6, "streaming": 12, "auto_streaming": 10, "acco_adaptive": 6}  # streaming: a fragment round every 2 steps (sync_every 4,
 # 2 fragments); auto_streaming: 3 sync steps, then the same streaming schedule in a ZeRO-1 job
 AUTO_STREAMING = D.ds_config(4, {"mode": "auto", "auto": {"measure_steps": 3, "streaming": True},
                                  "streaming": {"fragments": 2, "sync_every": 4, "overlap_steps": 1}},
                              clip=0.5, scheduler=True)
+ADAPTIVE = D.ds_config(4, {"mode": "acco", "policy": "adaptive", "warmup_steps": 1}, clip=0.5, scheduler=True)
+SLOW_S = 0.02  # rank 1's extra seconds per micro-batch under the adaptive policy
 
 
 def config(front: str, out: str) -> dict:
@@ -38,7 +43,7 @@ def config(front: str, out: str) -> dict:
 
         auto_mode.STREAMING_HINT = 0.0
         auto_mode.AutoMode.look_first = lambda self: False
-    base = {"acco": ACCO, "streaming": STREAMING, "auto_streaming": AUTO_STREAMING}[front]
+    base = {"acco": ACCO, "streaming": STREAMING, "auto_streaming": AUTO_STREAMING, "acco_adaptive": ADAPTIVE}[front]
     return dict(base, acco=dict(base["acco"], preemption={"checkpoint_dir": os.path.join(out, "preempted")},
                                 timeout_s=30))
 
@@ -63,11 +68,16 @@ def stop_phase(front: str, out: str, at: int, during_save: bool) -> None:
                 elif rank == 1:
                     os.kill(os.getpid(), signal.SIGTERM)
                 t0 = time.monotonic()
+            if front == "acco_adaptive" and rank == 1:
+                time.sleep(SLOW_S)
             x, y = W.batch(rank, k)
             engine.backward(W.loss_fn(engine(x), y))
             engine.step()
             k += 1
     except AccoPreempted as exc:
+        if front == "acco_adaptive":  # what this rank held at the stop, for the resume to compare
+            torch.save({"masters": D.full_masters(engine), "compute": _compute(engine)},
+                       os.path.join(out, f"held{rank}.pt"))
         with open(os.path.join(out, f"stop{rank}.json"), "w") as f:
             json.dump({"code": exc.code, "steps": engine.global_steps, "micro_batches": k,
                        "seconds_after_signal": time.monotonic() - t0}, f)
@@ -75,7 +85,35 @@ def stop_phase(front: str, out: str, at: int, during_save: bool) -> None:
     print("TRAINING FINISHED WITHOUT A STOP", flush=True)
 
 
+def _compute(engine) -> dict:
+    return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+
+
+def resume_adaptive(out: str) -> None:
+    rank = dist.get_rank()
+    engine = engine_of(config("acco_adaptive", out))
+    engine.load_checkpoint(os.path.join(out, "preempted"))
+    resumed_from = engine.global_steps
+    held = torch.load(os.path.join(out, f"held{rank}.pt"))
+    loaded = {"masters": D.full_masters(engine), "compute": _compute(engine)}
+    same = [torch.equal(loaded[key][n], held[key][n]) for key in held for n in held[key]]
+    last = train(engine, engine.acco.micro_batches, STEPS["acco_adaptive"], [])[-1]
+    engine.finish()
+    final = [p.detach().clone() for p in W.ordered_params(engine.module)]
+    rank0 = [p.clone() for p in final]
+    for t in rank0:
+        dist.broadcast(t, 0)
+    same += [torch.equal(a, b) for a, b in zip(final, rank0)]
+    masters = D.full_masters(engine)
+    same += [torch.equal(masters[n], p) for n, p in _compute(engine).items()]
+    engine.destroy()
+    with open(os.path.join(out, f"resume{rank}.json"), "w") as f:
+        json.dump({"resumed_from": resumed_from, "equal": all(same), "checks": len(same), "steps": len(last)}, f)
+
+
 def resume_phase(front: str, out: str) -> None:
+    if front == "acco_adaptive":
+        return resume_adaptive(out)
     rank = dist.get_rank()
     a = engine_of(config(front, out))
     full = train(a, 0, STEPS[front], [])[-1]
@@ -97,7 +135,7 @@ def resume_phase(front: str, out: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--phase", choices=["stop", "resume"], required=True)
-    p.add_argument("--front", choices=["acco", "streaming", "auto_streaming"], required=True)
+    p.add_argument("--front", choices=list(STEPS), required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--at", type=int, default=9)
     p.add_argument("--during-save", action="store_true")

@@ -206,7 +206,8 @@ def export_after_a_rank_ran_ahead(rank, world, *, config, micro_batches, ckpt_di
            "finished": {n: p.detach().clone() for n, p in engine.module.named_parameters()},
            "finished_masters": full_masters(engine), "steps": engine.global_steps}
     if rank == 0:
-        out["zero_to_fp32"] = {k: v.detach().clone() for k, v in get_fp32_state_dict_from_zero_checkpoint(ckpt_dir).items()}
+        fp32 = get_fp32_state_dict_from_zero_checkpoint(ckpt_dir)
+        out["zero_to_fp32"] = {k: v.detach().clone() for k, v in fp32.items()}
     acco.close()
     engine.destroy()
     return out

@@ -28,8 +28,9 @@ from tests import workloads as W
 from tests import ds_workloads as D
 from tests.checkpoint_workloads import ACCO, STREAMING, engine_of, train
 
-STEPS = {"acco": 6, "streaming": 12, "auto_streaming": 10, "acco_adaptive": 6}  # streaming: a fragment round every 2 steps (sync_every 4,
-# 2 fragments); auto_streaming: 3 sync steps, then the same streaming schedule in a ZeRO-1 job
+# streaming: a fragment round every 2 steps (sync_every 4, 2 fragments); auto_streaming: 3 sync steps, then the
+# same streaming schedule in a ZeRO-1 job
+STEPS = {"acco": 6, "streaming": 12, "auto_streaming": 10, "acco_adaptive": 6}
 AUTO_STREAMING = D.ds_config(4, {"mode": "auto", "auto": {"measure_steps": 3, "streaming": True},
                                  "streaming": {"fragments": 2, "sync_every": 4, "overlap_steps": 1}},
                              clip=0.5, scheduler=True)

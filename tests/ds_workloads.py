@@ -145,7 +145,7 @@ def _micro_batch(engine, rank, k) -> None:
 
 def exports_after_loop(rank, world, *, configs, micro_batches, ckpt_root):
     """For each config and loop length: ``module.state_dict()`` and ``save_16bit_model`` right after the
-    loop (no finish), then a checkpoint; rank 0 reads the checkpoint back with zero_to_fp32."""
+    loop (no finish), then a checkpoint; every rank reads the checkpoint back with zero_to_fp32."""
     import torch.distributed as dist
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
@@ -168,10 +168,9 @@ def exports_after_loop(rank, world, *, configs, micro_batches, ckpt_root):
             dist.barrier()
             row = {"config": name, "micro_batches": m, "in_flight": in_flight, "exported": exported,
                    "compute": compute, "path": path}
-            if rank == 0:
-                fp32 = get_fp32_state_dict_from_zero_checkpoint(ckpt)
-                row["zero_to_fp32"] = {k: v.detach().clone() for k, v in fp32.items()}
-                row["model16"] = torch.load(os.path.join(ckpt, "model16.bin"), map_location="cpu")
+            fp32 = get_fp32_state_dict_from_zero_checkpoint(ckpt)  # every rank reads it: each export is checked
+            row["zero_to_fp32"] = {k: v.detach().clone() for k, v in fp32.items()}
+            row["model16"] = torch.load(os.path.join(ckpt, "model16.bin"), map_location="cpu")
             engine.acco.close()
             engine.destroy()
             out.append(row)

@@ -20,14 +20,15 @@ def test_state_dict_after_the_loop_equals_zero_to_fp32_of_a_checkpoint_saved_aft
     # G = 4: rounds launch every 2 micro-batches; after 10 an estimate is in flight, after 12 a commit,
     # after 13 a commit with one micro-batch accumulated on top.
     # int8 parameter all-gathers: the compute parameters trail the masters, so the export gathers them
-    rows = run_distributed(D.exports_after_loop, 2, configs={"fixed": FIXED, "adaptive": ADAPTIVE,
-                                                             "int8_all_gather": INT8_ALL_GATHER},
-                           micro_batches=[10, 12, 13], ckpt_root=str(tmp_path), timeout=300)[0]
+    ranks = run_distributed(D.exports_after_loop, 2, configs={"fixed": FIXED, "adaptive": ADAPTIVE,
+                                                              "int8_all_gather": INT8_ALL_GATHER},
+                            micro_batches=[10, 12, 13], ckpt_root=str(tmp_path), timeout=300)
+    rows = [dict(row, rank=rank) for rank, rank_rows in enumerate(ranks) for row in rank_rows]
     fixed_in_flight = {r["micro_batches"]: r["in_flight"] for r in rows if r["config"] == "fixed"}
     assert fixed_in_flight == {10: "estimate", 12: "commit", 13: "commit"}
     differs = 0
     for row in rows:
-        where = f"{row['config']} after {row['micro_batches']} micro-batches ({row['path']})"
+        where = f"rank {row['rank']}: {row['config']} after {row['micro_batches']} micro-batches ({row['path']})"
         fp32 = row["zero_to_fp32"]
         assert set(fp32) == set(row["exported"]), where
         for name, value in fp32.items():

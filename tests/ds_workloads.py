@@ -143,11 +143,17 @@ def _micro_batch(engine, rank, k) -> None:
     engine.step()
 
 
+def _zero_to_fp32(ckpt: str) -> dict:
+    """What DeepSpeed's zero_to_fp32 reads from a checkpoint, detached (results cross a process boundary)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return {k: v.detach().clone() for k, v in get_fp32_state_dict_from_zero_checkpoint(ckpt).items()}
+
+
 def exports_after_loop(rank, world, *, configs, micro_batches, ckpt_root):
     """For each config and loop length: ``module.state_dict()`` and ``save_16bit_model`` right after the
     loop (no finish), then a checkpoint; every rank reads the checkpoint back with zero_to_fp32."""
     import torch.distributed as dist
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     out = []
     for name, config in configs.items():
@@ -168,8 +174,7 @@ def exports_after_loop(rank, world, *, configs, micro_batches, ckpt_root):
             dist.barrier()
             row = {"config": name, "micro_batches": m, "in_flight": in_flight, "exported": exported,
                    "compute": compute, "path": path}
-            fp32 = get_fp32_state_dict_from_zero_checkpoint(ckpt)  # every rank reads it: each export is checked
-            row["zero_to_fp32"] = {k: v.detach().clone() for k, v in fp32.items()}
+            row["zero_to_fp32"] = _zero_to_fp32(ckpt)  # every rank reads it: each export is checked
             row["model16"] = torch.load(os.path.join(ckpt, "model16.bin"), map_location="cpu")
             engine.acco.close()
             engine.destroy()
@@ -186,7 +191,6 @@ def export_after_a_rank_ran_ahead(rank, world, *, config, micro_batches, ckpt_di
     an estimate after an even one); rank 0's extra micro-batch swaps it in and launches the next, and the
     others swap theirs in inside the export (the catch-up)."""
     import torch.distributed as dist
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     engine = _ds_engine(config)
     for k in range(micro_batches + (rank == 0)):
@@ -205,8 +209,7 @@ def export_after_a_rank_ran_ahead(rank, world, *, config, micro_batches, ckpt_di
            "finished": {n: p.detach().clone() for n, p in engine.module.named_parameters()},
            "finished_masters": full_masters(engine), "steps": engine.global_steps}
     if rank == 0:
-        fp32 = get_fp32_state_dict_from_zero_checkpoint(ckpt_dir)
-        out["zero_to_fp32"] = {k: v.detach().clone() for k, v in fp32.items()}
+        out["zero_to_fp32"] = _zero_to_fp32(ckpt_dir)
     acco.close()
     engine.destroy()
     return out

@@ -1,18 +1,14 @@
 """Atomic DeepSpeed checkpoints: a save interrupted at any point leaves the last good one.
 
-Both DeepSpeed front ends (ACCO rounds and streaming) write their tag through
-:func:`atomic_save`: every rank writes into ``<tag>.partial``; only when all
-have finished does rank 0 rename it to ``<tag>`` and then replace ``latest``.
-Before the rename the ranks hash every file into the tag's manifest
-(:mod:`ds_acco.checkpoint.manifest`; each file as soon as it is written, see
-:mod:`ds_acco.checkpoint.files`), so ``<tag>`` only ever appears complete and
-verifiable; with ``acco.checkpoint.fsync`` (the default) the files, the manifest, the
-rename and ``latest`` are flushed to stable storage in that order, so that stays true
-after a node crash or a power loss. Stock DeepSpeed writes into ``<tag>`` directly and updates ``latest`` as it
-goes, so a job killed mid-save can resume from a half-written tag. What a crashed save
-left behind (``*.partial``) is reported and removed by the next save.
-Assumes ``save_dir`` is one shared filesystem, as DeepSpeed's own ``latest`` does. The ranks meet at
-barriers of the default process group (DeepSpeed's ``comm.barrier`` is that barrier).
+Both DeepSpeed front ends write their tag through :func:`atomic_save`: every rank writes
+into ``<tag>.partial``, the ranks hash every file into its manifest
+(:mod:`ds_acco.checkpoint.manifest`, :mod:`ds_acco.checkpoint.files`), and only then does
+rank 0 rename it to ``<tag>`` and replace ``latest``, so ``<tag>`` only ever appears complete
+and verifiable (with ``acco.checkpoint.fsync``, also after a node crash or a power loss).
+Stock DeepSpeed writes into ``<tag>`` directly and updates ``latest`` as it goes, so a job
+killed mid-save can resume from a half-written tag. What a crashed save left behind
+(``*.partial``) is reported and removed by the next save. Assumes ``save_dir`` is one shared
+filesystem, as DeepSpeed's own ``latest`` does; the ranks meet at barriers of the default group.
 """
 
 from __future__ import annotations
@@ -53,26 +49,20 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str,
     """Run ``write(partial_tag)`` on every rank, then publish ``tag`` (and ``latest``) at once.
 
     Args:
-        save_dir: the checkpoint folder (shared by all ranks).
-        tag: the final tag name.
-        global_rank: this process's rank; rank 0 renames and writes ``latest``.
         write: ``write(partial_tag, guard)`` saves this rank's files under ``save_dir/<partial_tag>``, each of
             its own writes inside ``with guard(path, obj):``; its return value is returned.
         save_latest: replace ``latest`` with ``tag`` once the tag is complete, unless the save found
             non-finite masters or moments (a load would refuse the tag; ``latest`` keeps the last good one).
         checkpoint_engine: DeepSpeed's ``engine.checkpoint_engine``; each file it writes is hashed
-            (and flushed) in the background while the next is written (:mod:`ds_acco.checkpoint.files`).
-        fsync: ``acco.checkpoint.fsync``: the files, the manifest, the rename and ``latest`` reach
-            stable storage before the save returns, in that order.
+            (and flushed) in the background while the next is written.
+        fsync: ``acco.checkpoint.fsync``.
         claim: the files this rank writes (it hashes them for the manifest).
         writer: the front end, recorded in the manifest.
         finite: the finite check of this rank's masters and moments, started before the save
             (it sums while the files are written); its outcome goes into the manifest.
         key: sign the manifest with it (:mod:`ds_acco.checkpoint.signing`); None: unsigned.
 
-    Raises:
-        CheckpointSaveError: on every rank, when a write failed on any rank (full disk, quota, I/O error);
-            the partial tag is removed first and ``latest`` is unchanged (:mod:`.save_failure`).
+    A write that failed on any rank raises :class:`CheckpointSaveError` on every rank (:mod:`.save_failure`).
     """
     partial = f"{tag}.partial"
     if global_rank == 0:

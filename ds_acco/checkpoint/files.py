@@ -6,7 +6,7 @@ thread (``xxhash`` releases the GIL), overlaps that with the writing of the next
 (DeepSpeed writes the model file, then each rank its optimizer file, then ds_acco the
 round state), where the node has a core to spare.
 
-The same thread flushes each file with ``fsync`` (``acco.checkpoint.fsync``, on by
+A second thread flushes each file with ``fsync`` (``acco.checkpoint.fsync``, on by
 default, as ``torch.distributed.checkpoint`` does for its own files): the manifest is
 the proof that a tag is complete, and after a power loss or a node crash that proof
 only holds if the files it names reached stable storage before it. DeepSpeed itself
@@ -20,7 +20,7 @@ import contextlib
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
 
 from . import manifest as checkpoint_manifest
 from .manifest import fsync_path
@@ -69,20 +69,15 @@ class FileFinisher:
         if self.fsync:
             self._flushes.append(self._pool.submit(fsync_path, path))
 
-    def watching(self, checkpoint_engine: Any, failures: Optional[SaveFailures] = None
-                 ) -> contextlib.AbstractContextManager:
-        """Within the block, every file DeepSpeed's ``checkpoint_engine.save`` writes is :meth:`add`-ed; with
-        ``failures``, a write the filesystem refuses is noted there instead of raised (see
-        :mod:`ds_acco.checkpoint.save_failure`)."""
+    def watching(self, checkpoint_engine: Any, failures: SaveFailures) -> contextlib.AbstractContextManager:
+        """Within the block, every file DeepSpeed's ``checkpoint_engine.save`` writes is :meth:`add`-ed, and a
+        write the filesystem refuses is noted in ``failures`` instead of raised."""
         real = checkpoint_engine.save
 
         def save(state_dict, path, *args, **kwargs):
-            if failures is None:
+            out = None
+            with failures.guard(path, state_dict):
                 out = real(state_dict, path, *args, **kwargs)
-            else:
-                out = None
-                with failures.guard(path, state_dict):
-                    out = real(state_dict, path, *args, **kwargs)
             if os.path.isfile(path):  # an asynchronous engine may not have written it yet: hashed later
                 self.add(path)
             return out

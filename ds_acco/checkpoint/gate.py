@@ -3,30 +3,25 @@
 Why: hashing every file a rank reads and agreeing with the other ranks took 8-9% of a
 page-cache load of a 50 M-parameter model (BENCHMARKS.md, "Checkpoint verification")
 while it ran before DeepSpeed read a byte, with nothing to overlap it. But parsing bytes
-is not using them. DeepSpeed's ``torch.load`` of a file may run while the file is hashed,
+is not using them: DeepSpeed's ``torch.load`` of a file may run while the file is hashed,
 as long as the state dict it returns reaches no module, optimizer or scheduler before
 every rank has verified every file. So:
 
-* the hashes of this rank's files run on background threads (``xxhash`` releases the GIL)
-  and the ranks' agreement on one more, over a process group of its own
-  (:func:`verification_group`): the main thread is inside DeepSpeed's loader meanwhile and
-  may run collectives on the default group, which must never interleave with ours;
-* DeepSpeed's ``checkpoint_engine.load`` is wrapped (:meth:`PendingVerdict.gating`, the way
-  :class:`ds_acco.checkpoint.files.FileFinisher` wraps ``save``): the file is parsed, but
-  its state dict is not returned to DeepSpeed until the agreed verdict is in. A refused load
-  therefore raises on every rank, with the same message, and leaves the engine as it was.
-  When ``torch.load`` itself fails on a damaged file, the wrapper waits for the verdict and
-  raises its refusal, which names the file, chained to the loader's error.
+* the hashes of this rank's files, and the ranks' agreement, run on a background thread,
+  over a process group of their own (:func:`verification_group`): the main thread is inside
+  DeepSpeed's loader meanwhile and may run collectives on the default group, which must
+  never interleave with ours;
+* DeepSpeed's ``checkpoint_engine.load`` is wrapped (:meth:`PendingVerdict.gating`): the file
+  is parsed, but its state dict is not returned before the agreed verdict is in, so a
+  refused load raises on every rank, with the same message, and leaves the engine as it was.
 
-What parsing an unverified file can still do: a damaged zip or pickle makes the loader
-raise (handled above), or yields a state dict that is thrown away when the verdict refuses
-it. The manifest detects accidental damage, not tampering (see
-:mod:`ds_acco.checkpoint.manifest`), so a pickle crafted to run code on load was never in
-its scope: it would pass the hash check with a forged manifest either way.
+Parsing an unverified file can only raise (the refusal then wins) or yield a state dict that
+is thrown away. A pickle crafted to run code on load was never in the manifest's scope (it
+detects damage, not tampering: :mod:`ds_acco.checkpoint.manifest`).
 
 Loads whose first step needs the verdict (a world-size change re-partitions through a
 universal checkpoint; no usable manifest; ``acco.checkpoint.salvage``; a file missing or
-of the wrong size) simply wait for it up front, as before.
+of the wrong size) simply wait for it up front.
 """
 
 from __future__ import annotations
@@ -71,8 +66,7 @@ class PendingVerdict:
     Args:
         agree: runs the verification (hashes and agreement, collective over the group of
             :func:`verification_group`); returns the Verdict or raises the agreed CheckpointError.
-        folder: the checkpoint folder, for messages.
-        timeout_s: ``acco.timeout_s``, for the message when the agreement fails.
+        folder, timeout_s: for the message when the agreement fails.
         manifest: the manifest as the caller read it (None: none usable).
         up_front: the load must wait for the verdict before it starts (see the module's docstring).
     """
@@ -97,12 +91,7 @@ class PendingVerdict:
                 "did not call load_checkpoint; nothing was loaded") from exc
 
     def verdict(self) -> Verdict:
-        """Wait for the agreed verdict (idempotent).
-
-        Raises:
-            CheckpointError: the ranks refused the checkpoint (same message on every rank), or
-                could not agree within ``acco.timeout_s``.
-        """
+        """Wait for the agreed verdict (idempotent); raises the agreed refusal, or a failed agreement's error."""
         t0 = time.perf_counter()
         try:
             return self._future.result()
@@ -116,9 +105,11 @@ class PendingVerdict:
         except CheckpointError as refused:
             raise refused from exc
 
-    def gating(self, checkpoint_engine: Any) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def gating(self, checkpoint_engine: Any) -> Iterator[None]:
         """Within the block, DeepSpeed's ``checkpoint_engine.load`` parses files while they are verified
-        but returns nothing before the verdict; any error in the block yields to a refusal."""
+        but returns nothing before the verdict; any error in the block (DeepSpeed may trip over a missing
+        file before it loads one) yields to a refusal."""
         real = checkpoint_engine.load
 
         def load(path, *args, **kwargs):
@@ -133,18 +124,12 @@ class PendingVerdict:
             self.verdict()
             return out
 
-        return _refusals_first(self, replaced(checkpoint_engine, "load", load))
-
-
-@contextlib.contextmanager
-def _refusals_first(pending: PendingVerdict, inner: contextlib.AbstractContextManager) -> Iterator[None]:
-    """Any error inside (DeepSpeed may trip over a missing file before it loads one) yields to the refusal."""
-    with inner:
-        try:
-            yield
-        except CheckpointError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            pending.refusal_instead_of(exc)
-            raise
+        with replaced(checkpoint_engine, "load", load):
+            try:
+                yield
+            except CheckpointError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                self.refusal_instead_of(exc)
+                raise
 

@@ -8,17 +8,13 @@ save therefore ends with ``ds_acco_manifest.json`` in the checkpoint folder: eac
 with its size and content hash. It is written last and atomically, so a tag is complete
 exactly when its manifest is there (:mod:`ds_acco.checkpoint.verify` checks it on load).
 
-The hash is xxHash's XXH3-64 (package ``xxhash``) over the file mapped into memory:
-about 4 GB/s on one loaded core of the CI machine where ``zlib.crc32``, the fallback
-when ``xxhash`` is not installed, reaches 1.1 (blake2b 0.6, sha256 1.2 GB/s), and an
-in-cache ``torch.load`` of the same bytes takes 4 times as long as XXH3. Either
-detects accidental damage, not tampering. Each file is hashed in ranges of 32 MiB, each
-with its digest in the manifest, and hashing is shared out: each range is hashed once, by
-a rank that wrote (on save) or reads (on load) its file, with the ranges of a file several
-ranks read spread over them, and the ranks exchange the results (cost measured in
-BENCHMARKS.md, "Checkpoint verification"). The manifest also records whether the master
-parameters and optimizer moments were finite at the save (``finite_at_save``), which spares
-a load whose files match their hashes from summing them again.
+The hash is xxHash's XXH3-64 (package ``xxhash``) over the file mapped into memory: about
+4 GB/s on one core where ``zlib.crc32``, the fallback without ``xxhash``, reaches 1.1 (BENCHMARKS.md,
+"Checkpoint verification"). Either detects accidental damage, not tampering. Each file is hashed
+in ranges (:data:`RANGE_BYTES`), each range once, by a rank that wrote (on save) or reads (on
+load) its file, and the ranks exchange the results. The manifest also records whether the
+masters and moments were finite at the save (``finite_at_save``), which spares a load whose
+files match their hashes from summing them again.
 """
 
 from __future__ import annotations
@@ -75,11 +71,7 @@ def range_count(size: int, range_bytes: int) -> int:
 def range_digests(path: str, indices: Optional[Iterable[int]] = None, algorithm: str = HASH,
                   range_bytes: int = RANGE_BYTES) -> list[str]:
     """The hashes (hex) of ranges ``indices`` (default: all) of a file: range i is bytes
-    ``[i * range_bytes, (i + 1) * range_bytes)``. Every hash of a checkpoint goes through here.
-
-    Raises:
-        ValueError: ``algorithm`` is unknown, or is ``xxh3_64`` and ``xxhash`` is not installed.
-    """
+    ``[i * range_bytes, (i + 1) * range_bytes)``. Every hash of a checkpoint goes through here."""
     _check_algorithm(algorithm)
     digest = xxhash.xxh3_64_hexdigest if algorithm == "xxh3_64" else (lambda b: f"{zlib.crc32(b):08x}")
     with open(path, "rb") as f:
@@ -96,18 +88,13 @@ def range_digests(path: str, indices: Optional[Iterable[int]] = None, algorithm:
 
 
 def file_digest(path: str, algorithm: str = HASH) -> str:
-    """The hash of a whole file's bytes, hex (what manifests of format 1 hold).
-
-    Raises:
-        ValueError: as :func:`range_digests`.
-    """
+    """The hash of a whole file's bytes, hex (what manifests of format 1 hold)."""
     return range_digests(path, [0], algorithm, range_bytes=max(1, os.path.getsize(path)))[0]
 
 
 def file_entry(path: str) -> dict:
     """A new manifest's entry for a file: its size and the digest of each of its ranges."""
-    size = os.path.getsize(path)
-    return {"size": size, "range_bytes": RANGE_BYTES, "digests": range_digests(path)}
+    return {"size": os.path.getsize(path), "range_bytes": RANGE_BYTES, "digests": range_digests(path)}
 
 
 def entry_ranges(entry: dict) -> tuple[int, list[str]]:
@@ -128,17 +115,10 @@ def units_of(name: str, size: int, range_bytes: int) -> list[Unit]:
 def unit_digests(folder: str, units: Sequence[Unit], ranges_of: dict[str, int],
                  algorithm: str = HASH) -> dict[tuple[str, int], str]:
     """``{(name, index): digest}`` of ``units``: each file's ranges in order on one thread, the files on up
-    to 4 threads, largest share first (``xxhash`` and ``zlib`` release the GIL). Where the node has cores
-    to spare a rank's files hash in parallel; where it has none the ranks share the cores. One thread per
-    file, not per range: a file read from the disk then streams in order through the kernel's read-ahead
-    (a single rank's cold load waited 0.26-0.36 s for ranges spread over threads, 0.18-0.20 s for whole
-    files in order; asking for the next range ahead with ``madvise(WILLNEED)`` made it 0.41-0.51 s).
-
-    Args:
-        ranges_of: each file's range size (from its manifest entry).
-
-    Raises:
-        ValueError: as :func:`range_digests`.
+    to 4 threads, largest share first (``xxhash`` and ``zlib`` release the GIL). One thread per file, not
+    per range: a file read from the disk then streams in order through the kernel's read-ahead (a cold
+    load waited 0.18-0.20 s so, 0.26-0.36 s with ranges spread over threads). ``ranges_of``: each file's
+    range size (from its manifest entry).
     """
     by_file: dict[str, list[Unit]] = {}
     for unit in units:
@@ -178,10 +158,7 @@ def share_out(units: Sequence[Unit], claims: Sequence[Iterable[str]], rank: int)
     to the rank with the fewest bytes (largest ranges first). Deterministic: every rank computes
     the same assignment from the same arguments.
 
-    Args:
-        units: every unit to hash (see :func:`units_of`).
-        claims: per rank, the files it wrote or reads anyway (hashing them costs no extra network read).
-        rank: this rank.
+    ``claims``: per rank, the files it wrote or reads anyway (hashing them costs no extra network read).
     """
     claimants: dict[str, list[int]] = {}
     for r, names in enumerate(claims):
@@ -215,7 +192,8 @@ def fsync_folders(folder: str) -> None:
         fsync_path(root)
 
 
-def _gather(obj, group) -> list:
+def gather_objects(obj, group) -> list:
+    """Every rank's ``obj`` (pickled through ``all_gather_object``: small lists of names and digests only)."""
     out: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, obj, group=group)
     return out
@@ -235,19 +213,16 @@ def write_manifest(folder: str, *, writer: str, tag: str, claim: Sequence[str] =
     Rank 0 writes the manifest through a temporary name, so it appears whole or not at all.
 
     Args:
-        folder: the checkpoint folder (one shared filesystem for all ranks).
         writer: which front end wrote the checkpoint (stored for the reader's messages).
-        tag: the checkpoint's name.
         claim: files this rank wrote; it hashes those (the ranges of others are shared out).
-        hashed: ``{name: entry}`` (see :func:`file_entry`) this rank already computed (see
-            :class:`ds_acco.checkpoint.files.FileFinisher`); not hashed again.
+        hashed: ``{name: entry}`` (:func:`file_entry`) this rank already computed; not hashed again.
         fsync: flush the folders' entries before the manifest, and the manifest's own entry after it.
         group: the process group of the ranks that wrote the checkpoint (None: the default group).
         non_finite: this rank's master parameters and optimizer moments that held inf/NaN at the save
             (empty: all finite), or None when the front end did not check. The manifest records
             ``finite_at_save`` true only when every rank checked and found none: a load whose files
             match their hashes then holds the saved values, so it need not sum them again.
-        key: sign the manifest with this key (:mod:`ds_acco.checkpoint.signing`); None: unsigned.
+        key: sign the manifest with this key; None: unsigned.
         guard: wraps rank 0's write of the manifest (a full disk is noted there, and the ranks still meet).
 
     Returns:
@@ -258,7 +233,7 @@ def write_manifest(folder: str, *, writer: str, tag: str, claim: Sequence[str] =
     listing = [tag_files(folder) if rank == 0 else None]
     dist.broadcast_object_list(listing, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     files = listing[0]
-    known = _gather(([f for f in hashed if f in files], [f for f in claim if f in files]), group)
+    known = gather_objects(([f for f in hashed if f in files], [f for f in claim if f in files]), group)
     owner: dict[str, int] = {}
     for r, (names, _) in enumerate(known):
         for name in names:
@@ -269,7 +244,7 @@ def write_manifest(folder: str, *, writer: str, tag: str, claim: Sequence[str] =
     units = [u for f in rest for u in units_of(f, sizes[f], RANGE_BYTES)]
     todo = share_out(units, [c for _, c in known], rank)
     ranges = unit_digests(folder, todo, {f: RANGE_BYTES for f in rest})
-    parts = _gather((mine, ranges, None if non_finite is None else list(non_finite)[:5]), group)
+    parts = gather_objects((mine, ranges, None if non_finite is None else list(non_finite)[:5]), group)
     bad = sorted({f"rank {r}'s {n}" for r, (_, _, names) in enumerate(parts) for n in names or ()})
     if rank == 0:
         entries: dict = {}

@@ -66,17 +66,10 @@ def refusal(path: str, exc: BaseException) -> UnsafeCheckpointError:
 
 def load(path: Any, *, map_location: Any = None, allow: Sequence[str] = (), weights_only: bool = True,
          **kwargs: Any) -> Any:
-    """``torch.load`` that never runs code from the file (unless ``weights_only`` is False: trusted files).
+    """``torch.load`` that never runs code from the file (unless ``weights_only``, the switch, is False).
 
-    Args:
-        path: a file path or file-like object.
-        map_location: as for ``torch.load``.
-        allow: qualified names of the classes the file may hold beyond tensors, containers and numbers.
-        weights_only: ``acco.checkpoint.weights_only``.
-        kwargs: passed on (``mmap``).
-
-    Raises:
-        CheckpointError: the file names a class outside ``allow`` (never after running it).
+    ``allow``: qualified names of the classes the file may hold beyond tensors, containers and numbers;
+    a file that names any other class raises :class:`UnsafeCheckpointError` (never after running it).
     """
     if not weights_only:
         return _TORCH_LOAD(path, map_location=map_location, weights_only=False, **kwargs)
@@ -120,14 +113,9 @@ def torch_load_restricted(allow: Sequence[str] = (), weights_only: bool = True) 
 
 
 class RestrictedUnpickler(pickle.Unpickler):
-    """A ``pickle.Unpickler`` that resolves only torch dtypes and the globals of ``allow`` (refusing every other).
-
-    Args:
-        file: the open binary file.
-        allow: qualified names (``module.Class``) or module prefixes ending in ``.`` (every class of them).
-        path: for the message.
-        weights_only: False restores plain ``pickle.load`` (trusted files).
-    """
+    """A ``pickle.Unpickler`` that resolves only torch dtypes and the globals of ``allow`` (refusing every other):
+    qualified names (``module.Class``) or module prefixes ending in ``.``. ``weights_only`` False: plain
+    ``pickle.load`` (trusted files)."""
 
     def __init__(self, file, allow: Sequence[str], path: str, weights_only: bool = True):
         super().__init__(file)

@@ -3,14 +3,11 @@
 Why: torch reports a full disk as ``basic_ios::clear: iostream error`` or ``unexpected pos
 895744 vs 895632``, naming neither the file nor the space needed, and it raises on the rank
 that hit it while the others wait for it in DeepSpeed's next barrier. So each write of a
-save goes through :meth:`SaveFailures.guard`: a failed write is noted (path, bytes the object
-needed, the error) and its half-written file removed, and the save goes on to its next
-barrier with the other ranks. After the writes the ranks :meth:`~SaveFailures.agree`; when
-any rank failed, the partial tag is removed (``latest`` never moved), and every rank gets the
-same :class:`CheckpointSaveError`: the path, the bytes a save needs (the last complete tag's
-size when there is one), and the space left. ``acco.checkpoint.on_save_error`` says what then:
-``"raise"`` (the default) stops the job; ``"continue"`` logs it and training goes on, the next
-save trying again.
+save goes through :meth:`SaveFailures.guard`: a failed write is noted and its half-written
+file removed, and the save goes on to its next barrier with the other ranks. After the
+writes the ranks :meth:`~SaveFailures.agree`; when any rank failed, the partial tag is
+removed (``latest`` never moved), and every rank gets the same :class:`CheckpointSaveError`
+(:meth:`SaveFailures.error`). ``acco.checkpoint.on_save_error`` says what then.
 """
 
 from __future__ import annotations
@@ -21,19 +18,14 @@ import shutil
 from typing import Any, Iterator, Optional
 
 import torch
-import torch.distributed as dist
 
 from ds_acco.errors import CheckpointError
 
-from .manifest import MANIFEST
+from .manifest import MANIFEST, gather_objects
 
 
 class CheckpointSaveError(CheckpointError):
     """A checkpoint save failed on some rank; nothing of it remains and ``latest`` is unchanged."""
-
-
-# errors a write raises when the filesystem refuses it; torch's writer turns ENOSPC into RuntimeError text
-_WRITE_ERRORS = (OSError, RuntimeError)
 
 
 def nbytes(obj: Any) -> int:
@@ -73,7 +65,7 @@ class SaveFailures:
         """Run one write; a filesystem error is noted (and the file removed) instead of raised."""
         try:
             yield
-        except _WRITE_ERRORS as exc:
+        except (OSError, RuntimeError) as exc:  # torch's writer turns ENOSPC into RuntimeError text
             if isinstance(exc, RuntimeError) and not _looks_like_io(exc):
                 raise
             self.needed += nbytes(obj)
@@ -84,8 +76,7 @@ class SaveFailures:
 
     def agree(self, group=None) -> list[str]:
         """Every rank's failures (collective; empty on every rank when the save wrote everything)."""
-        out: list = [None] * dist.get_world_size(group)
-        dist.all_gather_object(out, (self.failed, self.needed), group=group)
+        out = gather_objects((self.failed, self.needed), group)
         self.needed = sum(n for _, n in out)
         return [line for lines, _ in out for line in lines]
 

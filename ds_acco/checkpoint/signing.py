@@ -29,11 +29,7 @@ ALGORITHM = "hmac-sha256"
 
 
 def load_key(key_file: Optional[str]) -> Optional[bytes]:
-    """The signing key from ``acco.checkpoint.signing_key_file``, else from ``$DS_ACCO_CHECKPOINT_KEY_FILE``.
-
-    Raises:
-        AccoConfigError: the file named cannot be read or is too short (naming where the name came from).
-    """
+    """The signing key from ``acco.checkpoint.signing_key_file``, else from ``$DS_ACCO_CHECKPOINT_KEY_FILE``."""
     where = "acco.checkpoint.signing_key_file" if key_file else f"${KEY_ENV}"
     path = key_file or os.environ.get(KEY_ENV)
     if not path:

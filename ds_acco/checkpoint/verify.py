@@ -2,10 +2,8 @@
 
 Each rank checks that every file of the manifest (:mod:`ds_acco.checkpoint.manifest`)
 is there with its size, and hashes its share of the ranges of the files it is about to
-read (a file several ranks read is split over them); the ranks then
-exchange what they found, so a bad file seen by one rank fails every rank with the
-same message, which names the tag, the file, what was expected and what was found,
-and the newest earlier complete tag to resume from instead.
+read; the ranks then exchange what they found, so a bad file seen by one rank fails
+every rank with the same message (:func:`describe`).
 
 What is *not* a ds_acco checkpoint (no manifest and none of ds_acco's own files: a
 stock ZeRO-1 or stock DeepSpeed tag) loads unverified with one WARNING from the front
@@ -35,7 +33,8 @@ from . import signing
 from .safe_load import SWITCH
 from ds_acco.numerics.finite import all_finite
 
-from .manifest import MANIFEST, entry_ranges, newest_complete_tag, read_manifest, share_out, unit_digests, units_of
+from .manifest import (MANIFEST, entry_ranges, gather_objects, newest_complete_tag, read_manifest, share_out,
+                       unit_digests, units_of)
 
 logger = logging.getLogger("ds_acco")
 
@@ -49,12 +48,6 @@ class Verdict:
     dropped: set = field(default_factory=set)
     """Files that failed and are dropped (salvage only); the front end loads without them."""
     manifest: Optional[dict] = None
-
-
-def _gather(obj, group) -> list:
-    out: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
-    return out
 
 
 def size_problems(folder: str, manifest: dict) -> dict[str, str]:
@@ -115,23 +108,18 @@ def verify_for_load(folder: str, *, reads: Sequence[str], ours: bool, salvage: b
                     droppable: Callable[[str], bool] = lambda name: False, group=None,
                     manifest_read: Optional[tuple[Optional[dict], Optional[str]]] = None,
                     key: Optional[bytes] = None, scan: Optional[Callable[[str], list]] = None) -> Verdict:
-    """Verify ``folder`` before it is loaded; collective over ``group``.
+    """Verify ``folder`` before it is loaded; collective over ``group``: when any rank found a problem, every
+    rank raises the same CheckpointError.
 
     Args:
-        folder: the checkpoint folder (tag).
         reads: files this rank is about to read; it hashes them (files nobody reads are shared out).
         ours: the folder holds ds_acco's own files, so it must have a manifest.
-        salvage: ``acco.checkpoint.salvage``.
         droppable: which files the front end can load without (salvage only).
-        group: the ranks that load together (None: the default group).
         manifest_read: what :func:`read_manifest` returned, when the caller already read it.
         key: the signing key (:mod:`ds_acco.checkpoint.signing`): the manifest must be signed with it,
             checked before anything else; salvage cannot drop that.
         scan: the classes a file would unpickle beyond those allowed (:func:`ds_acco.checkpoint.safe_load.
             classes_beyond`); a file that names any is refused (None: ``acco.checkpoint.weights_only`` off).
-
-    Raises:
-        CheckpointError: on every rank, with the same message, when any rank found a problem.
     """
     rank = dist.get_rank(group)
     manifest, bad = manifest_read if manifest_read is not None else read_manifest(folder)
@@ -143,7 +131,7 @@ def verify_for_load(folder: str, *, reads: Sequence[str], ours: bool, salvage: b
     elif manifest is None:
         problems = {MANIFEST: f"expected present, found it {bad}"} if ours or bad != "missing" else {}
     else:
-        claims = _gather([f for f in reads if f in manifest["files"]], group)
+        claims = gather_objects([f for f in reads if f in manifest["files"]], group)
         problems = _check_files(folder, manifest, claims, rank)
     if scan is not None and unsigned is None:
         for name in reads:
@@ -153,7 +141,7 @@ def verify_for_load(folder: str, *, reads: Sequence[str], ours: bool, salvage: b
                                   f"run code the file names); refused before any file was parsed. If the checkpoint "
                                   f"comes from a source you trust, set {SWITCH}: false")
     merged: dict[str, str] = {}
-    for part in _gather(problems, group):
+    for part in gather_objects(problems, group):
         merged.update(part)
     if key is not None and MANIFEST in merged:
         raise CheckpointError(describe(folder, merged, "is not signed with this job's key"))
@@ -214,16 +202,12 @@ class FiniteCheck:
         return self._bad.result() if isinstance(self._bad, Future) else self._bad
 
     def settle(self, folder: str, group=None) -> None:
-        """Join the sums and agree; collective over ``group``.
-
-        Raises:
-            CheckpointError: on every rank, with the same message, when any rank's tensors hold inf/NaN.
-        """
+        """Join the sums and agree (collective): raise on every rank when any rank's tensors hold inf/NaN."""
         t0 = time.perf_counter()
         try:
             bad = self.local_result()
             merged = {}
-            for r, names in enumerate(_gather(bad[:5], group)):
+            for r, names in enumerate(gather_objects(bad[:5], group)):
                 merged.update({f"rank {r}'s {n}": "expected finite values, found inf/NaN" for n in names})
         finally:
             self.waited += time.perf_counter() - t0
@@ -249,7 +233,5 @@ def refuse_unless_finite(folder: str, named: Iterable[tuple[str, torch.Tensor]],
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer, prefix: str = "optimizer") -> list[tuple[str, Any]]:
     """``(name, tensor)`` for every tensor in a torch optimizer's state (the moments)."""
-    out = []
-    for i, state in enumerate(optimizer.state.values()):
-        out.extend((f"{prefix} state {i} {key}", v) for key, v in state.items() if torch.is_tensor(v))
-    return out
+    return [(f"{prefix} state {i} {key}", v) for i, state in enumerate(optimizer.state.values())
+            for key, v in state.items() if torch.is_tensor(v)]

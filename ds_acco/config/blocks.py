@@ -1,8 +1,7 @@
-"""The nested blocks of the ``"acco"`` config: telemetry, checkpoints, preemption, streaming.
+"""The nested blocks of the ``"acco"`` config: telemetry, checkpoints, preemption, auto, streaming.
 
-Why pydantic: DeepSpeed validates its own blocks with pydantic models that forbid unknown keys
-(``deepspeed/runtime/config_utils.py``); the ``"acco"`` block sits next to them in the same file,
-so it is checked the same way. Each field's docstring is its documentation.
+Validated like the top level (why pydantic: :mod:`ds_acco.config.schema`). Each field's docstring is
+its documentation.
 """
 
 from __future__ import annotations
@@ -43,11 +42,10 @@ class CheckpointConfig(_Block):
     """How checkpoints are saved and loaded (saves are always verified, see ``ds_acco.checkpoint.manifest``)."""
 
     fsync: bool = True
-    """Flush every file of a save to stable storage before the manifest that vouches for it
-    (then the manifest, the tag's rename and ``latest``), so a tag that looks complete is
-    complete after a node crash or a power loss. Off: saves return once the files are in
-    the page cache (faster on local disks; a crash can then leave a tag whose files fail
-    verification, and the load names the previous complete tag)."""
+    """Flush every file of a save to stable storage before the manifest that vouches for it (then the
+    manifest, the tag's rename and ``latest``), so a tag that looks complete is complete after a node
+    crash or a power loss. Off: faster on local disks; a crash can then leave a tag whose files fail
+    verification, and the load names the previous complete tag."""
 
     salvage: bool = False
     """Load a damaged or partial ds_acco checkpoint anyway, dropping the parts that fail
@@ -97,21 +95,19 @@ class AutoConfig(_Block):
     switches only for a clear gain."""
 
     measure_steps: int = Field(default=1, ge=1)
-    """Synchronous steps measured before the first choice (the first choice comes after
-    ``max(warmup_steps, measure_steps)`` steps). One suffices: step 1's compute is timed from the end of its
-    first micro-batch (which holds start-up), its round is paced from a probe of the link
-    (``ds_acco.comm.link_pacing``), and a choice in sync gathers every rank's figures once its round is over.
+    """Synchronous steps measured before the first choice (which comes after ``max(warmup_steps,
+    measure_steps)`` steps). One suffices: step 1's compute is timed from the end of its first micro-batch
+    (which holds start-up), its round is paced from a probe of the link (``ds_acco.comm.link_pacing``), and a
+    choice in sync gathers every rank's figures once its round is over.
     More steps give medians over more samples (up to 3)."""
     check_every: int = Field(default=20, ge=1)
     """Steps between two choices after the first: a link that slows or a worker that falls behind
     changes the answer."""
     acco_step_penalty: float = Field(default=0.10, ge=0.0, le=1.0)
     """The extra steps ACCO's one-step delay costs to reach the same loss, as a fraction (0.10: ACCO is
-    charged 10% more time per step). Measured on BENCHMARKS.md's real-compute bed (3.3 M-parameter GPT,
-    100 Mbit/s, two runs): acco fixed's steps took 0.97x sync's, its time to the loss 1.07x, so its
-    steps bought about 10% less loss; set 0 where your runs show no penalty. With sync steps for the
-    learning-rate warm-up (``warmup_steps: "scheduler"``) the same bed measured about 4% (acco from
-    step 2: 9%, four runs each), and ds_configs/auto_lowbit.json charges 0.05."""
+    charged 10% more time per step): acco fixed's steps bought about 10% less loss than sync's on
+    BENCHMARKS.md's real-compute bed (about 4% with sync steps for the learning-rate warm-up, which
+    ds_configs/auto_lowbit.json charges as 0.05). Set 0 where your runs show no penalty."""
     switch_margin: float = Field(default=0.05, ge=0.0, lt=1.0)
     """Switch only when the other mode is predicted faster by at least this fraction (no flapping
     between two modes that cost the same)."""
@@ -121,9 +117,8 @@ class AutoConfig(_Block):
     there no gradient round hides, and streaming's fragment rounds do. Off unless set, because from the switch
     on every rank keeps a full copy of the optimizer state (ZeRO stage 0's memory). Needs fp32 parameters, and
     DeepSpeed ZeRO-1 or ``ds_acco.plain.build(..., model=)``. One-way: auto does not choose again after it.
-    Auto also looks before the first round, from a probe of the link behind step 1's compute (gloo, ``G >= 2``), and
-    where ``warmup_steps`` outlasts ``measure_steps`` once after ``measure_steps``: the warm-up keeps acco's delay
-    from the first steps, streaming has none, so those looks may start streaming (and nothing else)."""
+    Auto may also start streaming (and nothing else) before the first round (gloo, ``G >= 2``) and, where
+    ``warmup_steps`` outlasts ``measure_steps``, after ``measure_steps``: streaming has no delay to warm up."""
 
 
 class StreamingConfig(_Block):

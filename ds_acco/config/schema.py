@@ -232,12 +232,10 @@ _LATER_DEFAULTS = {
 
 def _describe(error: Mapping[str, Any], prefix: str) -> str:
     where = ".".join(str(p) for p in (prefix, *error.get("loc", ())) if p != "")
-    kind = error.get("type", "")
     value = error.get("input")
-    if kind == "extra_forbidden":
+    if error.get("type", "") == "extra_forbidden":
         return f"{where}: unknown key (value {value!r}); allowed keys: {_allowed_keys(error, prefix)}"
-    msg = error.get("msg", "invalid value")
-    return f"{where}: got {value!r}; {msg}"
+    return f"{where}: got {value!r}; {error.get('msg', 'invalid value')}"
 
 
 def _allowed_keys(error: Mapping[str, Any], prefix: str) -> str:
@@ -252,11 +250,8 @@ def _allowed_keys(error: Mapping[str, Any], prefix: str) -> str:
 
 
 def parse_acco_config(block: Any, prefix: str = "acco") -> AccoConfig:
-    """Validate a user's ``"acco"`` block (dict, ``AccoConfig`` or ``None``).
-
-    Raises:
-        AccoConfigError: naming every wrong field, its value and what is allowed.
-    """
+    """Validate a user's ``"acco"`` block (dict, ``AccoConfig`` or ``None``); an :class:`AccoConfigError` names
+    every wrong field."""
     if isinstance(block, AccoConfig):
         return block
     if block is None:

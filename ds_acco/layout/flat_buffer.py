@@ -36,17 +36,9 @@ class FlatLayout:
 
     @classmethod
     def for_params(cls, params: Sequence[torch.Tensor], world_size: int, alignment: int = 1) -> "FlatLayout":
-        """Pack ``params`` back to back and pad to a multiple of ``world_size * alignment``.
-
-        Args:
-            params: tensors in the order they are laid out.
-            world_size: number of data-parallel ranks sharing the buffer.
-            alignment: each shard's element count is a multiple of this (e.g. 2 or
-                4 so shards of a bf16 buffer start on NCCL-friendly addresses).
-
-        Raises:
-            ValueError: if ``world_size`` or ``alignment`` is not positive.
-        """
+        """Pack ``params`` back to back, in order, and pad to a multiple of ``world_size * alignment``: each
+        shard's element count is then a multiple of ``alignment`` (e.g. 2 or 4 so shards of a bf16 buffer
+        start on NCCL-friendly addresses)."""
         if world_size < 1 or alignment < 1:
             raise ValueError(f"world_size and alignment must be >= 1, got {world_size}, {alignment}")
         numels = tuple(p.numel() for p in params)

@@ -27,12 +27,8 @@ def _trainable(module: nn.Module) -> list[nn.Parameter]:
 
 
 def find_block_stack(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
-    """The longest ``nn.ModuleList`` whose entries all hold trainable parameters, with its name.
-
-    Returns:
-        ``(qualified_name, module_list)``, or None when the model has none (ties go
-        to the one registered first).
-    """
+    """``(qualified_name, module_list)`` of the longest ``nn.ModuleList`` whose entries all hold trainable
+    parameters (ties: the one registered first), or None."""
     best = None
     for name, module in model.named_modules():
         if isinstance(module, nn.ModuleList) and len(module) > 0 and all(_trainable(m) for m in module):
@@ -42,16 +38,9 @@ def find_block_stack(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
 
 
 def layer_units(model: nn.Module) -> tuple[str, list[list[nn.Parameter]]]:
-    """The model's layers in order, each as its trainable parameters.
-
-    Returns:
-        ``(description, units)``: where the layers were found (for error messages)
-        and one parameter list per layer. The first unit also holds the parameters
-        registered before the block stack, the last those registered after it.
-
-    Raises:
-        ValueError: the model has no trainable parameters.
-    """
+    """``(where, units)``: the model's layers in order, each as its trainable parameters, and where they were
+    found (for messages). The first unit also holds the parameters registered before the block stack, the
+    last those registered after it."""
     stack = find_block_stack(model)
     if stack is None:
         units = [_trainable(child) for child in model.children()]
@@ -95,21 +84,8 @@ def _dedupe(units: Iterable[list[nn.Parameter]]) -> list[list[nn.Parameter]]:
 
 
 def split_units(units: Sequence[list[nn.Parameter]], fragments: int, where: str = "layers") -> list[list[nn.Parameter]]:
-    """Cut ``units`` into ``fragments`` runs of consecutive units, as equal in count as possible.
-
-    Args:
-        units: the layers in order (parameter lists).
-        fragments: ``P``.
-        where: what the units are, for the error message.
-
-    Returns:
-        ``P`` parameter lists; earlier fragments get the extra unit when ``P`` does
-        not divide the count.
-
-    Raises:
-        ValueError: ``P`` is not between 1 and the number of units (the message names
-            ``acco.streaming.fragments``).
-    """
+    """Cut ``units`` (the layers in order) into ``fragments`` runs of consecutive units, as equal in count as
+    possible (earlier fragments get the extra unit); ``where`` says what the units are, for the message."""
     L = len(units)
     if isinstance(fragments, bool) or not isinstance(fragments, int) or not 1 <= fragments <= L:
         raise ValueError(
@@ -135,12 +111,8 @@ FragmentSpec = Sequence[Union[nn.Module, nn.Parameter, Sequence[Union[nn.Module,
 
 
 def explicit_fragments(spec: FragmentSpec, model: nn.Module, fragments: int) -> list[list[nn.Parameter]]:
-    """Fragments given by the caller: one entry per fragment, each modules and/or parameters.
-
-    Raises:
-        ValueError: the count differs from ``fragments``, a parameter is in two
-            fragments, or a trainable parameter of ``model`` is in none.
-    """
+    """Fragments given by the caller: one entry per fragment, each modules and/or parameters, every
+    trainable parameter of ``model`` in exactly one."""
     if len(spec) != fragments:
         raise ValueError(f"{FIELD}: got {fragments}, but {len(spec)} explicit fragments were passed")
     out: list[list[nn.Parameter]] = []
@@ -165,12 +137,7 @@ def explicit_fragments(spec: FragmentSpec, model: nn.Module, fragments: int) -> 
 
 
 def named_fragments(names: Sequence[Sequence[str]], model: nn.Module, fragments: int) -> list[list[nn.Parameter]]:
-    """Fragments given by qualified names (``acco.streaming.fragment_modules`` in a JSON config).
-
-    Raises:
-        ValueError: a name matches no module or parameter of ``model``, or the
-            fragments do not cover every trainable parameter exactly once.
-    """
+    """Fragments given by qualified names of modules or parameters (``acco.streaming.fragment_modules``)."""
     spec: list[list[Union[nn.Module, nn.Parameter]]] = []
     for i, entry in enumerate(names):
         items: list[Union[nn.Module, nn.Parameter]] = []

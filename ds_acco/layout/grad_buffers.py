@@ -47,15 +47,10 @@ class GradBuffers:
         return hook
 
     def bind(self) -> None:
-        """Make ``p.grad`` of every parameter the view of the active accumulator."""
-        if self._use_hooks:
-            for g in self.groups:
-                for p in g.params:
-                    p.grad = None
-            return
+        """Make ``p.grad`` of every parameter the view of the active accumulator (None with hooks)."""
         for g, views in zip(self.groups, self._views[self.active]):
             for p, v in zip(g.params, views):
-                p.grad = v
+                p.grad = None if self._use_hooks else v
 
     def repair(self) -> None:
         """Fold gradients that escaped the accumulator back into it.

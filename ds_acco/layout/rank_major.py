@@ -37,9 +37,6 @@ class RankMajorPacking:
         world_size: ``N``, ranks sharing the group.
         masters: this rank's shard of each parameter: 1-D, ``c_i * row_i`` elements
             (FSDP2's padded local shards). The round publishes their concatenation.
-
-    Raises:
-        ValueError: a master's size is not its parameter's padded chunk.
     """
 
     def __init__(self, shapes: Sequence[torch.Size], world_size: int, masters: Sequence[torch.Tensor]):

@@ -20,11 +20,10 @@ from .rank_major import RankMajorPacking
 
 @dataclass
 class ShardedGroup:
-    """One parameter group as the round engine sees it; the adapter's answer to "where do buffers live".
+    """One parameter group as the round engine sees it.
 
     Attributes:
         params: the compute parameters, views into ``flat``.
-        layout: how ``flat`` is laid out and sharded.
         flat: compute-parameter buffer (compute dtype, ``layout.padded_numel``).
         master: this rank's fp32 master shard, the tensor the shard optimizer steps
             (``layout.shard_numel`` elements); None with ``packing``, whose masters
@@ -76,11 +75,7 @@ class ShardedGroup:
 def build_sharded_groups(
     param_groups: Sequence[Sequence[nn.Parameter]], world_size: int, rank: int, alignment: int = 1
 ) -> list[ShardedGroup]:
-    """Flatten each group of parameters and cut this rank's fp32 master shard from it.
-
-    This is the layout the plain-PyTorch front end uses; the DeepSpeed adapter
-    builds :class:`ShardedGroup` from DeepSpeed's own ZeRO-1 buffers instead.
-    """
+    """Flatten each group of parameters and cut this rank's fp32 master shard from it (the plain front end)."""
     groups = []
     for params in param_groups:
         params = list(params)

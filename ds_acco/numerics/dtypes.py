@@ -17,11 +17,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def resolve_dtype(name: str, auto: torch.dtype, field: str) -> torch.dtype:
-    """``"auto"`` means ``auto``; otherwise the named floating dtype.
-
-    Raises:
-        AccoConfigError: naming ``field`` when ``name`` is neither.
-    """
+    """``"auto"`` means ``auto``; otherwise the named floating dtype (an unknown name: an error naming ``field``)."""
     if name == "auto":
         return auto
     try:

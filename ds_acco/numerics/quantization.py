@@ -47,26 +47,14 @@ class Quantized(NamedTuple):
 
 
 def check_block_size(block_size: int, field: str = "block_size") -> int:
-    """Return ``block_size`` if it is a positive int.
-
-    Raises:
-        ValueError: naming ``field`` and the value otherwise.
-    """
+    """Return ``block_size`` if it is a positive int; else raise a ValueError naming ``field``."""
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"{field}: got {block_size!r}; allowed: an integer >= 1 (e.g. {DEFAULT_BLOCK_SIZE})")
     return block_size
 
 
 def num_blocks(numel: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
-    """Number of blocks (and scales) for a row of ``numel`` elements; the last may be short.
-
-    Args:
-        numel: elements in the row (>= 0).
-        block_size: elements per block.
-
-    Returns:
-        ``ceil(numel / block_size)``.
-    """
+    """``ceil(numel / block_size)``: blocks (and scales) for a row of ``numel`` elements; the last may be short."""
     check_block_size(block_size)
     return -(-numel // block_size)
 
@@ -85,15 +73,8 @@ def _split(rows: torch.Tensor, block_size: int) -> tuple[Optional[torch.Tensor],
 
 
 def block_absmax(x: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> torch.Tensor:
-    """Per-block absolute maximum of each row of ``x`` (1-D: one row), in fp32.
-
-    Args:
-        x: a 1-D tensor or a 2-D ``(rows, numel)`` tensor of any floating dtype.
-        block_size: elements per block.
-
-    Returns:
-        fp32 tensor ``(rows, num_blocks(numel, block_size))``.
-    """
+    """Per-block absolute maximum of each row of ``x`` (1-D: one row; any floating dtype): fp32
+    ``(rows, num_blocks(numel, block_size))``."""
     check_block_size(block_size)
     return _per_block(_as_rows(x).abs(), block_size, torch.amax).float()
 
@@ -123,18 +104,12 @@ def quantize_blockwise(
 
     Args:
         x: a 1-D tensor (one row) or a 2-D ``(rows, numel)`` tensor, fp32/bf16/fp16.
-        block_size: elements per block; ``numel`` need not be a multiple of it.
         payload: optional int8 output, ``(rows, numel)`` (may be a strided view).
         scales: optional fp32 output, ``(rows, num_blocks(numel, block_size))``.
         qmax: the largest level (127 for int8, 7 for int4; the payload is int8 either way).
 
     Returns:
-        :class:`Quantized` with 2-D ``payload`` and ``scales`` (``payload``/``scales``
-        when given).
-
-    Raises:
-        ValueError: ``block_size`` is not a positive int, ``x`` has more than two
-            dimensions, or an output has the wrong shape or dtype.
+        :class:`Quantized` with 2-D ``payload`` and ``scales`` (the given outputs, if any).
     """
     if x.dim() > 2:
         raise ValueError(f"x: got a {x.dim()}-D tensor; allowed: 1-D or 2-D (rows, numel)")
@@ -180,16 +155,12 @@ def dequantize_blockwise(
     Args:
         payload: int8, 1-D (one row) or ``(rows, numel)``.
         scales: fp32, ``(rows, num_blocks(numel, block_size))`` (1-D for one row).
-        block_size: the block size the payload was quantised with.
         out: optional output of the payload's shape (any floating dtype, may be strided).
         accumulate: add into ``out`` instead of overwriting it (requires ``out``).
         qmax: the largest level the payload was quantised with.
 
     Returns:
         ``out``, or a new fp32 tensor shaped like ``payload``.
-
-    Raises:
-        ValueError: shapes or dtypes do not fit, or ``accumulate`` without ``out``.
     """
     if payload.dtype != torch.int8:
         raise ValueError(f"payload: got dtype {payload.dtype}; allowed: torch.int8")

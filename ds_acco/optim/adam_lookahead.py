@@ -21,20 +21,13 @@ snapshot path):
   ``DeepSpeedCPUAdam`` (``adamw_mode``; not ``amsgrad``). On CPU both run the same
   kernel (``ds_adam_step`` in DeepSpeed's ``csrc/adam/cpu_adam_impl.cpp``), and
   :meth:`FunctionalAdam._chunk_deepspeed` evaluates its formula with its fp32
-  scalars and its fused multiply-adds (ATen's vectorised ``add(alpha=)`` is an FMA).
-  Measured against DeepSpeed 0.19.8's CPU ``FusedAdam`` (AVX2, GCC 12): bit-identical
-  except in the last ``numel % lanes`` elements of a tensor (8 lanes with AVX2, 16
-  with AVX-512), which the kernel steps in scalar C++ whose multiply-adds the
-  compiler contracts differently (about two fp32 ulps of the result). The one input
-  it reconstructs is the kernel's ``beta ** step``: multiplied up in fp32 from step 1
-  when every group has the same betas (what the kernel does), ``pow`` when they differ
-  (the kernel recomputes it at every call then); a resumed run, where the kernel starts
-  from ``pow``, can be ulps off. tests/test_shard_optimizer.py checks all of this.
-  Torch's formula with fp64 scalars was 1e-5 of the update away (``1 - beta2`` from
-  fp32 ``beta2`` differs from fp64's by 1.3e-5, and ATen's fp32 ``sqrt`` is not
-  correctly rounded). Only the estimate is affected: a commit is always the
-  optimizer's own step. (On CUDA, FusedAdam's kernel uses another formula; the rule
-  is then as close as torch's, not bit-identical: not measured here.)
+  scalars and its fused multiply-adds (torch's formula with fp64 scalars was 1e-5 of
+  the update away). Against DeepSpeed 0.19.8's CPU ``FusedAdam``: bit-identical except
+  in the last ``numel % lanes`` elements of a tensor, which the kernel steps in scalar
+  C++ (about two fp32 ulps), and in a resumed run, where the kernel's ``beta ** step``
+  starts from ``pow`` (see :func:`_running_power`); tests/test_shard_optimizer.py checks
+  this. Only the estimate is affected: a commit is always the optimizer's own step. (On
+  CUDA, FusedAdam's kernel uses another formula: as close as torch's, not measured.)
 
 Masters and state must be fp32 (DeepSpeed's ZeRO-1 partitions and ds_acco's own
 masters are); anything else takes the snapshot path.
@@ -54,9 +47,8 @@ CHUNK_ELEMS = 1 << 18
 """Elements per chunk on a CPU: the scratch is at most 4 such fp32 buffers (4 MiB), whatever the model size."""
 CUDA_CHUNK_ELEMS = 1 << 22
 """Elements per chunk on a GPU or another accelerator (at most 64 MiB of scratch). The round's thread launches
-about ten kernels per chunk, and each launch holds the Python interpreter for microseconds that the training
-thread needs to launch its own: on an H200 (a 25 M-parameter shard) 256 Ki-element chunks took 10-15 ms of host time per
-round and compute with a round in flight ran 1.09-1.24x slower (BENCHMARKS.md, "On a GPU")."""
+about ten kernels per chunk, each holding the Python interpreter for microseconds the training thread needs: on an
+H200, 256 Ki-element chunks slowed compute with a round in flight up to 1.24x (BENCHMARKS.md, "On a GPU")."""
 SQRT_PIECE = 1 << 14
 """Elements per fp64 square root of DeepSpeed's rule (128 KiB of scratch): fp64's, rounded once, is fp32's
 correctly rounded root, which the kernel's ``sqrt`` is."""
@@ -98,11 +90,6 @@ def local_flat(t: torch.Tensor) -> torch.Tensor:
     return local.detach().reshape(-1)
 
 
-def _deepspeed_class(name: str, module: str):
-    mod = sys.modules.get(module)  # loaded iff such an optimizer can exist; never import DeepSpeed here
-    return getattr(mod, name, None) if mod is not None else None
-
-
 def _torch_hyper(optimizer: torch.optim.Optimizer, group: dict) -> Optional[AdamHyper]:
     if group.get("capturable") or group.get("differentiable"):
         return None
@@ -129,18 +116,11 @@ def _hyper_reader(optimizer: torch.optim.Optimizer):
     kind = type(optimizer)
     if kind in (torch.optim.Adam, torch.optim.AdamW):
         return _torch_hyper
-    deepspeed_kinds = (_deepspeed_class("FusedAdam", "deepspeed.ops.adam.fused_adam"),
-                       _deepspeed_class("DeepSpeedCPUAdam", "deepspeed.ops.adam.cpu_adam"))
-    if any(kind is k for k in deepspeed_kinds if k is not None):
+    # a module is loaded iff such an optimizer can exist; never import DeepSpeed here
+    if kind in (getattr(sys.modules.get("deepspeed.ops.adam.fused_adam"), "FusedAdam", None),
+                getattr(sys.modules.get("deepspeed.ops.adam.cpu_adam"), "DeepSpeedCPUAdam", None)):
         return _deepspeed_hyper
     return None
-
-
-def _step_count(optimizer: torch.optim.Optimizer, group: dict, state: dict) -> float:
-    """Steps taken so far (the step about to be computed is this plus one)."""
-    if "step" in state:
-        return _scalar(state["step"])
-    return _scalar(group.get("step", 0))  # DeepSpeed's FusedAdam seeds a new state from group["step"]
 
 
 class FunctionalAdam:
@@ -188,19 +168,16 @@ class FunctionalAdam:
 
     def lookahead(self, masters: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
                   outs: Sequence[torch.Tensor]) -> None:
-        """Write the stepped value of each master into the first ``numel`` elements of its ``out``.
-
-        Args:
-            masters: the fp32 master shards (plain tensors or DTensors) the optimizer owns.
-            grads: one 1-D fp32 gradient per master, at least as long as its local shard.
-            outs: one 1-D tensor per master (any floating dtype), at least as long.
-        """
+        """Write the stepped value of each master (plain tensor or DTensor) into the first ``numel`` elements
+        of its ``out`` (1-D, any floating dtype); ``grads``: one 1-D fp32 gradient per master. Both are at
+        least as long as the master's local shard."""
         with torch.no_grad():
             for p, g, out in zip(masters, grads, outs):
                 group = self._group_of(p)
                 hyper = self._hyper_reader(self.optimizer, group)
                 state = self.optimizer.state.get(p, {})
-                step = _step_count(self.optimizer, group, state) + 1
+                # the step about to be taken; DeepSpeed's FusedAdam seeds a new state from group["step"]
+                step = _scalar(state["step"] if "step" in state else group.get("step", 0)) + 1
                 flat = local_flat(p)
                 n = flat.numel()
                 m, v, vmax = (local_flat(state[key]) if key in state else None  # absent before the first step
@@ -304,17 +281,10 @@ class FunctionalAdam:
         grad = g
         if h.weight_decay > 0 and not h.decoupled:  # grad = fma(param, weight_decay, grad)
             grad = torch.add(g, p, alpha=s.weight_decay, out=self._buf("grad", k, dev))
-        m2 = self._buf("exp_avg", k, dev)
-        if m is None:
-            m2.zero_()
-        else:
-            torch.mul(m, s.beta1, out=m2)
+        m2, v2 = self._buf("exp_avg", k, dev), self._buf("exp_avg_sq", k, dev)
+        m2.zero_() if m is None else torch.mul(m, s.beta1, out=m2)
         m2.add_(grad, alpha=s.one_minus_beta1)  # fma(grad, 1 - beta1, momentum * beta1)
-        v2 = self._buf("exp_avg_sq", k, dev)
-        if v is None:
-            v2.zero_()
-        else:
-            torch.mul(v, s.beta2, out=v2)
+        v2.zero_() if v is None else torch.mul(v, s.beta2, out=v2)
         square = torch.mul(grad, grad, out=res)  # res is free until the parameter is written
         v2.add_(square, alpha=s.one_minus_beta2)  # fma(grad * grad, 1 - beta2, variance * beta2)
         for start in range(0, k, SQRT_PIECE):  # the kernel's sqrt: ATen's fp32 sqrt is not correctly rounded

@@ -1,21 +1,16 @@
 """The optimizer step on this rank's fp32 master shards: commit and lookahead.
 
 Any ``torch.optim.Optimizer`` built over the master shards works. The commit is
-its ordinary ``step()`` followed by one LR-scheduler step; for torch's Adam and
-AdamW stepping single-tensor or ``foreach`` it is the same arithmetic done chunk
+its ordinary ``step()`` followed by the LR-scheduler steps it earns; for torch's Adam
+and AdamW stepping single-tensor or ``foreach`` it is the same arithmetic done chunk
 by chunk (:meth:`ds_acco.optim.adam_lookahead.FunctionalAdam.step`), because torch's
 step holds two shard-sized temporaries for its denominator (8 bytes per shard
 element) at the moment the round's buffers are all live. The lookahead
-(``Opt_lookahead`` in docs/algorithms.md) must give what the next commit would give
-with the same learning rate and step count, while leaving the shard and the
-optimizer state untouched. For Adam and AdamW (torch's and DeepSpeed's) it is
-evaluated functionally, chunk by chunk, straight into the caller's output
-(:mod:`ds_acco.optim.adam_lookahead`; no model-proportional scratch). Any other
-optimizer is stepped on the real tensors after a snapshot of both into scratch
-tensors that are allocated once and reused (``O(params / N)``: 12 bytes per
-shard element for a two-moment optimizer), the result is copied out, and the
-snapshot is copied back in place, so tensor identities (which DeepSpeed and user
-code may hold) never change.
+(``Opt_lookahead`` in docs/algorithms.md) leaves the shard and the optimizer state
+untouched: functional for Adam and AdamW (:mod:`ds_acco.optim.adam_lookahead`); any
+other optimizer is stepped on the real tensors after a snapshot into scratch that is
+allocated once, the result is copied out, and the snapshot is copied back in place,
+so tensor identities (which DeepSpeed and user code may hold) never change.
 """
 
 from __future__ import annotations
@@ -143,7 +138,7 @@ class ShardOptimizer:
         ``θ``, ``S``, the parameter groups and the scheduler are left as they were.
         """
         if self.lookahead_is_functional:
-            self._functional.lookahead(self.masters, *self._per_master(grads, outs))
+            self._functional.lookahead(self.masters, self._master_grads(grads), self._master_outs(outs))
             return
         self._snapshot.take(self.optimizer, self.masters)
         try:
@@ -154,10 +149,6 @@ class ShardOptimizer:
                 self._write_masters(outs)
         finally:
             self._snapshot.restore(self.optimizer, self.masters)
-
-    def _per_master(self, grads: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]):
-        """Each master's gradient and output, in :attr:`masters` order."""
-        return self._master_grads(grads), self._master_outs(outs)
 
     def _master_grads(self, grads: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         """Each master's 1-D gradient, in :attr:`masters` order (adapters whose rounds hand one buffer

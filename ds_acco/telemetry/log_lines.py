@@ -14,12 +14,8 @@ logger = logging.getLogger("ds_acco")
 
 
 def ensure_log_output() -> None:
-    """Make ``telemetry.log_every`` lines visible when nobody configured logging.
-
-    A config that asks for a line every N steps should print it, as DeepSpeed's own
-    logger does; an application that configured logging (a handler on ``ds_acco`` or on
-    the root logger) keeps full control.
-    """
+    """Make ds_acco's INFO lines visible when nobody configured logging, as DeepSpeed's own logger does; an
+    application that configured logging (a handler on ``ds_acco`` or on the root logger) keeps full control."""
     if logger.handlers or logging.getLogger().handlers:
         if logger.level == logging.NOTSET and logging.getLogger().level > logging.INFO:
             logger.setLevel(logging.INFO)  # handlers exist, but the lines would be filtered out

@@ -23,15 +23,8 @@ CAST_CHUNK_ELEMS = 1 << 24
 
 
 class ChunkedCastReduceScatter:
-    """Reduce-scatter ``full`` (any dtype) in ``comm_dtype`` into an fp32 shard, ``k`` shard elements at a time.
-
-    Args:
-        padded_numel: elements of the flat buffer (a multiple of ``world_size``).
-        world_size: ranks of the group.
-        comm_dtype: the payload dtype.
-        device: where the scratch lives.
-        chunk_elems: scratch elements over all ranks (default :data:`CAST_CHUNK_ELEMS`).
-    """
+    """Reduce-scatter ``full`` (any dtype) in ``comm_dtype`` into an fp32 shard, ``k`` shard elements at a time
+    (``chunk_elems``: scratch elements over all ranks)."""
 
     def __init__(self, padded_numel: int, world_size: int, comm_dtype: torch.dtype, device: torch.device,
                  chunk_elems: int = CAST_CHUNK_ELEMS):

@@ -4,11 +4,8 @@ Byte figures follow the bandwidth-optimal (ring) algorithms NCCL and gloo use
 for large payloads: a reduce-scatter or all-gather of an ``M``-byte buffer over
 ``N`` ranks sends and receives ``M * (N - 1) / N`` bytes per rank, an all-reduce
 twice that. They are the payload a link must carry, not packet-level counts;
-the benchmark measures the interface counters next to them.
-
-All collectives go to the round engine's own process group, created with the
-configured timeout, so the background thread never interleaves with
-collectives the training thread issues on the default group.
+the benchmark measures the interface counters next to them. All collectives go to the
+engine's own process group (:mod:`ds_acco.comm.engine_lifecycle` says why).
 
 [Note: the reduce-scatter on gloo]
 gloo's ``reduce_scatter`` puts the whole payload on the wire (measured on the
@@ -22,19 +19,16 @@ is already ring-optimal and is used as it is.
 [Note: pieces on gloo]
 On gloo the all-to-all, the reduce-scatter built on it and the all-gather run in
 pieces: never more than ``MAX_PIECE_NUMEL`` elements per rank (a bound on the
-scratch they need), and on a slow link fewer, so that a piece takes a few tens of
-milliseconds of link time (:mod:`ds_acco.comm.link_pacing`: the rate is measured on the
-pieces themselves). Every rank must cut a collective the same way, and each
-measured its own rate, so a piece size takes effect only once the ranks agreed on
-it (:meth:`RoundCollectives.adopt_pacing`: the round engine sends its vote with the
-micro-batch counts it gathers anyway). Before any rate is known, the first collective large enough
-opens with a probe (:meth:`RoundCollectives._probe`): a few pieces of the smallest size, then the
-votes in one tiny all-gather, so even a job's first round runs paced. ``WireBytes.calls`` counts
+scratch they need), and on a slow link fewer (:mod:`ds_acco.comm.link_pacing`).
+Every rank must cut a collective the same way, and each measured its own rate, so a
+piece size takes effect only once the ranks agreed on it (:meth:`RoundCollectives.adopt_pacing`;
+before any rate is known, :meth:`RoundCollectives._probe`). ``WireBytes.calls`` counts
 collectives as the caller issued them, ``WireBytes.pieces`` the gloo calls that carried them.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Optional
@@ -106,15 +100,8 @@ class RoundCollectives:
         self.piece_bytes = min(limits) if limits else None
 
     def check_peers_agree(self, mine: object, what: str, named: Optional[dict] = None) -> None:
-        """Fail at start-up, not with a hang, when ranks hold different ``mine`` (configs, layouts).
-
-        Args:
-            named: this rank's ``acco`` fields by name (:meth:`AccoConfig.compared_fields`): the
-                message then names each field the ranks disagree on, rank by rank.
-
-        Raises:
-            AccoConfigError: naming ``what`` and the fields (or every rank's value) that differ.
-        """
+        """Fail at start-up, not with a hang, when ranks hold different ``mine`` (configs, layouts); with
+        ``named`` (:meth:`AccoConfig.compared_fields`) the message names each ``acco`` field that differs."""
         from ds_acco.config.compare import rank_differences
         from ds_acco.errors import AccoConfigError
 
@@ -183,9 +170,8 @@ class RoundCollectives:
     def _probe(self, per_rank: int, small: int, sent_per_element: int, cap: int, one) -> int:
         """The job's first large collective: its head times the link (:meth:`LinkPacer.probe`), one tiny
         all-gather agrees the piece size, and the rest goes in agreed pieces. Without it a job's first round ran
-        unpaced, at about half a shaped link's rate: a sync low-bit round at 25 Mbit/s took 1.92-1.94 s at step 1
-        against 1.21-1.24 s after it, and 1.39-1.40 s with the probe. On a fast link it costs a dozen small calls
-        once."""
+        unpaced, at about half a shaped link's rate (BENCHMARKS.md, "Auto looks after step 1, and a job's first
+        round is paced"). On a fast link it costs a dozen small calls once."""
         head = self.pacer.probe(small, sent_per_element, one)
         votes = self.all_gather_small(torch.tensor([self.pacing_vote()], dtype=torch.int64))
         self.adopt_pacing(votes.view(-1).tolist())
@@ -198,22 +184,17 @@ class RoundCollectives:
         sends in agreed pieces, or None where there is nothing to time (another backend, one rank, a link too
         fast to time, a job whose collectives already probed it).
 
-        What the first large collective would have done at its head (:meth:`_probe`), on scratch, then a few
-        pieces of the agreed size timed as a round's would be, so ``mode: "auto"`` can price a round before the
-        first one runs (1.4 to 2.5 MiB from each rank). The probe's own rate is not that figure: its 256 KiB
-        pieces stall on a slow link's deep queue (:mod:`ds_acco.comm.link_pacing`), and at 10 Mbit/s it read
-        half the rate the agreed pieces then moved at."""
+        :meth:`_probe` on scratch, then a few pieces of the agreed size timed as a round's would be, so
+        ``mode: "auto"`` can price a round before the first one runs (1.4 to 2.5 MiB from each rank). The
+        probe's own rate is not that figure: its 256 KiB pieces stall on a slow link's deep queue (at 10 Mbit/s
+        it read half the rate the agreed pieces then moved at)."""
         if not (self.reduce_scatter_via_all_to_all and self._probe_due and self.piece_bytes is None):
             return None
         self._probe_due = False
         sent_per_element = self.world_size - 1  # one byte an element
         small = max(1, MIN_PIECE_BYTES // sent_per_element)
         numel = max(LinkPacer.probe_numel(small), 2 * PROBE_PIECES * 4 * small)
-        rows = torch.zeros(self.world_size, numel, dtype=torch.uint8)
-
-        def one(start: int, n: int) -> None:
-            self._exchange_piece(rows, start, n)
-
+        one = functools.partial(self._exchange_piece, torch.zeros(self.world_size, numel, dtype=torch.uint8))
         self._probe(LinkPacer.probe_numel(small), small, sent_per_element, 4 * small * sent_per_element, one)
         if self.piece_bytes is None:
             return None

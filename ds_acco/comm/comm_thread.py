@@ -29,26 +29,20 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from ds_acco.errors import AccoRoundError, AccoTimeoutError
 
 
-class StreamEvent(NamedTuple):
-    """A tensor's producer event on a CUDA stream (None on CPU)."""
-
-    event: Optional[torch.cuda.Event]
-
-
-def record_ready(device: torch.device) -> StreamEvent:
-    """Mark "everything the training stream queued so far" for the comm stream to wait on."""
+def record_ready(device: torch.device) -> Optional[torch.cuda.Event]:
+    """Mark "everything the training stream queued so far" for the comm stream to wait on (None on CPU)."""
     if device.type != "cuda":
-        return StreamEvent(None)
+        return None
     ev = torch.cuda.Event()
     ev.record(torch.cuda.current_stream(device))
-    return StreamEvent(ev)
+    return ev
 
 
 class RoundHandle:
@@ -105,12 +99,7 @@ class RoundHandle:
         return time.perf_counter() - self.launched_at
 
     def wait(self, timeout_s: Optional[float] = None) -> Any:
-        """Block until the round ends; make the current CUDA stream wait on it.
-
-        Raises:
-            AccoTimeoutError: the round was still running after ``timeout_s``.
-            AccoRoundError: the round raised on the communication thread.
-        """
+        """Block until the round ends (at most ``timeout_s``); make the current CUDA stream wait on it."""
         limit = self.timeout_s if timeout_s is None else timeout_s
         remaining = max(0.0, limit - self.elapsed())
         if not self._finished.wait(remaining):
@@ -141,7 +130,8 @@ class CommThread:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, handle: RoundHandle, fn: Callable[[RoundHandle], Any], ready: StreamEvent) -> RoundHandle:
+    def submit(self, handle: RoundHandle, fn: Callable[[RoundHandle], Any],
+               ready: Optional[torch.cuda.Event]) -> RoundHandle:
         if not self._thread.is_alive():
             raise AccoRoundError("the ds_acco communication thread is not running (closed or crashed)")
         self._jobs.put((handle, fn, ready))
@@ -159,8 +149,8 @@ class CommThread:
             try:
                 if self.comm_stream is not None:
                     with torch.cuda.stream(self.comm_stream):
-                        if ready.event is not None:
-                            self.comm_stream.wait_event(ready.event)
+                        if ready is not None:
+                            self.comm_stream.wait_event(ready)
                         result = fn(handle)
                         done_event = torch.cuda.Event()
                         done_event.record(self.comm_stream)

@@ -45,10 +45,8 @@ class EngineLifecycle:
     :meth:`_release` (anything else they hold) and :meth:`startup_fields`.
 
     Args:
-        config: the validated ``"acco"`` block.
         process_group: the data-parallel group (None: WORLD); rounds run on a private copy.
         device: where the round's tensors live (picks the CUDA stream or none).
-        thread_name: the communication thread's name.
     """
 
     def __init__(self, config: AccoConfig, process_group: Optional[dist.ProcessGroup], device: torch.device,
@@ -70,8 +68,7 @@ class EngineLifecycle:
 
     # ------------------------------------------------------------ start
     def _agree_with_peers(self, mine: object, what: str) -> None:
-        """Fail at start-up, not with a hang, when ranks were given different configs or models (naming the
-        ``acco`` fields that differ)."""
+        """:meth:`RoundCollectives.check_peers_agree`, naming the ``acco`` fields that differ."""
         self.coll.check_peers_agree(mine, what, named=self.config.compared_fields())
 
     def _start_thread(self) -> None:

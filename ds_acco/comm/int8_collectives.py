@@ -27,9 +27,6 @@ to the next call's input. The sum over calls of what was sent then differs from
 the sum of the inputs by only the last residual, instead of by the sum of all
 residuals. A residual that is not finite (inf/NaN input, a step that
 ``check_finite`` skips) is reset to zero so it cannot poison later rounds.
-
-Instances hold reusable buffers for one buffer size and no other state (apart
-from the residual); nothing here is module-level.
 """
 
 from __future__ import annotations
@@ -66,10 +63,6 @@ def default_piece_numel(block_size: int, world_size: int, device: Optional[torch
     return (row_bytes - 4) // (block_size + 4) * block_size  # b blocks: b * (block_size + 4) bytes, < 4 to align
 
 
-def _round4(n: int) -> int:
-    return -(-n // 4) * 4
-
-
 class _WireRows:
     """``rows`` packed wire rows (scales, payload, alignment) of ``numel`` elements each; ``bits`` 8 or 4
     (int4: two elements per payload byte, through an int8 scratch of the levels). ``log``: non-negative values as
@@ -78,12 +71,11 @@ class _WireRows:
 
     def __init__(self, rows: int, numel: int, block_size: int, device: Optional[torch.device], bits: int = 8,
                  log: bool = False):
-        self.numel, self.block_size, self.bits, self.log = numel, block_size, bits, log
+        self.numel, self.block_size, self.log = numel, block_size, log
         self.qmax = QMAX if bits == 8 else QMAX_INT4
-        self.blocks = num_blocks(numel, block_size)
-        self.per_block = 2 if log else 1
+        self.scale_bytes = 4 * (2 if log else 1) * num_blocks(numel, block_size)
         self.payload_bytes = numel if bits == 8 else -(-numel // 2)
-        self.row_bytes = 4 * self.per_block * self.blocks + _round4(self.payload_bytes)
+        self.row_bytes = self.scale_bytes + -(-self.payload_bytes // 4) * 4  # payload padded to 4 bytes
         self.buffer = torch.zeros(rows, self.row_bytes, dtype=torch.int8, device=device)
         # int4: the levels before packing (an even width: a lone last element pairs with a zero)
         self._levels = torch.zeros(rows, 2 * self.payload_bytes, dtype=torch.int8, device=device) if bits == 4 \
@@ -91,12 +83,11 @@ class _WireRows:
 
     @property
     def scales(self) -> torch.Tensor:
-        return self.buffer[:, : 4 * self.per_block * self.blocks].view(torch.float32)
+        return self.buffer[:, : self.scale_bytes].view(torch.float32)
 
     @property
     def payload(self) -> torch.Tensor:
-        start = 4 * self.per_block * self.blocks
-        return self.buffer[:, start : start + self.payload_bytes]
+        return self.buffer[:, self.scale_bytes : self.scale_bytes + self.payload_bytes]
 
     def _log_pieces(self):
         """``(elements, scales)`` slices of whole blocks, :data:`LOG_PIECE` elements at most."""
@@ -113,12 +104,10 @@ class _WireRows:
                 self.payload[:, elements].view(torch.uint8).copy_(q.payload)
                 self.scales[:, scales].copy_(q.scales)
             return
-        if self._levels is None:
-            quantize_blockwise(x, self.block_size, payload=self.payload, scales=self.scales)
-            return
-        quantize_blockwise(x, self.block_size, payload=self._levels[:, : self.numel], scales=self.scales,
-                           qmax=self.qmax)
-        pack_int4(self._levels, self.payload.view(torch.uint8))
+        levels = self.payload if self._levels is None else self._levels[:, : self.numel]
+        quantize_blockwise(x, self.block_size, payload=levels, scales=self.scales, qmax=self.qmax)
+        if self._levels is not None:
+            pack_int4(self._levels, self.payload.view(torch.uint8))
 
     def unpack(self, out: torch.Tensor, accumulate: bool = False, row: Optional[int] = None) -> torch.Tensor:
         """Dequantise the rows (or only ``row``) into ``out`` (``(rows, numel)``, or ``(1, numel)``)."""
@@ -138,23 +127,15 @@ class _WireRows:
 
 
 class Int8ReduceScatter:
-    """Summing reduce-scatter of a flat buffer as blockwise int8 (or int4), for one buffer size.
-
-    Rank ``r`` receives the fp32 sum over ranks of elements
-    ``[r * chunk, (r + 1) * chunk)`` of ``full``, with ``chunk = ceil(numel / N)``
-    (elements past ``numel`` count as zero), each rank's contribution dequantised
-    before the sum.
+    """Summing reduce-scatter of a flat buffer as blockwise int8 (or int4), for one buffer size (the note above):
+    rank ``r`` receives the fp32 sum of chunk ``r``, ``chunk = ceil(numel / N)``.
 
     Args:
         numel: elements of the buffers passed to :meth:`__call__`.
-        world_size: ranks in the collective group.
         block_size: elements per quantisation block (one fp32 scale each).
         error_feedback: keep the quantisation residual and add it to the next input.
         device: where the wire and scratch buffers live.
         bits: 8, or 4 (acco's estimate rounds: half the bytes; the commit sends the residual on).
-
-    Raises:
-        ValueError: ``numel`` < 1, ``world_size`` < 1 or ``block_size`` not a positive int.
     """
 
     def __init__(
@@ -185,10 +166,6 @@ class Int8ReduceScatter:
         self._acc: Optional[torch.Tensor] = None
 
     @property
-    def error_feedback(self) -> bool:
-        return self.residual is not None
-
-    @property
     def bytes_per_call(self) -> int:
         """Bytes this rank sends (and receives) per call: ``(N - 1)`` wire rows."""
         return (self.world_size - 1) * self._send.row_bytes
@@ -198,19 +175,12 @@ class Int8ReduceScatter:
         """Reduce-scatter ``full`` (sum) into ``out`` through quantised wire rows.
 
         Args:
-            coll: the round's collectives (its group and byte counter are used).
             out: this rank's chunk of the sum, ``chunk`` elements (fp32 recommended;
                 another dtype receives the fp32 sum rounded once).
             full: this rank's contribution, ``numel`` elements of any floating dtype;
                 read only.
             residual_out: ``numel`` elements: receives what this rank's quantisation lost,
                 ``full - dequant(quant(full))`` (acco's commit sends it after an int4 estimate).
-
-        Returns:
-            ``out``.
-
-        Raises:
-            ValueError: ``full``/``out`` sizes do not match, or ``coll`` has another world size.
         """
         if full.numel() != self.numel or out.numel() != self.chunk:
             raise ValueError(
@@ -230,7 +200,7 @@ class Int8ReduceScatter:
             lost = residual_out.reshape(-1)
             if lost.numel() != self.numel or self.residual is not None:
                 raise ValueError(f"residual_out: got {lost.numel()} elements for {self.numel}, error feedback "
-                                 f"{self.error_feedback}; needs {self.numel} elements and no error feedback")
+                                 f"{self.residual is not None}; needs {self.numel} elements and no error feedback")
             if self._work is None:
                 self._send.unpack(lost.view(self.world_size, self.chunk))
             else:  # padded: the work buffer is free once packed (no error feedback reads it)
@@ -243,18 +213,15 @@ class Int8ReduceScatter:
                 self.residual.zero_()
         coll.all_to_all(self._recv.buffer, self._send.buffer)
         direct = out.dtype == torch.float32 and out.is_contiguous()
-        acc = out.view(-1) if direct else self._scratch(out)
+        if not direct and self._acc is None:
+            self._acc = torch.empty(self.chunk, dtype=torch.float32, device=out.device)
+        acc = out.view(-1) if direct else self._acc
         acc.zero_()
         for src in range(self.world_size):  # rank order; O(chunk) temporaries only
             self._recv.unpack(acc.view(1, -1), accumulate=True, row=src)
         if not direct:
             out.copy_(acc.view(out.shape))
         return out
-
-    def _scratch(self, out: torch.Tensor) -> torch.Tensor:
-        if self._acc is None:
-            self._acc = torch.empty(self.chunk, dtype=torch.float32, device=out.device)
-        return self._acc
 
     def reset_error_feedback(self) -> None:
         """Forget the kept residual (e.g. after loading a checkpoint)."""
@@ -269,16 +236,11 @@ class ShardAllGather:
     own part is also rounded through the wire dtype, so replicas never diverge.
 
     Args:
-        shard_numel: elements per rank.
-        world_size: ranks in the group.
         wire_dtype: ``"fp32"``, ``"bf16"``, ``"int8"`` (blockwise absmax, one fp32
             scale per ``block_size`` elements) or ``"log8"`` (non-negative values only:
             :func:`~ds_acco.numerics.quantization.quantize_log`, two scales a block).
         block_size: int8 and log8 only.
         device: where the wire buffers live.
-
-    Raises:
-        ValueError: an unknown ``wire_dtype`` or bad sizes.
     """
 
     def __init__(
@@ -312,16 +274,7 @@ class ShardAllGather:
         return (self.world_size - 1) * self._send.numel() * self._send.element_size()
 
     def __call__(self, coll: RoundCollectives, full: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
-        """Gather every rank's ``shard`` into ``full`` (rank order), through the wire dtype.
-
-        Args:
-            coll: the collectives to run on (group and byte counter).
-            full: ``world_size * shard_numel`` elements, any floating dtype.
-            shard: this rank's ``shard_numel`` elements.
-
-        Returns:
-            ``full``.
-        """
+        """Gather every rank's ``shard`` into ``full`` (rank order, any floating dtype), through the wire dtype."""
         if full.numel() != self.world_size * self.shard_numel or shard.numel() != self.shard_numel:
             raise ValueError(
                 f"ShardAllGather built for {self.shard_numel} x {self.world_size}, got shard {shard.numel()}, "
@@ -369,17 +322,12 @@ class Int8DeltaAllGather:
     :meth:`RoundCollectives.all_gather` cuts on gloo, so nothing is cut and copied twice.
 
     Args:
-        shard_numel: elements per rank.
-        world_size: ranks in the group.
         block_size: elements per int8 block (one fp32 scale each).
         piece_numel: elements per rank per all-gather (rounded down to whole blocks); None:
             :func:`default_piece_numel`.
         device: where the wire buffers and the ``shard_numel`` fp32 scratch live.
         bits: 8, or 4 (acco's estimate rounds: their lookahead only steers where the next gradients
             are computed, and the commit's delta, taken against what landed, carries the error).
-
-    Raises:
-        ValueError: bad sizes or block size.
     """
 
     def __init__(self, shard_numel: int, world_size: int, *, block_size: int = DEFAULT_BLOCK_SIZE,
@@ -412,13 +360,6 @@ class Int8DeltaAllGather:
             out: ``world_size * shard_numel`` elements, any floating dtype; may not alias ``base``.
             base: the parameters every rank holds (same values on every rank), same size as ``out``.
             new_shard: this rank's new values, ``shard_numel`` elements (fp32 recommended).
-
-        Returns:
-            ``out``.
-
-        Raises:
-            ValueError: sizes do not fit, ``out`` aliases ``base``, or the delta holds inf/NaN
-                (an int8 delta cannot carry it; the message says which rank and how many).
         """
         S, N = self.shard_numel, self.world_size
         if out.numel() != N * S or base.numel() != N * S or new_shard.numel() != S:

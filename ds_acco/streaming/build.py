@@ -62,18 +62,13 @@ def build(
         inner_optimizer_cls / inner_optimizer_kwargs: the inner optimizer (any
             ``torch.optim``), available as ``engine.inner_optimizer``.
         config: the ``"acco"`` block, ``mode: "streaming"``.
-        process_group: the data-parallel group (default WORLD).
         fragments: optional explicit fragments, one entry per fragment (modules and/or
-            parameters); default ``acco.streaming.fragment_modules``, else
-            :func:`ds_acco.layout.fragments.default_fragments`.
+            parameters); default: :func:`fragments_of`.
         param_groups: what to pass to the inner optimizer (default: the model's
             trainable parameters), e.g. groups with and without weight decay.
 
     Returns:
         The :class:`StreamingEngine`; call ``after_inner_step()`` after every inner step.
-
-    Raises:
-        AccoConfigError: a wrong config value, or ``fragments`` the model cannot provide.
     """
     cfg = no_preemption_dir(streaming_config(config), "ds_acco.streaming.build")
     try:

@@ -4,16 +4,8 @@ The rules are in ``docs/algorithms.md`` (section streaming). Every rank keeps a
 full replica ``θ_i`` of the model and its own inner optimizer. The global
 parameters ``θ_g`` and the outer Nesterov-SGD momentum are sharded ZeRO-1 style:
 rank ``r`` owns slice ``r`` of every fragment's flat buffer in fp32 (the
-*master shard*). The training loop is::
-
-    engine = ds_acco.streaming.build(model, torch.optim.AdamW, {"lr": 3e-4},
-                                     config={"mode": "streaming",
-                                             "streaming": {"fragments": 4, "sync_every": 100}})
-    for batch in loader:
-        loss_fn(model(batch)).backward()
-        engine.inner_optimizer.step(); engine.inner_optimizer.zero_grad()
-        engine.after_inner_step()
-    engine.finish(); engine.close()
+*master shard*). The training loop calls :meth:`StreamingEngine.after_inner_step` after every
+inner optimizer step, and :meth:`~StreamingEngine.finish` at the end (:func:`ds_acco.streaming.build`).
 
 Buffers of fragment ``p`` (flat space as in :mod:`ds_acco.layout.flat_buffer`):
 
@@ -107,11 +99,6 @@ class _Fragment:
                                  device=device)
         self.last_sync = 0
 
-    def reset_global(self, rank: int) -> None:
-        """``θ_g,p = θ̂_g,p = θ_i,p`` (after the start-up broadcast)."""
-        self.anchor.copy_(self.flat)
-        self.master.copy_(self.layout.shard(self.anchor, rank))
-
 
 @dataclass
 class _Outcome:
@@ -140,15 +127,10 @@ class StreamingEngine(EngineLifecycle):
             None at construction and set afterwards, as :func:`build` does, because the
             engine re-points the parameters at flat buffers first.
         fragments: ``P`` lists of parameters, as :mod:`ds_acco.layout.fragments` makes them.
-        config: the ``"acco"`` block with ``mode: "streaming"``.
-        process_group: the data-parallel group (default WORLD); rounds run on a private copy.
         on_stop: called after the merge at which every rank learned of a SIGTERM (front ends save and
             exit there); None: :meth:`preempt`.
         broadcast: start every replica from rank 0's weights (False: the caller knows they are equal, as
             at auto's switch, where a broadcast would send the whole model over the link for nothing).
-
-    Raises:
-        AccoConfigError: the mode is not ``streaming``, or ranks disagree on config or layout.
     """
 
     def __init__(
@@ -201,7 +183,8 @@ class StreamingEngine(EngineLifecycle):
         for frag in self.fragments:
             if broadcast:
                 dist.broadcast(frag.flat, src=src, group=self.coll.group)
-            frag.reset_global(self.rank)
+            frag.anchor.copy_(frag.flat)  # θ_g,p = θ̂_g,p = θ_i,p
+            frag.master.copy_(frag.layout.shard(frag.anchor, self.rank))
 
     # ------------------------------------------------------------ training side
     def fragment_at(self, step: int) -> Optional[int]:
@@ -209,14 +192,8 @@ class StreamingEngine(EngineLifecycle):
         return sync_fragment(step, self.P, self.H)
 
     def after_inner_step(self) -> bool:
-        """Count one inner optimizer step; merge a round that is due, launch one that is.
-
-        Returns:
-            True when a merge changed ``θ_i`` during this call.
-
-        Raises:
-            AccoRoundError: a round failed or timed out on the communication thread.
-        """
+        """Count one inner optimizer step; merge a round that is due, launch one that is. True when a merge
+        changed ``θ_i`` during this call."""
         self._ensure_open()
         self.inner_steps += 1
         step, merged = self.inner_steps, False
@@ -236,8 +213,7 @@ class StreamingEngine(EngineLifecycle):
         return merged
 
     def _launch(self, frag: _Fragment, step: int) -> None:
-        n = frag.layout.padded_numel
-        delta, shard = self._delta[:n], self._shard[: frag.layout.shard_numel]
+        delta, shard = self._delta[: frag.layout.padded_numel], self._shard[: frag.layout.shard_numel]
         torch.sub(frag.anchor, frag.flat, out=delta)  # θ̂_g − θ_i at launch, snapshot for the round
         launched_at = time.perf_counter()
         handle = self._submit(f"fragment {frag.index}", lambda h: self._run_round(h, frag, delta, shard))
@@ -309,9 +285,7 @@ class StreamingEngine(EngineLifecycle):
         round in flight is merged first. Training may continue afterwards: it is a merge
         with ``alpha = 0`` of every fragment at once.
         """
-        self._ensure_open()
-        if self._inflight is not None:
-            self._complete(self.inner_steps)
+        self.finish()
         for frag in self.fragments:
             self.coll.all_gather(frag.anchor, frag.master)  # fp32: θ̂_g = θ_g, so the next correction is 0
             frag.flat.copy_(frag.anchor)
@@ -320,10 +294,8 @@ class StreamingEngine(EngineLifecycle):
     def state_dict(self) -> dict:
         """This rank's streaming state: global fragments, outer momentum, residuals, schedule.
 
-        A round in flight is waited for but *not* merged: its result is already in the
-        fragment's ``anchor`` and ``master``, and the merge stays due at the same inner
-        step, so saving does not change the trajectory. The replica ``θ_i`` and the inner
-        optimizer are the front end's to save (they differ on every rank).
+        A round in flight is waited for, not merged (as in :meth:`quiesce`). The replica ``θ_i`` and the
+        inner optimizer are the front end's to save (they differ on every rank).
         """
         self._ensure_open()
         pending = None
@@ -352,12 +324,8 @@ class StreamingEngine(EngineLifecycle):
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict` output saved by this rank with the same config and world size.
-
-        Raises:
-            AccoConfigError: saved with another streaming config, world size or fragment layout.
-            AccoRoundError: a round is in flight here.
-        """
+        """Restore :meth:`state_dict` output saved by this rank with the same world size and fragments (other
+        ``acco`` fields may change: the state carries on under the new block)."""
         self._ensure_open()
         if self._inflight is not None:
             raise AccoRoundError("load_state_dict needs an idle streaming engine; a round is in flight")
@@ -399,9 +367,6 @@ class StreamingEngine(EngineLifecycle):
 
         ``saved`` holds :meth:`state_dict` of *every* rank of that job, in rank order
         (see :mod:`ds_acco.streaming.reshard`). Load the replica first.
-
-        Raises:
-            AccoConfigError: another streaming config or another model, or ranks missing.
         """
         self._ensure_open()
         if self._inflight is not None:
@@ -412,9 +377,7 @@ class StreamingEngine(EngineLifecycle):
 
     def reset(self, inner_steps: int) -> None:
         """Start the global state afresh from the current replica (a checkpoint without streaming state)."""
-        self._ensure_open()
-        if self._inflight is not None:
-            self._complete(self.inner_steps)
+        self.finish()
         self._start_from_rank0()
         for frag in self.fragments:
             frag.outer.state.clear()

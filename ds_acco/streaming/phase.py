@@ -11,9 +11,7 @@ holds that engine. Switching to streaming keeps the engine and changes what a st
   seconds on the links where the switch happens);
 * the inner optimizer is a full-size twin of the shard optimizer (same class and instance settings,
   param group for param group) whose state starts as the all-gathered shard states: no moment is lost
-  (sent at one byte an element unless ``streaming.all_gather_dtype`` is ``"fp32"``, which keeps them exact;
-  gathered on the communication thread at the round engine's pacing while the first streaming step computes,
-  since on a link slow enough for the switch the two moments take about as long as a step);
+  (:meth:`StreamingPhase._gather`, behind the first streaming step's compute);
 * a step's gradient is this rank's accumulator divided as a round would divide it, clipped by this
   rank's norm, stepped at the learning rate the scheduler gives the shard optimizer;
 * ``θ_g`` and the outer momentum are the streaming engine's fragment shards.
@@ -72,7 +70,6 @@ class StreamingPhase:
         shard_optimizer: steps the master shards; its class, settings and state seed the inner optimizer.
         fragments: ``P`` lists of the groups' parameters (:func:`ds_acco.streaming.fragments_of`).
         config: the ``"acco"`` block (mode ``auto``); its ``streaming`` block configures the phase.
-        process_group: the data-parallel group.
         G: micro-batches per worker per step; clip: this rank's gradient-norm clip (0: off).
         on_stop: the front end's hand-over after a SIGTERM every rank learned of.
         piece_bytes: the piece size the round engine's collectives agreed on (None: unpaced). A fresh group

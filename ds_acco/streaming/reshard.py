@@ -24,15 +24,11 @@ def load_resharded(fragments: Sequence, saved: Sequence[dict], *, fingerprint: s
 
     Args:
         fragments: the engine's fragments (``anchor``, ``master``, ``outer``, ``rs``, ``flat``, ``layout``).
-        saved: ``StreamingEngine.state_dict()`` of each rank of the saved job.
         fingerprint: this job's ``acco`` block fingerprint (must equal the saved one).
-        rank / alpha / device: this rank, the merge weight, where the state lives.
+        alpha: the merge weight.
 
     Returns:
         ``(inner_steps, round_index)`` to continue from.
-
-    Raises:
-        AccoConfigError: another streaming config or another model, or ranks missing.
     """
     first = saved[0]
     numels = [f.layout.numel for f in fragments]

@@ -15,15 +15,9 @@ def sync_offset(fragment: int, fragments: int, sync_every: int) -> int:
 
 
 def sync_fragment(step: int, fragments: int, sync_every: int) -> Optional[int]:
-    """The fragment that synchronises after inner step ``step`` (1-based), or None.
+    """The fragment ``p`` with ``step mod H == sync_offset(p, P, H)``, or None (also for ``step < 1``).
 
-    Args:
-        step: inner steps completed (the count ``after_inner_step`` has just reached).
-        fragments: ``P``.
-        sync_every: ``H`` (>= ``P``, so offsets are distinct).
-
-    Returns:
-        ``p`` with ``step mod H == sync_offset(p, P, H)``, or None (also for ``step < 1``).
+    ``step`` is the count of inner steps ``after_inner_step`` has just reached; ``H >= P``, so offsets are distinct.
     """
     if step < 1:
         return None

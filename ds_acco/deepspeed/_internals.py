@@ -43,6 +43,8 @@ from typing import Any, Iterator
 import deepspeed
 import torch
 
+from ds_acco.checkpoint.files import replaced
+
 CHECKPOINT_CLASSES = ("deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
                       "deepspeed.runtime.zero.config.ZeroStageEnum", "deepspeed.utils.tensor_fragment.fragment_address")
 """The classes beyond tensors, containers and numbers that DeepSpeed's ZeRO-1 and stage-0 checkpoint files hold
@@ -57,11 +59,8 @@ _ENGINE_ATTRS = ("enable_backward_allreduce", "_backward_epilogue", "_take_model
 
 
 def check(engine: Any, zero_optimizer: Any = None) -> None:
-    """Fail at take-over if DeepSpeed lacks an attribute named in the module docstring.
-
-    Raises:
-        RuntimeError: naming the DeepSpeed version and every missing attribute.
-    """
+    """Fail at take-over, naming the DeepSpeed version and every missing attribute, if DeepSpeed lacks an
+    attribute named in the module docstring."""
     missing = [f"DeepSpeedEngine.{a}" for a in _ENGINE_ATTRS if not hasattr(engine, a)]
     if zero_optimizer is not None:
         missing += [f"{type(zero_optimizer).__name__}.{a}" for a in _ZERO_ATTRS if not hasattr(zero_optimizer, a)]
@@ -70,15 +69,9 @@ def check(engine: Any, zero_optimizer: Any = None) -> None:
                            f"{', '.join(missing)}; install a supported release (pip install 'deepspeed>=0.19,<0.20')")
 
 
-@contextlib.contextmanager
-def engine_class(factory: Any) -> Iterator[None]:
+def engine_class(factory: Any) -> contextlib.AbstractContextManager:
     """Within the block, ``deepspeed.initialize`` builds ``factory(...)`` instead of a ``DeepSpeedEngine``."""
-    saved = deepspeed.DeepSpeedEngine
-    deepspeed.DeepSpeedEngine = factory
-    try:
-        yield
-    finally:
-        deepspeed.DeepSpeedEngine = saved
+    return replaced(deepspeed, "DeepSpeedEngine", factory)
 
 
 def load_ds_config(config: Any) -> Any:
@@ -120,7 +113,7 @@ def point_at(opt: Any, i: int, flat: torch.Tensor) -> None:
 
 def record_step(engine: Any, grad_norm: float, applied: bool) -> None:
     """What ``get_global_grad_norm()`` and ``was_step_applied()`` report after a commit."""
-    record_grad_norm(engine, grad_norm)
+    engine._global_grad_norm = grad_norm
     engine._step_applied = applied
 
 
@@ -130,8 +123,7 @@ def record_grad_norm(engine: Any, grad_norm: float) -> None:
 
 
 # ------------------------------------------------------------------ checkpoints
-@contextlib.contextmanager
-def guarded_recovery_script(engine: Any, guard: Any) -> Iterator[None]:
+def guarded_recovery_script(engine: Any, guard: Any) -> contextlib.AbstractContextManager:
     """Within the block, the copy of ``zero_to_fp32.py`` a ZeRO save writes next to its tags goes through
     ``guard(path)`` (a full disk fails the save on every rank instead of raising on rank 0 alone)."""
     real = engine._copy_recovery_script
@@ -140,11 +132,7 @@ def guarded_recovery_script(engine: Any, guard: Any) -> Iterator[None]:
         with guard(os.path.join(save_path, "zero_to_fp32.py")):
             real(save_path)
 
-    engine._copy_recovery_script = copy
-    try:
-        yield
-    finally:
-        del engine._copy_recovery_script
+    return replaced(engine, "_copy_recovery_script", copy)
 
 
 @contextlib.contextmanager

@@ -44,20 +44,11 @@ logger = logging.getLogger("ds_acco")
 
 
 class VerifiedCheckpoints:
-    """``save_checkpoint`` / ``load_checkpoint`` of a ds_acco DeepSpeed engine (mixed in before DeepSpeedEngine).
-
-    Hooks the engine implements (each documented below): :attr:`STATE_FILE`, :meth:`_acco_dp`,
-    :meth:`_acco_own_state`, :meth:`_acco_client_entry`, :meth:`_acco_claim`, :meth:`_acco_finite_tensors`,
-    :meth:`_acco_saving`, :meth:`_acco_before_load`, :meth:`_acco_load_other_world`,
-    :meth:`_acco_load_own_state`, :meth:`_acco_reset_own_state`, :meth:`_acco_proven_finite`.
-    """
-
-    @property
-    def _acco_key(self) -> Optional[bytes]:
-        """The signing key (:mod:`ds_acco.checkpoint.signing`), read at take-over (a bad key file fails there)."""
-        return self.__dict__.get("_acco_signing_key")
+    """``save_checkpoint`` / ``load_checkpoint`` of a ds_acco DeepSpeed engine (mixed in before DeepSpeedEngine),
+    which implements the hooks below; also what both engines share at a SIGTERM and in ``destroy()``."""
 
     def _acco_read_key(self) -> None:
+        """The signing key (:mod:`ds_acco.checkpoint.signing`), read at take-over (a bad key file fails there)."""
         self.__dict__["_acco_signing_key"] = signing.load_key(self._acco_config.checkpoint.signing_key_file)
 
     STATE_FILE = ""
@@ -127,8 +118,7 @@ class VerifiedCheckpoints:
             return super().save_checkpoint(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
         own = self._acco_own_state()
         tag = str(tag if tag is not None else f"global_step{self.global_steps}")
-        client_state = dict(client_state or {})
-        client_state["ds_acco"] = self._acco_client_entry()
+        client_state = dict(client_state or {}, ds_acco=self._acco_client_entry())
         parent = super().save_checkpoint
         path = os.path.join(save_dir, "{partial}", self.STATE_FILE.format(rank=self._acco_dp()[0]))
 
@@ -145,7 +135,7 @@ class VerifiedCheckpoints:
         try:
             return atomic_save(save_dir, tag, self.global_rank, write, save_latest, self.checkpoint_engine,
                                self._acco_config.checkpoint.fsync, claim=self._acco_claim(), finite=finite,
-                               key=self._acco_key)
+                               key=self._acco_signing_key)
         except CheckpointSaveError as exc:
             if self._acco_config.checkpoint.on_save_error != "continue":
                 raise
@@ -187,8 +177,8 @@ class VerifiedCheckpoints:
         timeout_s = self._acco_config.timeout_s
         pending = start_verify_tag(load_dir, tag, state_file=self.STATE_FILE, dp_rank=dp_rank, dp_world=dp_world,
                                    salvage=self._acco_config.checkpoint.salvage, timeout_s=timeout_s,
-                                   group=verification_group(self.__dict__, group, timeout_s), key=self._acco_key,
-                                   weights_only=self._acco_config.checkpoint.weights_only)
+                                   group=verification_group(self.__dict__, group, timeout_s),
+                                   key=self._acco_signing_key, weights_only=self._acco_config.checkpoint.weights_only)
         manifest = pending.verdict().manifest if pending.up_front else pending.manifest
         resharded = self._acco_load_other_world(load_dir, tag, manifest, pending, args)
         if resharded is not None:
@@ -230,7 +220,7 @@ class VerifiedCheckpoints:
             FiniteCheck(self._acco_finite_tensors(), background=False).settle(os.path.join(load_dir, tag),
                                                                               group=self._acco_dp()[2])
 
-    # ------------------------------------------------------------ preemption
+    # ------------------------------------------------------------ preemption, clean-up
     def _acco_note_stop(self) -> None:
         """Every rank learned of a SIGTERM at this boundary: act on it once the optimizer step is done."""
         self.__dict__["_acco_stop_due"] = True
@@ -248,5 +238,9 @@ class VerifiedCheckpoints:
                                self.global_steps, folder, latest_tag(folder), self._acco_config.preemption.exit_code)
         self.acco.preempt()
 
-    def _acco_destroy_checkpoint_group(self) -> None:
+    def destroy(self) -> None:
+        if self.__dict__.get("acco") is not None:
+            self.acco.close(drain=False)
+            self.__dict__["acco"] = None
         destroy_verification_group(self.__dict__)
+        super().destroy()

@@ -121,15 +121,10 @@ def check_model(model: Any) -> None:
 def resolve_scheduler_warmup(ds_config: Any, block: Any) -> Any:
     """The ``"acco"`` block with ``warmup_steps: "scheduler"`` replaced by the scheduler's warm-up steps.
 
-    Why: ACCO's one-step delay costs the most loss per step while the learning rate climbs; on the
-    real-compute bench at 100 Mbit/s, sync steps for the scheduler's warm-up and acco after reached the
-    loss in 0.93x sync low-bit's time against 0.97x for acco from step 2 (medians of four runs,
-    BENCHMARKS.md). Reading the
-    number from the scheduler block keeps one number in the file. The default is DeepSpeed's own
-    (the scheduler class's ``warmup_num_steps``), as DeepSpeed would build it.
-
-    Raises:
-        AccoConfigError: no scheduler block, or one without a learning-rate warm-up.
+    Why: ACCO's one-step delay costs the most loss per step while the learning rate climbs (at 100 Mbit/s,
+    0.93x sync low-bit's time to the loss against 0.97x for acco from step 2: BENCHMARKS.md, "Re-measured at
+    100 Mbit/s"). Reading the number from the scheduler block keeps one number in the file. The default is
+    DeepSpeed's own (the scheduler class's ``warmup_num_steps``), as DeepSpeed would build it.
     """
     if not isinstance(block, Mapping) or block.get("warmup_steps") != SCHEDULER_WARMUP:
         return block

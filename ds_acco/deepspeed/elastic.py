@@ -22,24 +22,20 @@ from deepspeed import comm as ds_dist
 from ds_acco.checkpoint import safe_load
 
 from . import _internals as internals
+from .verify import MODEL_FILE
 
 logger = logging.getLogger("ds_acco")
 
-MODEL_STATES = "mp_rank_00_model_states.pt"
 DONE_MARKER = "ds_acco_conversion_complete"
 
 
 def _model_states(load_dir: str, tag: str, weights_only: bool) -> dict:
-    return safe_load.load(os.path.join(load_dir, tag, MODEL_STATES), map_location="cpu",
+    return safe_load.load(os.path.join(load_dir, tag, MODEL_FILE), map_location="cpu",
                           allow=internals.CHECKPOINT_CLASSES, weights_only=weights_only)
 
 
 def saved_dp_world_size(load_dir: str, tag: str, weights_only: bool = True) -> int:
     return int(_model_states(load_dir, tag, weights_only)["dp_world_size"])
-
-
-def saved_module_state(load_dir: str, tag: str, weights_only: bool = True) -> dict:
-    return _model_states(load_dir, tag, weights_only)["module"]
 
 
 def universal_dir(load_dir: str, tag: str) -> str:
@@ -88,6 +84,6 @@ def load_resharded(engine, stock_load: Callable, load_dir: str, tag: str, strict
         ) from exc
     # The universal loader sets the compute parameters from the fp32 masters; restore the
     # weights the model actually had when it was saved (an ACCO estimate, possibly).
-    engine.module.load_state_dict(saved_module_state(load_dir, tag, weights_only), strict=strict)
+    engine.module.load_state_dict(_model_states(load_dir, tag, weights_only)["module"], strict=strict)
     engine.acco.reset_rounds(commits=engine.global_steps, compute_committed=False)  # maybe an estimate
     return path, client_state

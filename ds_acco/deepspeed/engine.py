@@ -97,11 +97,10 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
                     f"fp32 partition {master.numel()}, world {world} (is deepspeed a supported release?)"
                 )
             groups.append(ShardedGroup(params, layout, flat, master, rebind=self._acco_rebinder(i, params, layout)))
-        shard_opt = ShardOptimizer(opt.optimizer, [g.master for g in groups], self.lr_scheduler)
         G = self.gradient_accumulation_steps()
         self.acco = RoundEngine(
             groups,
-            shard_opt,
+            ShardOptimizer(opt.optimizer, [g.master for g in groups], self.lr_scheduler),
             config=self._acco_config,
             gradient_accumulation_steps=G,
             clip_grad_norm=self.gradient_clipping(),
@@ -183,10 +182,6 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         if self.__dict__.get("_acco_export") is not None:
             self._acco_export.remove()
             self.__dict__["_acco_export"] = None
-        if self.__dict__.get("acco") is not None:
-            self.acco.close(drain=False)
-            self.__dict__["acco"] = None
-        self._acco_destroy_checkpoint_group()
         super().destroy()
 
     # ------------------------------------------------------------ checkpoint hooks (see checkpoint_io)

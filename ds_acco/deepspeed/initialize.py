@@ -40,9 +40,8 @@ _STOCK_INITIALIZE = deepspeed.initialize
 def _raw_config(args: Any, config: Any, config_params: Any) -> Any:
     """The config the way ``deepspeed.initialize`` resolves it (dict, or path / base64 string)."""
     config = config if config is not None else config_params
-    from_args = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
-    if from_args is not None and config is None:
-        config = from_args
+    if config is None:
+        config = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
     if config is None or isinstance(config, Mapping):
         return config
     return internals.load_ds_config(config)

@@ -29,11 +29,8 @@ def segment_path(rank: int) -> str:
 
 def release_shm_names() -> Optional[str]:
     """Unlink this rank's DeepSpeed segment name once every rank has mapped every segment; collective
-    (a barrier over DeepSpeed's world) where DeepSpeed created segments, a no-op elsewhere.
-
-    Returns:
-        The path unlinked, or None when DeepSpeed created no segment (GPU backends, ranks
-        on several nodes, no local launcher).
+    (a barrier over DeepSpeed's world) where DeepSpeed created segments, a no-op elsewhere. Returns the path
+    unlinked, or None when DeepSpeed created no segment (GPU backends, ranks on several nodes, no local launcher).
     """
     from deepspeed import comm as ds_comm
 

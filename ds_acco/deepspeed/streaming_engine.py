@@ -108,13 +108,6 @@ class StreamingDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         if self.acco is not None:
             self.acco.consolidate()
 
-    def destroy(self) -> None:
-        if self.__dict__.get("acco") is not None:
-            self.acco.close(drain=False)
-            self.__dict__["acco"] = None
-        self._acco_destroy_checkpoint_group()
-        super().destroy()
-
     # ------------------------------------------------------------ checkpoint hooks (see checkpoint_io)
     def _acco_dp(self) -> tuple[int, int, Any]:
         group = self.data_parallel_group

@@ -42,17 +42,8 @@ def start_verify_tag(load_dir: str, tag: str, *, state_file: str, dp_rank: int, 
     False) or must wait for the verdict first: no usable manifest, another world size than
     at the save, salvage on, a file missing or of the wrong size, or a signing key (a signed
     checkpoint's files are parsed only once the signature and every hash are checked).
-
-    Args:
-        state_file: the front end's per-rank file name with a ``{rank}`` field.
-        dp_rank, dp_world: this rank and the data-parallel world size now.
-        timeout_s: ``acco.timeout_s`` (the agreement fails after it).
-        key: the signing key, or None (:mod:`ds_acco.checkpoint.signing`).
-        weights_only: ``acco.checkpoint.weights_only``: refuse files whose pickles name classes beyond
-            DeepSpeed's (:mod:`ds_acco.checkpoint.safe_load`).
-
-    Raises:
-        CheckpointError: the tag is a partial save or does not exist (same on every rank).
+    ``state_file`` has a ``{rank}`` field; ``weights_only`` refuses files whose pickles name classes
+    beyond DeepSpeed's (:mod:`ds_acco.checkpoint.safe_load`).
     """
     folder = os.path.join(load_dir, tag)
     if tag.endswith(".partial") or not os.path.isdir(folder):
@@ -69,14 +60,13 @@ def start_verify_tag(load_dir: str, tag: str, *, state_file: str, dp_rank: int, 
     else:
         reads = manifest["files"] if manifest else tag_files(folder)
     scan = (lambda path: classes_beyond(path, internals.CHECKPOINT_CLASSES)) if weights_only else None
-    pending = PendingVerdict(
+    return PendingVerdict(
         lambda: verify_for_load(folder, reads=reads, ours=bool(saved), salvage=salvage, group=group,
                                 droppable=lambda name: fnmatch.fnmatch(name, pattern), manifest_read=manifest_read,
                                 key=key, scan=scan),
         folder, timeout_s, manifest=manifest,
         up_front=manifest is None or saved_world != dp_world or salvage or key is not None
         or bool(size_problems(folder, manifest)))
-    return pending
 
 
 def refuse_if_written_by_ds_acco(load_dir: str, tag: str, client_state: Optional[dict]) -> None:

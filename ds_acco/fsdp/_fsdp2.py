@@ -85,11 +85,7 @@ def _tested() -> str:
 
 
 def check_torch_version(version: Optional[str] = None) -> bool:
-    """Warn when torch is outside :data:`TORCH_RANGE` (the tested releases); True when inside.
-
-    Outside it, what ds_acco uses of FSDP2 is still checked by name (:func:`check_fsdp2`)
-    and by layout when the model is taken over, so a release that changed it fails there.
-    """
+    """Warn when torch is outside :data:`TORCH_RANGE` (the tested releases); True when inside."""
     version = version or torch.__version__
     low, high = TORCH_RANGE
     if low <= _release(version) < high:
@@ -102,11 +98,8 @@ def check_torch_version(version: Optional[str] = None) -> bool:
 
 
 def check_fsdp2(state: Any, fsdp_param: Any = None, group: Any = None) -> None:
-    """Fail at start-up if an FSDP2 object lacks an attribute this module uses.
-
-    Raises:
-        RuntimeError: naming the torch version and every missing attribute.
-    """
+    """Fail at start-up, naming the torch version and every missing attribute, if an FSDP2 object lacks one
+    this module uses."""
     missing = []
     for obj, kind, attrs in ((state, "FSDPState", _FSDP_STATE_ATTRS), (fsdp_param, "FSDPParam", _FSDP_PARAM_ATTRS),
                              (group, "FSDPParamGroup", _FSDP_GROUP_ATTRS)):
@@ -144,14 +137,8 @@ class ManagedParam:
 class FSDP2Model:
     """The FSDP2 state of a ``fully_shard`` root, and the take-over/release of its parameters.
 
-    Args:
-        root: the module ``fully_shard`` was applied to last (the root); its first
-            forward has not necessarily run.
-
-    Raises:
-        AccoConfigError: the model uses an FSDP2 feature ACCO cannot drive (HSDP,
-            tensor parallelism, CPU offload, dim-1 sharding, all-gather extensions,
-            ``reduce_dtype``, parameters outside FSDP).
+    ``root``: the module ``fully_shard`` was applied to last; its first forward need not have run. An FSDP2
+    feature ACCO cannot drive fails here (:class:`AccoConfigError`, listed in :mod:`ds_acco.fsdp.api`).
     """
 
     def __init__(self, root: nn.Module):
@@ -179,7 +166,7 @@ class FSDP2Model:
         self.groups = [g for s in self.states for g in s._fsdp_param_groups]
         self.modules = [m for m in root.modules() if isinstance(m, FSDPModule)]
         self.params: list[ManagedParam] = []
-        mesh = None
+        self.ranks: Optional[tuple] = None
         for group in self.groups:
             for fp in group.fsdp_params:
                 check_fsdp2(None, fp, group)
@@ -216,13 +203,12 @@ class FSDP2Model:
                         "acco_fully_shard (it translates reduce_dtype) or fully_shard without reduce_dtype."
                     )
                 ranks = tuple(torch.distributed.get_process_group_ranks(info.shard_process_group))
-                if mesh is None:
-                    mesh = (info.mesh, ranks)
-                elif ranks != mesh[1]:
+                if self.ranks is not None and ranks != self.ranks:
                     raise AccoConfigError(
-                        f"model: parameters are sharded over different process groups ({mesh[1]} and {ranks}); "
+                        f"model: parameters are sharded over different process groups ({self.ranks} and {ranks}); "
                         "ds_acco.fsdp needs one data-parallel mesh for the whole model"
                     )
+                self.ranks = ranks
                 master = fp._sharded_param_data
                 local = fp.sharded_param.to_local()
                 if master.dim() != 1 or (local.numel() > 0 and local.data_ptr() != master.data_ptr()):
@@ -233,9 +219,8 @@ class FSDP2Model:
                 self.params.append(ManagedParam(
                     fqn=name, fsdp_param=fp, group=group, sharded=fp.sharded_param, master=master,
                 ))
-        if mesh is None:
+        if not self.params:
             raise AccoConfigError("model: fully_shard manages no parameters")
-        self.mesh, self.ranks = mesh
         self.process_group = self.params[0].fsdp_param.mesh_info.shard_process_group
         self.shard_rank = self.params[0].fsdp_param.mesh_info.shard_mesh_rank
         managed = {id(p.sharded) for p in self.params}

@@ -30,11 +30,8 @@ from .shard_optimizer import DTensorShardOptimizer
 class AccoFSDP:
     """An FSDP2 model whose gradient rounds run in the background (see the module docstring).
 
-    Attributes:
-        module: the ``fully_shard`` model.
-        engine: the :class:`RoundEngine` (its ``groups`` are one per ``fully_shard`` unit).
-        optimizer: the torch optimizer over FSDP2's sharded parameters.
-        lr_scheduler: stepped once per commit, or None.
+    ``engine`` is the :class:`RoundEngine` (one group per bucket of ``fully_shard`` units), ``optimizer`` the
+    torch optimizer over FSDP2's sharded parameters, ``lr_scheduler`` stepped once per commit (or None).
     """
 
     def __init__(self, module: nn.Module, fsdp: FSDP2Model, optimizer: torch.optim.Optimizer, lr_scheduler: Any,
@@ -43,13 +40,12 @@ class AccoFSDP:
         self.module, self.fsdp, self.optimizer, self.lr_scheduler = module, fsdp, optimizer, lr_scheduler
         self.closed = False
         self.signing_key = signing.load_key(config.checkpoint.signing_key_file)  # a bad key file fails here
-        world = len(fsdp.ranks)
         self.params = [p for p in fsdp.params if p.trainable]
         if not self.params:
             raise AccoConfigError("model: no trainable parameter under fully_shard; nothing for ACCO to train")
         fsdp.hold_unsharded()
         try:
-            groups, units = unit_groups(fsdp, world, bucket_cap_mb)
+            groups, units = unit_groups(fsdp, len(fsdp.ranks), bucket_cap_mb)
             self.params = [p for unit in units for p in unit]  # the order of the rounds' packed shards
             shard_opt = DTensorShardOptimizer(optimizer, self.params, [g.packing for g in groups], lr_scheduler)
             self.engine = RoundEngine(
@@ -131,11 +127,8 @@ class AccoFSDP:
     def load_checkpoint(self, checkpoint_id: Any) -> Optional[dict]:
         """Load what :meth:`save_checkpoint` wrote (collective); returns its ``extra``.
 
-        Same world size and acco block: resumes exactly (fixed policy: bit-identically).
-        Another world size, or a :class:`StockFSDP` checkpoint: model, optimizer and
-        scheduler load (resharded by DCP); rounds bootstrap afresh. A checkpoint a stock
-        FSDP2 job saved with DCP: model and optimizer load unverified, with one WARNING
-        (returns None).
+        Same world size and acco block: resumes exactly. Another world size, a :class:`StockFSDP`
+        or a stock FSDP2 checkpoint: see :mod:`ds_acco.fsdp.checkpoint`.
         """
         return checkpoint.load(self, checkpoint_id)
 

@@ -17,35 +17,21 @@ the compute parameters at the next swap. The training loop is the plain one::
         acco.after_micro_batch()
     acco.finish(); print(acco.telemetry.summary()); acco.close()
 
-Where the buffers live (see :mod:`ds_acco.fsdp._fsdp2` for the FSDP2 internals used):
+Where the buffers live (the FSDP2 internals used, checked at start-up: :mod:`ds_acco.fsdp._fsdp2`):
 
 * **master shards**: FSDP2's sharded parameters. The optimizer is built over the
   DTensor parameters ``model.parameters()`` returns after ``fully_shard`` (as with
-  stock FSDP2; Adam/AdamW commits step their local tensors, bit-identically and
-  without DTensor dispatch: :mod:`ds_acco.fsdp.shard_optimizer`), and the round
-  engine reads their padded local shards; no second fp32 copy exists. Checkpoints therefore hold ordinary FSDP2/DCP state.
+  stock FSDP2; how a commit steps them: :mod:`ds_acco.fsdp.shard_optimizer`), and the
+  round engine reads their padded local shards; no second fp32 copy exists.
+  Checkpoints (:mod:`ds_acco.fsdp.checkpoint`) therefore hold ordinary FSDP2/DCP state.
 * **compute parameters**: FSDP2's unsharded parameters (same ``nn.Parameter``
   objects, in ``mp_policy.param_dtype``), each a view of a round-engine buffer;
   a swap re-points them at the freshly all-gathered buffer.
 * **layout**: one round-engine group per bucket of consecutive ``fully_shard``
-  units (``bucket_cap_mb``, 25 MiB by default; 0: one per unit, as FSDP2 issues
-  its collectives), so a round issues one reduce-scatter and one all-gather per
-  bucket: the bucket's dim-0 chunks are packed rank-major around each collective
-  (FSDP2's own all-gather layout, :mod:`ds_acco.layout.rank_major`).
+  units (:mod:`ds_acco.fsdp.buckets`), packed rank-major as FSDP2's own all-gather.
 
-What it relies on from FSDP2 (all of it in :mod:`ds_acco.fsdp._fsdp2`, checked at
-start-up): the public ``fully_shard``, ``unshard``/``reshard``,
-``set_requires_gradient_sync(False)``, ``set_reshard_after_forward(False)`` and
-``set_reshard_after_backward(False)`` keep FSDP2 unsharded and silent; the
-internal ``FSDPParam`` gives the padded local shard (``_sharded_param_data``)
-and the unsharded parameter, and ``FSDPParamGroup._to_unsharded()`` re-registers
-the compute parameters after something (``model.state_dict()``, a checkpoint)
-resharded the model, without an all-gather.
-
-Checkpoints go through ``torch.distributed.checkpoint``:
-:meth:`AccoFSDP.save_checkpoint` / :meth:`AccoFSDP.load_checkpoint`
-(:mod:`ds_acco.fsdp.checkpoint`). While training, the rounds own the parameters:
-no ``optimizer.step()``, ``model.to()`` or ``model.load_state_dict()`` of your own.
+While training, the rounds own the parameters: no ``optimizer.step()``,
+``model.to()`` or ``model.load_state_dict()`` of your own.
 
 What is not supported, and fails at start-up with a message saying so: HSDP
 and other 2-D meshes, tensor/expert parallel (DTensor) parameters, CPU offload,
@@ -150,10 +136,6 @@ def acco_fully_shard(
             collective until it holds this many MiB of parameters (DDP's knob of the
             same name); a unit is never split. 0: one reduce-scatter and one
             all-gather per unit, as FSDP2 issues them.
-
-    Raises:
-        AccoConfigError: a wrong option, or an FSDP2 feature ACCO does not support.
-        RuntimeError: torch outside :data:`TORCH_RANGE`.
     """
     check_torch_version()
     config = fsdp_config(acco_config)

@@ -3,8 +3,7 @@
 A collective pays the link's latency (and, on gloo, a few milliseconds of a busy host's
 scheduling) once per call: consecutive small units merged into one bucket cost one
 reduce-scatter and one all-gather instead of one per unit (``bucket_cap_mb``, DDP's knob of
-the same name). A bucket's per-parameter dim-0 shards are packed rank-major, as FSDP2
-packs a unit for its own all-gather (:mod:`ds_acco.layout.rank_major`).
+the same name). The layout: the Note in :mod:`ds_acco.fsdp._fsdp2`.
 """
 
 from __future__ import annotations
@@ -24,10 +23,7 @@ DEFAULT_BUCKET_CAP_MB = 25.0
 def pack_buckets(units: Iterable[list[ManagedParam]], cap_bytes: float) -> list[list[ManagedParam]]:
     """Consecutive ``fully_shard`` units of one compute dtype merged until a bucket holds ``cap_bytes``.
 
-    A collective pays the link's latency (and, on gloo, a few milliseconds of a busy
-    host's scheduling) once per call: small units merged into one bucket cost one
-    reduce-scatter and one all-gather instead of one per unit. A unit is never split;
-    ``cap_bytes <= 0`` keeps one bucket per unit.
+    A unit is never split; ``cap_bytes <= 0`` keeps one bucket per unit.
     """
     buckets: list[list[ManagedParam]] = []
     open_bucket: dict[torch.dtype, tuple[int, int]] = {}  # dtype -> (bucket index, bytes in it)
@@ -47,10 +43,8 @@ def unit_groups(fsdp: FSDP2Model, world: int,
                  bucket_cap_mb: float) -> tuple[list[ShardedGroup], list[list[ManagedParam]]]:
     """One packed round-engine group per bucket of ``fully_shard`` units (:func:`pack_buckets`).
 
-    The trainable parameters' compute data moves into the group's param-major
-    buffer (frozen ones get a private copy); the group's shards are FSDP2's padded
-    local shards, packed rank-major (:mod:`ds_acco.layout.rank_major`), as FSDP2 packs a
-    unit for its all-gather.
+    The trainable parameters' compute data moves into the group's param-major buffer (frozen
+    ones get a private copy); the group's shards are FSDP2's padded local shards.
     """
     units: dict[tuple[int, torch.dtype], list[ManagedParam]] = {}
     for p in fsdp.params:

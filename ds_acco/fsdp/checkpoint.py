@@ -60,7 +60,7 @@ from ds_acco.config.compare import differences
 from ds_acco.errors import AccoConfigError
 
 from .restore import (META_KEY, RANK_KEY_PREFIX, check_loaded, loaded_tensors, metadata_classes_beyond, restart,
-                      safe_reader, trust, written_by_ds_acco)
+                      safe_reader, set_state_dicts, sharded, state_dicts, trust, written_by_ds_acco)
 from .stock_checkpoint import load_stock
 
 logger = logging.getLogger("ds_acco")
@@ -113,21 +113,10 @@ def _dcp_files_of(rank: int) -> list[str]:
 
 
 def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> bool:
-    """Write the full training state to ``checkpoint_id`` (a folder), manifest last; collective over all ranks.
-
-    The files go to ``<folder>.partial``, which replaces ``folder`` once every rank wrote and the manifest
-    vouches for it: a save that fails or is interrupted leaves an earlier save at that path loadable.
-
-    Returns:
-        True; False when a write failed and ``acco.checkpoint.on_save_error`` is ``"continue"``.
-
-    Raises:
-        CheckpointSaveError: on every rank, when a write failed on any rank (full disk, quota, I/O error);
-            the partial folder is removed first (:mod:`ds_acco.checkpoint.save_failure`).
-    """
+    """Write the full training state to ``checkpoint_id`` (a folder), manifest last; collective over all ranks
+    (what a failed write does: :meth:`AccoFSDP.save_checkpoint`)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     trainer._check_checkpointable()
     final, group = os.path.normpath(_folder(checkpoint_id)), trainer.fsdp.process_group
@@ -158,32 +147,26 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
         extra=extra is not None,
     )
     failures, failed = SaveFailures(partial), None
-    trainer.fsdp.to_sharded()  # DCP's helpers name parameters through model.named_parameters()
-    try:
-        if has_optim:
-            model_sd, optim_sd = get_state_dict(trainer.module, trainer.optimizer)
-        else:
-            model_sd, optim_sd = get_model_state_dict(trainer.module), None
-        state = {"model": model_sd, META_KEY: _blob(meta)}
-        if engine:
-            compute = [g.compute_shard(g.flat, engine.rank) for g in engine.groups]
-            state[rank_key(engine.rank)] = _blob({"rounds": rounds, "compute": compute})
-        if optim_sd is not None:
-            state["optim"] = optim_sd
-        if extra is not None:
-            state[EXTRA_KEY] = _blob(extra)
-        failures.needed = nbytes(state)  # DTensors count whole: about what the folder needs
-        finite = FiniteCheck(loaded_tensors(trainer))  # recorded in the manifest; spares the load its sums
-        # DCP flushes its files itself (sync_files), before the manifest that vouches for them; a rank's failed
-        # write reaches every rank as one CheckpointException (a BaseException), after all ranks wrote
-        dcp.save(state, checkpoint_id=partial, storage_writer=dcp.FileSystemWriter(partial, sync_files=fsync))
-    except CheckpointException as exc:
-        failed = write_failures(exc, partial)
-        if failed is None:
-            raise
-    finally:
-        if engine:
-            trainer.fsdp.to_unsharded()
+    with sharded(trainer):
+        try:
+            model_sd, optim_sd = state_dicts(trainer, has_optim)
+            state = {"model": model_sd, META_KEY: _blob(meta)}
+            if engine:
+                compute = [g.compute_shard(g.flat, engine.rank) for g in engine.groups]
+                state[rank_key(engine.rank)] = _blob({"rounds": rounds, "compute": compute})
+            if optim_sd is not None:
+                state["optim"] = optim_sd
+            if extra is not None:
+                state[EXTRA_KEY] = _blob(extra)
+            failures.needed = nbytes(state)  # DTensors count whole: about what the folder needs
+            finite = FiniteCheck(loaded_tensors(trainer))  # recorded in the manifest; spares the load its sums
+            # DCP flushes its files itself (sync_files), before the manifest that vouches for them; a rank's failed
+            # write reaches every rank as one CheckpointException (a BaseException), after all ranks wrote
+            dcp.save(state, checkpoint_id=partial, storage_writer=dcp.FileSystemWriter(partial, sync_files=fsync))
+        except CheckpointException as exc:
+            failed = write_failures(exc, partial)
+            if failed is None:
+                raise
     if not failed:
         write_manifest(partial, writer="ds_acco fsdp", tag=os.path.basename(final), key=trainer.signing_key,
                        claim=_dcp_files_of(rank), fsync=fsync, group=group, non_finite=finite.local_result(),
@@ -218,15 +201,8 @@ def _abandon(trainer: Trainer, failures: SaveFailures, failed: list[str], final:
 
 
 def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
-    """Restore what :func:`save` wrote; collective. Returns the saved ``extra`` (or None).
-
-    Raises:
-        CheckpointError: a ds_acco checkpoint failed verification (or misses its manifest).
-        AccoConfigError: the checkpoint names other parameters, or is neither ds_acco's nor stock FSDP2's.
-    """
+    """Restore what :func:`save` wrote; collective. Returns the saved ``extra`` (or None)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
-                                                         set_state_dict)
 
     trainer._check_checkpointable()
     engine = getattr(trainer, "engine", None)
@@ -259,13 +235,8 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
     exact = bool(engine) and meta["fingerprint"] == engine.config.fingerprint() and all(
         meta[k] == v for k, v in dict(mine, world_size=engine.world_size).items())
 
-    trainer.fsdp.to_sharded()
-    try:
-        if meta["optimizer"]:
-            model_sd, optim_sd = get_state_dict(trainer.module, trainer.optimizer)
-        else:
-            trainer.optimizer.state.clear()  # the checkpoint predates the first commit
-            model_sd, optim_sd = get_model_state_dict(trainer.module), None
+    with sharded(trainer):
+        model_sd, optim_sd = state_dicts(trainer, meta["optimizer"])
         state: dict = {"model": model_sd}
         if optim_sd is not None:
             state["optim"] = optim_sd
@@ -274,14 +245,7 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
         if meta["extra"]:
             state[EXTRA_KEY] = None
         dcp.load(state, checkpoint_id=checkpoint_id, storage_reader=reader())
-        if optim_sd is not None:
-            set_state_dict(trainer.module, trainer.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"])
-        else:
-            set_model_state_dict(trainer.module, state["model"])
-    finally:
-        if engine:
-            trainer.fsdp.to_unsharded()
+        set_state_dicts(trainer, model_sd, optim_sd)
     check_loaded(trainer, folder, finite_at_save(verdict.manifest))
     if trainer.lr_scheduler is not None and meta["lr_scheduler"] is not None:
         trainer.lr_scheduler.load_state_dict(meta["lr_scheduler"])

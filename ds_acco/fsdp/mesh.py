@@ -36,13 +36,10 @@ def shard_model(model: nn.Module, mesh: Any, process_group: Optional[dist.Proces
         return model
     if mesh is not None and process_group is not None:
         raise AccoConfigError("mesh and process_group: pass one of them, not both")
-    if mesh is None:
-        group = process_group if process_group is not None else dist.group.WORLD
-        device = device_type(group)
-        if process_group is None:
-            mesh = init_device_mesh(device, (dist.get_world_size(),))
-        else:
-            mesh = DeviceMesh.from_group(process_group, device)
+    if mesh is None and process_group is None:
+        mesh = init_device_mesh(device_type(dist.group.WORLD), (dist.get_world_size(),))
+    elif mesh is None:
+        mesh = DeviceMesh.from_group(process_group, device_type(process_group))
     if mesh.ndim != 1:
         raise AccoConfigError(f"mesh: got a {mesh.ndim}-D mesh; ds_acco.fsdp supports a 1-D data-parallel mesh only")
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp_policy or MixedPrecisionPolicy())

@@ -47,9 +47,6 @@ def split_backend(block: Any) -> tuple[str, Any]:
     The FSDP front end checks the key itself so its error can say which front end to
     use; the rest goes to :func:`ds_acco.parse_acco_config`. A block without the key
     means ``"deepspeed"`` (``AccoConfig.backend``'s default).
-
-    Raises:
-        AccoConfigError: ``backend`` is not one of :data:`BACKENDS`.
     """
     if not isinstance(block, Mapping) or "backend" not in block:
         return "deepspeed", block
@@ -85,11 +82,8 @@ def fsdp_config(block: Any) -> AccoConfig:
 
 
 def translate_mp_policy(mp_policy: Any, config: AccoConfig, model: nn.Module) -> tuple[Any, AccoConfig]:
-    """FSDP2's ``reduce_dtype`` becomes ``acco.grad_accum_dtype``; FSDP2 itself gets none.
-
-    FSDP2 would move each backward's gradient out of ``param.grad`` into its own
-    ``reduce_dtype`` accumulator; ACCO accumulates in its round buffers instead.
-    """
+    """FSDP2's ``reduce_dtype`` becomes ``acco.grad_accum_dtype`` and FSDP2 itself gets none: it would move each
+    backward's gradient out of ``param.grad`` into its own accumulator; ACCO accumulates in its round buffers."""
     if mp_policy is None or mp_policy.reduce_dtype is None:
         return mp_policy, config
     compute = mp_policy.param_dtype or next(iter(model.parameters())).dtype
@@ -169,20 +163,14 @@ def warmup_lr(warmup_min_lr: float = 0.0, warmup_max_lr: float = 0.001, warmup_n
 
     def build(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
         for group in optimizer.param_groups:
-            group["lr"] = warmup_max_lr
-            group["initial_lr"] = warmup_max_lr
+            group.update(lr=warmup_max_lr, initial_lr=warmup_max_lr)
         return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
     return build
 
 
 def load_job_config(config: Union[str, os.PathLike, Mapping[str, Any]]) -> FSDPJobConfig:
-    """Read a JSON file (or dict) in DeepSpeed's format for the FSDP front end.
-
-    Raises:
-        AccoConfigError: a value it understands is wrong, ``fp16`` is on, or
-            ``acco.backend`` names another backend.
-    """
+    """Read a JSON file (or dict) in DeepSpeed's format for the FSDP front end."""
     if not isinstance(config, Mapping):
         with open(config, encoding="utf-8") as f:
             config = json.load(f)

@@ -1,5 +1,6 @@
-"""What every FSDP checkpoint load shares: telling ds_acco's folders from stock ones, checking the loaded
-masters, and restarting the rounds from them when the round state cannot continue.
+"""What every FSDP checkpoint load shares: telling ds_acco's folders from stock ones, DCP's state dicts of the
+trainer (saves use them too), checking the loaded masters, and restarting the rounds from them when the round
+state cannot continue.
 
 Both the ds_acco load (another world size, another block) and the stock-FSDP2 load end the
 same way: the masters are FSDP2's sharded parameters (checked to be the very tensors the
@@ -14,6 +15,7 @@ A trainer is an :class:`~ds_acco.fsdp.acco_fsdp.AccoFSDP` or a
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Optional
 
@@ -84,19 +86,47 @@ def written_by_ds_acco(folder: str) -> bool:
     return keys is None or any(k == META_KEY or k.startswith(RANK_KEY_PREFIX) for k in keys)
 
 
+@contextlib.contextmanager
+def sharded(trainer: Any):
+    """Within the block FSDP2's sharded parameters are registered: DCP's helpers name parameters through
+    ``model.named_parameters()``."""
+    trainer.fsdp.to_sharded()
+    try:
+        yield
+    finally:
+        if getattr(trainer, "engine", None):
+            trainer.fsdp.to_unsharded()
+
+
+def state_dicts(trainer: Any, with_optimizer: bool) -> tuple[dict, Optional[dict]]:
+    """DCP's state dicts of the model and the optimizer, or of the model alone (then the optimizer's state is
+    cleared: a checkpoint saved before the first commit, or without one)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if with_optimizer:
+        return get_state_dict(trainer.module, trainer.optimizer)
+    trainer.optimizer.state.clear()
+    return get_model_state_dict(trainer.module), None
+
+
+def set_state_dicts(trainer: Any, model_sd: dict, optim_sd: Optional[dict]) -> None:
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    if optim_sd is None:
+        set_model_state_dict(trainer.module, model_sd)
+    else:
+        set_state_dict(trainer.module, trainer.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+
+
 def loaded_tensors(trainer: Any) -> list:
     """The master shards and optimizer moments: what a save writes and a load must find finite."""
     return [(f"master {p.fqn}", p.master) for p in trainer.fsdp.params] + optimizer_tensors(trainer.optimizer)
 
 
 def check_loaded(trainer: Any, folder: str, finite_when_saved: bool = False) -> None:
-    """The loaded values landed in the master shards, and they and the optimizer moments are finite.
-
-    Args:
-        finite_when_saved: the verified manifest says the save found them finite (see
-            :func:`ds_acco.checkpoint.verify.finite_at_save`; DCP re-shards the saved values
-            exactly, at any world size): no sums needed.
-    """
+    """The loaded values landed in the master shards, and they and the optimizer moments are finite (not summed
+    when ``finite_when_saved``: the verified manifest says the save found them finite, and DCP re-shards the
+    saved values exactly, at any world size)."""
     for p in trainer.fsdp.params:
         with torch.no_grad():
             local = p.sharded.to_local()

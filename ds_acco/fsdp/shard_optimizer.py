@@ -7,16 +7,14 @@ per parameter (what stock FSDP2 steps, and what DCP checkpoints).
 
 [Note: no DTensor dispatch in a round]
 Stepping torch's Adam/AdamW on DTensors costs a DTensor dispatch per operation
-per parameter: measured on the benchmark's tiny GPT (52 parameters, CPU), 18 ms
-for ``optimizer.step()`` plus 5 ms to wrap the gradients with
-``DTensor.from_local``, against under 3 ms for the same single-tensor arithmetic
-on the DTensors' local tensors. In sync mode the training thread waits for that
-step every round. Every operation of the step is elementwise on FSDP2's
+per parameter: on the benchmark's tiny GPT (52 parameters, CPU), 18 ms for
+``optimizer.step()`` plus 5 ms to wrap the gradients, against under 3 ms for the
+same arithmetic on the local tensors; in sync mode the training thread waits for
+that step every round. Every operation of the step is elementwise on FSDP2's
 ``Shard(0)`` local shards, so for Adam/AdamW both the commit and the acco
-estimate's lookahead run :class:`ds_acco.optim.adam_lookahead.FunctionalAdam` on the
-local tensors (:meth:`ShardOptimizer.commit` / ``lookahead``), fed each
-parameter's chunk of the packed shards by :meth:`DTensorShardOptimizer._master_grads` / ``_master_outs``;
-the commit is bit-identical to ``optimizer.step()`` on the DTensors
+estimate's lookahead run :class:`ds_acco.optim.adam_lookahead.FunctionalAdam` on
+each parameter's chunk of the packed shards (:meth:`DTensorShardOptimizer._master_grads` /
+``_master_outs``), bit-identically to ``optimizer.step()`` on the DTensors
 (tests/test_fsdp.py compares them bit for bit, single-tensor and ``foreach``).
 Other optimizers get DTensor gradients (:meth:`DTensorShardOptimizer._set_grads`)
 and their own ``step()``.
@@ -38,16 +36,10 @@ from ._fsdp2 import ManagedParam
 class DTensorShardOptimizer(ShardOptimizer):
     """A :class:`ShardOptimizer` whose master shards are FSDP2's sharded DTensor parameters.
 
-    A round hands one packed 1-D fp32 gradient shard per group; each parameter's
-    padded chunk of it becomes that parameter's gradient: a view of the round's
-    buffer, unpadded and shaped like the local shard (cast when the sharded
-    parameters are not fp32).
-
     Args:
         optimizer: built over the ``sharded`` parameters of ``params``.
         params: the trainable parameters, in the rounds' packing order.
         packings: one per round-engine group, covering ``params`` in order.
-        lr_scheduler: as for :class:`ShardOptimizer`.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: list[ManagedParam],
@@ -77,6 +69,8 @@ class DTensorShardOptimizer(ShardOptimizer):
                 for chunk in packing.split_shard(out[: packing.shard_numel])]
 
     def _set_grads(self, grads) -> None:
+        """Each parameter's gradient: a view of its chunk, unpadded and shaped like the local shard (cast when the
+        sharded parameters are not fp32)."""
         grads = self._master_grads(grads)
         for param, grad, (local_shape, mesh, placements, shape, stride) in zip(self.masters, grads, self._specs):
             local = grad.narrow(0, 0, local_shape.numel()).view(local_shape)

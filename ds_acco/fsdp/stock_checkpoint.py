@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ds_acco.errors import AccoConfigError
 
-from .restore import check_loaded, restart, safe_reader, saved_keys, trust
+from .restore import check_loaded, restart, safe_reader, saved_keys, set_state_dicts, sharded, state_dicts, trust
 
 logger = logging.getLogger("ds_acco")
 
@@ -77,8 +77,6 @@ def load_stock(trainer: Any, folder: str) -> None:
     """Load the model (and the optimizer, if saved) of a stock FSDP2 checkpoint; collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import DefaultLoadPlanner
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
-                                                         set_state_dict)
 
     keys = saved_keys(folder) or set()
     fqns = [p.fqn for p in trainer.fsdp.params if p.trainable]
@@ -88,13 +86,8 @@ def load_stock(trainer: Any, folder: str) -> None:
                               f"no entry for its parameter {fqns[0]!r} among {sorted(keys)[:8]}")
     optim_at = _optim_prefix(keys, fqns[0])
     engine = getattr(trainer, "engine", None)
-    trainer.fsdp.to_sharded()  # DCP's helpers name parameters through model.named_parameters()
-    try:
-        if optim_at is not None:
-            model_sd, optim_sd = get_state_dict(trainer.module, trainer.optimizer)
-        else:
-            trainer.optimizer.state.clear()
-            model_sd, optim_sd = get_model_state_dict(trainer.module), None
+    with sharded(trainer):
+        model_sd, optim_sd = state_dicts(trainer, optim_at is not None)
         state: dict = {}
         _nest(model_at, model_sd, state)
         if optim_sd is not None:
@@ -103,13 +96,7 @@ def load_stock(trainer: Any, folder: str) -> None:
         # param_groups entries the live optimizer has and the stock job had not (a scheduler's initial_lr) stay
         dcp.load(state, checkpoint_id=folder, planner=DefaultLoadPlanner(allow_partial_load=True),
                  storage_reader=safe_reader(folder, trust(trainer)))
-        if optim_sd is not None:
-            set_state_dict(trainer.module, trainer.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-        else:
-            set_model_state_dict(trainer.module, model_sd)
-    finally:
-        if engine:
-            trainer.fsdp.to_unsharded()
+        set_state_dicts(trainer, model_sd, optim_sd)
     check_loaded(trainer, folder)
     commits = _steps(trainer.optimizer)
     G = engine.G if engine else trainer.G

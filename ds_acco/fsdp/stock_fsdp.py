@@ -19,9 +19,7 @@ from ._fsdp2 import FSDP2Model
 
 
 class StockFSDP:
-    """``"enabled": false``: stock FSDP2 gradient accumulation behind :class:`AccoFSDP`'s calls.
-
-    Backward reduce-scatters only on the ``G``-th micro-batch (``set_requires_gradient_sync``)
+    """Backward reduce-scatters only on the ``G``-th micro-batch (``set_requires_gradient_sync``)
     and keeps the parameters unsharded between the micro-batches of a step
     (``set_reshard_after_backward``, FSDP2's recipe for gradient accumulation: no
     all-gather per micro-batch); FSDP2 sums and divides by ``world * G * grad_scale``

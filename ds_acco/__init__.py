@@ -24,6 +24,14 @@ def patch_deepspeed() -> None:
 
     _patch()
 
+
+def acco_fully_shard(*args, **kwargs):
+    """ACCO for a PyTorch FSDP2 (``fully_shard``) model (see ds_acco.fsdp.acco_fully_shard)."""
+    from ds_acco.fsdp.api import acco_fully_shard as _acco_fully_shard
+
+    return _acco_fully_shard(*args, **kwargs)
+
+
 __all__ = [
     "AccoConfig",
     "AccoConfigError",
@@ -35,18 +43,9 @@ __all__ = [
     "ShardOptimizer",
     "ShardedGroup",
     "Telemetry",
+    "acco_fully_shard",
     "build_sharded_groups",
     "initialize",
     "patch_deepspeed",
     "parse_acco_config",
 ]
-
-
-def acco_fully_shard(*args, **kwargs):
-    """ACCO for a PyTorch FSDP2 (``fully_shard``) model (see ds_acco.fsdp.acco_fully_shard)."""
-    from ds_acco.fsdp.api import acco_fully_shard as _acco_fully_shard
-
-    return _acco_fully_shard(*args, **kwargs)
-
-
-__all__.append("acco_fully_shard")

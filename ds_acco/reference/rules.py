@@ -62,10 +62,7 @@ class ReferenceRun:
 
     def step(self, grad_sum, count) -> None:
         """``θ, S ← Opt(θ, S, mean)`` and one scheduler step."""
-        for p, m in zip(self.theta, self._mean(grad_sum, count)):
-            p.grad = m
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        self.step_without_scheduler(grad_sum, count)
         if self.sched is not None:
             self.sched.step()
 
@@ -99,13 +96,8 @@ def reference_trajectory(
     warmup_steps: int = 0,
     counts: Optional[Sequence[Sequence[int]]] = None,
 ) -> list[list[torch.Tensor]]:
-    """``θ`` after each of ``steps`` optimizer steps (commits) under ``mode``.
-
-    Args:
-        mode: ``sync``, ``dpu`` or ``acco``.
-        counts: per round (launch order), micro-batches per worker; default: the
-            fixed quotas (``G`` for sync/dpu rounds, ``G/2`` for acco rounds).
-    """
+    """``θ`` after each of ``steps`` optimizer steps (commits) under ``mode`` (``sync``, ``dpu`` or ``acco``);
+    without ``counts`` each round takes its fixed quota (``G`` for sync/dpu rounds, ``G/2`` for acco rounds)."""
     G, N = gradient_accumulation_steps, run.N
     rounds = iter(counts) if counts is not None else None
 

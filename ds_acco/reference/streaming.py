@@ -47,19 +47,11 @@ def streaming_reference(
     outer_lr: float = 0.7,
     outer_momentum: float = 0.9,
 ) -> StreamingTrace:
-    """Run ``steps`` inner steps of Streaming DiLoCo on ``world_size`` simulated workers.
-
-    Args:
-        params: ``θ_0`` (every worker and ``θ_g`` start from it).
-        grad_fn: ``grad_fn(worker, k, params)``, the gradient of worker's ``k``-th micro-batch.
-        make_inner_optimizer: builds one worker's inner optimizer over its parameters.
-        fragments: ``P`` lists of indices into ``params``.
-        sync_every / overlap_steps / alpha / outer_lr / outer_momentum: ``H``, ``tau``,
-            ``α`` and the outer Nesterov SGD, as in ``acco.streaming``.
-
-    Returns:
-        A :class:`StreamingTrace`.
-    """
+    """Run ``steps`` inner steps of Streaming DiLoCo on ``world_size`` simulated workers from ``θ_0 = params``
+    (every worker's and ``θ_g``); ``grad_fn(worker, k, params)`` is the gradient of a worker's ``k``-th micro-batch,
+    ``fragments`` are ``P`` lists of indices into ``params``, and ``sync_every`` / ``overlap_steps`` / ``alpha`` /
+    ``outer_lr`` / ``outer_momentum`` are ``H``, ``tau``, ``α`` and the outer Nesterov SGD, as in
+    ``acco.streaming``."""
     N, H, P, tau = world_size, sync_every, len(fragments), overlap_steps
     workers = [[torch.nn.Parameter(p.detach().clone().float()) for p in params] for _ in range(N)]
     inner = [make_inner_optimizer(ws) for ws in workers]

@@ -14,10 +14,8 @@ micro-batches per worker per step:
   measured once ``acco`` has run, 1 before);
 * ``acco`` (adaptive policy) ends a round at the first micro-batch boundary after its
   communication ends, every worker contributing what it computed meanwhile: ``2·T`` per
-  ``2·Σ T/c'_r`` micro-batches with ``T = max_r max(c'_r, R + c'_r/2)`` (the swap waits for
-  the micro-batch under way, half of one on average: at 100 Mbit/s a 0.46 s round over
-  0.40 s micro-batches commits 1.6-1.8 per round, not 1.16), scaled to ``G`` micro-batches
-  per worker.
+  ``2·Σ T/c'_r`` micro-batches with ``T = max_r max(c'_r, R + c'_r/2)`` (:data:`LANDING`),
+  scaled to ``G`` micro-batches per worker.
 
 The running mode's step is *measured* (wall time between two commits, per ``G·N``
 micro-batches committed); only the other mode's is predicted, with the round time scaled by
@@ -70,18 +68,15 @@ flight, µs per round on the wire in the running mode, µs per nominal step meas
 and the wire factor in thousandths (0: not measured yet)."""
 LANDING = 0.5
 """Where in a micro-batch an adaptive round lands, on average (0: at its end, 1: at its start): the swap waits for
-the micro-batch under way. Half, since rounds and micro-batches jitter by more than the gap: on the real-compute bed
-(one core per host) a round of 1.0, 1.16, 1.5 and 3.1 micro-batches committed 1.4-1.6, 1.6-1.8, 1.9 and 3.5-3.6
-(x + 0.5 gives 1.5, 1.66, 2.0, 3.6; rounding up gives 1 or 2, 2, 2, 4). Where compute and rounds run like clockwork
-(sleeps) rounding up is exact and this undercounts by up to half a micro-batch; once adaptive runs, its committed
-batch is measured and replaces the prediction."""
+the micro-batch under way. Half, since rounds and micro-batches jitter by more than the gap: with real compute a round
+of ``x`` micro-batches committed ``x + 0.5`` within 0.15 (BENCHMARKS.md, "Auto's adaptive prediction"). With sleeps
+this undercounts by up to half a micro-batch, until adaptive runs and its committed batch is measured."""
 STREAMING_HINT = 1.35
 """Where the best gradient mode costs this many times a step's bare compute (``G`` micro-batches, a full batch, priced
 to a loss as the candidates are: delay penalty and batch in), no gradient round hides and streaming, whose fragment
 rounds do, is the faster mode: with ``acco.auto.streaming`` the job switches to it, otherwise the line points to it.
-From auto's 44 lines on the real-compute bed, four seeds (BENCHMARKS.md): at 25 Mbit/s the ratio was 1.39-1.79 and
-streaming reached the loss in 0.67x auto's time; at 100 Mbit/s 0.71-1.30 and streaming needed 1.23x auto's time; with
-one host at half speed 0.54-0.83, where streaming runs at the slow host's pace."""
+Between the ratios where streaming won (1.39-1.79 at 25 Mbit/s) and lost (0.71-1.30 at 100 Mbit/s; BENCHMARKS.md,
+"Streaming against auto, four seeds")."""
 _WINDOW = 3  # medians of the last few samples: one slow step (a checkpoint, a GC pause) does not decide
 
 
@@ -104,11 +99,8 @@ class StepTimer:
         self.steps: deque = deque(maxlen=_WINDOW)
         self.batches: deque = deque(maxlen=_WINDOW)
         self.wire_factor = 0.0
-        """A round's wire time in ``acco`` over ``sync`` (0: not measured): on a CPU the round shares the
-        core with compute in ``acco`` and has it to itself in ``sync`` (1.55x on the real-compute bed at
-        100 Mbit/s), so the other mode's round time is the running one's scaled by it. Measured across a
-        switch (the old mode's last window against the new mode's first), then kept: a link that changes
-        later moves both modes' rounds alike."""
+        """The module docstring's wire factor (0: not measured): measured across a switch (the old mode's last
+        window against the new mode's first), then kept: a link that changes later moves both modes' rounds alike."""
         self._across: Optional[float] = None
         """The old mode's median round just before a switch, until the new mode's first window fills."""
         self._mode = SYNC
@@ -131,9 +123,8 @@ class StepTimer:
         if self.rounds and mode != self._mode:
             self._across = statistics.median(self.rounds)
         self._mode = mode
-        self.rounds.clear()
-        self.steps.clear()
-        self.batches.clear()
+        for window in (self.rounds, self.steps, self.batches):
+            window.clear()
         self._skip = 1
         self._last_commit = None
 
@@ -196,17 +187,18 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     job may switch to streaming where the chosen gradient mode costs :data:`STREAMING_HINT` or more;
     ``noise_measured``: False where ``noise`` is the small-noise limit taken before two rounds measured it."""
     N = len(figures)
-    c_sync = [r[0] or r[1] for r in figures]  # a job resumed in acco has no sync figure: its acco one bounds it
-    c_acco = [r[1] or r[0] * _interference(figures) for r in figures]
+    # compute per micro-batch with a round in flight over without, from ranks that measured both
+    interference = max((r[1] / r[0] for r in figures if r[0] > 0 and r[1] > 0), default=1.0)
+    # a job resumed in acco has no sync figure: its acco one bounds it
+    c_sync_s = [(r[0] or r[1]) / 1e6 for r in figures]
+    c_acco_s = [(r[1] or r[0] * interference) / 1e6 for r in figures]
     R = max(r[2] for r in figures) / 1e6  # in the running mode
     measured = max(r[3] for r in figures) / 1e6
     wire = max((r[4] for r in figures if len(r) > 4), default=0) / 1e3 or 1.0
-    if min(c_sync) <= 0 or (measured <= 0 and current != SYNC):
+    if min(c_sync_s) <= 0 or (measured <= 0 and current != SYNC):
         return None
-    c_sync_s = [c / 1e6 for c in c_sync]
     if measured <= 0:  # a choice after the first step: one commit, no interval between two yet
         measured = G * max(c_sync_s) + R
-    c_acco_s = [c / 1e6 for c in c_acco]
     auto, full = config.auto, float(G * N)
     running = (SYNC, None) if current == SYNC else (ACCO, policy or _policies(config)[0])
     # seconds per nominal step (G·N micro-batches) and micro-batches per committed step, for each candidate
@@ -301,12 +293,6 @@ def _small(x: float) -> str:
     return f"{x:.1f}" if x >= 1 or x == 0 or x != x else f"{x:.2g}"
 
 
-def _interference(figures: Sequence[Sequence[int]]) -> float:
-    """``k``: compute per micro-batch with a round in flight over without, from ranks that measured both."""
-    ratios = [r[1] / r[0] for r in figures if r[0] > 0 and r[1] > 0]
-    return max(ratios) if ratios else 1.0
-
-
 def _predict_acco(c: Sequence[float], R: float, G: int, config: AccoConfig, policy: str,
                   estimate_fraction: float = 1.0) -> tuple[float, float]:
     """Seconds per nominal step and micro-batches committed per step of ``acco`` under ``policy``
@@ -346,13 +332,11 @@ class AutoMode:
         self.early = config.auto.measure_steps if config.auto.streaming and config.auto.measure_steps < self.first \
             else None
         """With ``auto.streaming``, a look after ``measure_steps`` inside the warm-up: the warm-up keeps acco's
-        one-step delay away from the first steps, and streaming, which has no such delay, may start at once where
-        a gradient round cannot hide (at 25 Mbit/s each sync step cost 2.5 s against streaming's 1.3 s). Such a
-        look switches to streaming or leaves the job in sync until the first choice. Where the adaptive policy is a
-        candidate and the noise scale has not had its two rounds yet, the look takes it as small (every committed
-        step buys the same loss): every choice on the bench measured 0 to 3 micro-batches, against batches
-        of 4-16; taken per sample instead, adaptive's commits of up to 16 micro-batches on a link
-        where no round hides would look free and no look could ever start streaming."""
+        one-step delay away from the first steps, but streaming has none and may start at once where no gradient
+        round hides. Such a look switches to streaming or leaves the job in sync until the first choice. Before the
+        noise scale has had its two rounds, the look takes it as small (the bench measured 0-3 micro-batches against
+        batches of 4-16): priced per sample, adaptive's large commits on a slow link would look free and no look
+        could ever start streaming."""
         self.choices: list[dict] = []
         """Every choice's figures, in order (for telemetry, tests and benchmarks)."""
         self._retry = False
@@ -360,18 +344,16 @@ class AutoMode:
         """Set when a switch to streaming found too little memory on some rank: streaming is not offered again."""
 
     def look_first(self) -> bool:
-        """Whether to probe the link behind step 1's compute and look before the first round: with
-        ``auto.streaming`` only (the look starts streaming or nothing) and ``G >= 2`` (compute is timed from the
-        end of the first micro-batch, which holds start-up). At 25 Mbit/s the look after step 1 cost a sync step
-        of 2.7 s where streaming's took 1.3 s; this look enters streaming with step 1's gradients instead."""
+        """Whether to probe the link behind step 1's compute and look before the first round
+        (:func:`ds_acco.rounds.streaming_switch.look_before_first_round`): with ``auto.streaming`` only (the look
+        starts streaming or nothing) and ``G >= 2`` (compute is timed from the end of the first micro-batch)."""
         return self.config.auto.streaming and self.G >= 2 and not self.streaming_refused
 
     def first_figures(self, rate: Optional[float]) -> list[int]:
         """This rank's figures before the first round (:data:`FIGURES`): step 1's compute per micro-batch and a
         commit round's bytes at the probed ``rate`` (zeros without one: the link was too fast to time; a choice
         then waits for measured figures). The rate is the agreed pieces' own, headers and per-call costs in; a
-        round's quantisation and sums are left out. On the real-compute bed at 25 Mbit/s it predicted 1.19-1.32 s
-        (six runs) for sync low-bit rounds that took 1.24 s on the wire (BENCHMARKS.md)."""
+        round's quantisation and sums are left out (at 25 Mbit/s: 1.19-1.32 s for rounds of 1.24 s; BENCHMARKS.md)."""
         c = self.timer.first_compute()
         if not rate or not c:
             return [0] * FIGURES
@@ -385,9 +367,8 @@ class AutoMode:
             (step >= self.first and (step - self.first) % self.config.auto.check_every == 0)
 
     def gathered(self, submit, coll, device, figures: Optional[list[int]] = None) -> list:
-        """Every rank's figures now (``figures``, by default the timer's), one row per rank: a choice in sync comes
-        after its round, so the figures including that round go in one tiny all-gather on the communication
-        thread (in acco they ride the next round's count all-gather, and the step's choice waits for none)."""
+        """Every rank's figures now (``figures``, by default the timer's), one row per rank, in one tiny all-gather on
+        the communication thread: a choice in sync comes after its round (see the module docstring)."""
         local = torch.tensor(self.timer.local() if figures is None else figures, dtype=torch.int64, device=device)
         return submit("auto figures", lambda handle: coll.all_gather_small(local).cpu().tolist()).wait()
 

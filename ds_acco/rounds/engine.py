@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from ds_acco.comm.engine_lifecycle import EngineLifecycle
 from ds_acco.config import AccoConfig, parse_acco_config
+from ds_acco.config.compare import carry_on_changes
 from ds_acco.errors import AccoConfigError, AccoRoundError
 from ds_acco.layout.grad_buffers import GradBuffers
 from ds_acco.layout.sharded_group import ShardedGroup
@@ -46,8 +47,6 @@ class RoundEngine(EngineLifecycle):
 
     Args:
         groups: the sharded parameter groups (compute buffers and master shards).
-        shard_optimizer: steps the master shards.
-        config: the ``"acco"`` block (dict or :class:`AccoConfig`).
         gradient_accumulation_steps: ``G``, micro-batches per worker per optimizer step.
         clip_grad_norm: clip ``mean(X)`` to this global L2 norm (None or 0: off).
         process_group: the data-parallel group (default: WORLD). The engine runs its
@@ -165,14 +164,8 @@ class RoundEngine(EngineLifecycle):
 
     # ------------------------------------------------------------ training side
     def after_micro_batch(self) -> bool:
-        """Account for one finished backward; launch, wait and swap as the policy says.
-
-        Returns:
-            True when the compute parameters changed (a swap happened).
-
-        Raises:
-            AccoRoundError: a round failed or timed out (re-raised from the comm thread).
-        """
+        """Account for one finished backward; launch, wait and swap as the policy says. True when the compute
+        parameters changed (a swap happened); a round that failed or timed out raises :class:`AccoRoundError` here."""
         self._ensure_open()
         if self._inflight is not None and self._inflight.handle.failed():
             self._complete()  # raises the round's error here
@@ -219,12 +212,9 @@ class RoundEngine(EngineLifecycle):
     def _round_ready(self) -> bool:
         if self.state.policy == "fixed":
             return self.state.n >= self.quota
-        cap = self.config.max_micro_batches_per_round
-        if self._inflight.handle.done() or (cap is not None and self.state.n >= cap):
-            return True
-        if self._inflight.handle.elapsed() > self.config.timeout_s:
-            return True  # _complete() raises the timeout with the round's stage
-        return False
+        cap, handle = self.config.max_micro_batches_per_round, self._inflight.handle
+        # past timeout_s, _complete() raises the timeout with the round's stage
+        return handle.done() or (cap is not None and self.state.n >= cap) or handle.elapsed() > self.config.timeout_s
 
     def _launch(self, kind: str, mode: str) -> None:
         s = self.state
@@ -318,13 +308,9 @@ class RoundEngine(EngineLifecycle):
             self._inflight.handle.wait()
 
     def committed_buffers(self) -> Optional[list[torch.Tensor]]:
-        """One full buffer per group holding the committed parameters (cast to the compute dtype).
-
-        Waits for the round in flight without swapping it in (:meth:`quiesce`: the trajectory is
-        unchanged) and communicates nothing: a commit in flight landed its result; otherwise the
-        compute buffers hold the last commit. None where neither holds them exactly (an estimate
-        with nothing in flight, or ``all_gather_quantization: "int8"``): all-gather the masters then.
-        """
+        """One full buffer per group holding the committed parameters (cast to the compute dtype), or None where
+        the masters must be all-gathered; waits for the round in flight without swapping it in (:meth:`quiesce`)
+        and communicates nothing (:mod:`ds_acco.rounds.committed` says which buffer holds them when)."""
         if self.phase is not None:
             return self.phase.global_buffers()  # θ_g (collective in the streaming phase)
         self.quiesce()
@@ -351,11 +337,9 @@ class RoundEngine(EngineLifecycle):
         self._catch_up()
         self.wait()
         s = self.state
-        if self.overlapping and self.mode == "acco" and s.next_kind == COMMIT:
-            self._launch(COMMIT, "acco")
-            self._complete()
-        elif self._align.anyone(s.n > 0):
-            self._launch(COMMIT, "sync")
+        acco_commit = self.overlapping and self.mode == "acco" and s.next_kind == COMMIT
+        if acco_commit or self._align.anyone(s.n > 0):
+            self._launch(COMMIT, "acco" if acco_commit else "sync")
             self._complete()
         if self.mode == "acco":
             s.next_kind = ESTIMATE
@@ -406,15 +390,14 @@ class RoundEngine(EngineLifecycle):
         return out
 
     def block_changes(self, saved: dict) -> list[str]:
-        """See :func:`ds_acco.rounds.state.block_changes`."""
-        return round_state.block_changes(saved, identity=round_state.identity(self), block=self.config.compared_fields())
+        """The ``acco`` fields that differ from a saved round state's, when only they differ (same world size
+        and layout): a front end may then rebuild the round state from the committed parameters instead of
+        refusing (:func:`ds_acco.config.compare.carry_on_changes`)."""
+        return carry_on_changes(saved, round_state.identity(self), self.config.compared_fields())
 
     def load_state_dict(self, saved: dict) -> None:
-        """Restore :meth:`state_dict` output on every rank (collective: it all-gathers the pending result).
-
-        Raises:
-            AccoConfigError: the state was saved with another mode/policy, world size or layout.
-        """
+        """Restore :meth:`state_dict` output on every rank (collective: it all-gathers the pending result); a state
+        saved with another mode/policy, world size or layout raises :class:`AccoConfigError`."""
         self._ensure_open()
         if self._inflight is not None:
             raise AccoRoundError("load_state_dict needs an idle engine; a round is in flight")

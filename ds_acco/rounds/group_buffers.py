@@ -45,7 +45,7 @@ class GroupBuffers:
     int8_rs: Optional[Int8ReduceScatter]
     """``comm_quantization: "int8"``: the int8 reduce-scatter (and its error-feedback residual)."""
     kept: Optional[torch.Tensor]
-    """Mode acco: the estimate's reduced shard, added to the commit's (see the note in rounds/engine.py)."""
+    """Mode acco: the estimate's reduced shard, added to the commit's (see the note in rounds/round_work.py)."""
     delta_ag: Optional[Int8DeltaAllGather]
     """``all_gather_quantization`` other than ``"none"``: the int8-delta all-gather."""
     est_rs: Optional[Int8ReduceScatter]
@@ -62,11 +62,8 @@ class GroupBuffers:
 
 def build_group_buffers(groups: Sequence[ShardedGroup], config: AccoConfig, accum: torch.dtype, comm: torch.dtype,
                         world_size: int, device: torch.device) -> list[GroupBuffers]:
-    """Allocate every group's round buffers for this config.
-
-    Raises:
-        AccoConfigError: an int8-delta all-gather asked for rank-major packed groups.
-    """
+    """Allocate every group's round buffers for this config (a low-bit delta all-gather on rank-major packed
+    groups raises :class:`~ds_acco.errors.AccoConfigError`)."""
     int8 = config.comm_quantization == "int8"  # the int8 exchange reads any dtype, sums in fp32
     int4 = config.estimate_quantization == "int4"
     delta = config.all_gather_quantization != "none" or int4

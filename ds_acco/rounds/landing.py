@@ -38,13 +38,8 @@ ROTATE, COPY, STAGING = "rotate", "copy", "staging"
 
 
 class Landing:
-    """Per group: where the all-gather lands (:meth:`targets`) and the swap (:meth:`install`).
-
-    Args:
-        groups: the sharded parameter groups (their ``flat`` is the compute buffer).
-        grads: the two accumulators per group; a round's are the inactive pair
-            between its launch and its swap.
-    """
+    """Per group: where the all-gather lands (:meth:`targets`) and the swap (:meth:`install`). ``grads`` holds
+    two accumulators per group; a round's are the inactive pair between its launch and its swap."""
 
     def __init__(self, groups: Sequence[ShardedGroup], grads: GradBuffers):
         self.groups, self.grads = list(groups), grads

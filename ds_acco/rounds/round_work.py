@@ -75,18 +75,9 @@ class KeptEstimate:
 
 
 class RoundWork:
-    """The computation of a round, for every group (see the module docstring).
-
-    Args:
-        groups / buffers: the sharded groups and their round buffers (same order).
-        landing: where each round's all-gather lands.
-        coll: the round's collectives.
-        shard_optimizer: steps the master shards.
-        lr_clock: scheduler steps per commit.
-        config: the ``"acco"`` block.
-        clip: global-norm clipping (0: off).
-        on_stage: called as a round enters each stage (tracing, fault-injection tests).
-    """
+    """The computation of a round, for every group (see the module docstring): ``buffers`` are the ``groups``'
+    round buffers (same order), ``clip`` the global-norm clipping (0: off), ``on_stage`` called as a round enters
+    each stage (tracing, fault-injection tests)."""
 
     def __init__(self, groups: Sequence[ShardedGroup], buffers: Sequence[GroupBuffers], landing: Landing,
                  coll: RoundCollectives, shard_optimizer: ShardOptimizer, lr_clock: LrScheduleClock,
@@ -112,9 +103,7 @@ class RoundWork:
         start = time.perf_counter()
         coll, bufs = self.coll, self.buffers
         sent0, recv0 = coll.wire.sent, coll.wire.received
-        nonfinite = False
-        if self.config.check_finite:
-            nonfinite = any(not all_finite(b) for b in grads)
+        nonfinite = self.config.check_finite and any(not all_finite(b) for b in grads)
         # the noise scale needs a mean over exactly these accumulators: not acco's commit (it adds the estimate's)
         noise = self.measures_noise and (kind == ESTIMATE or mode == "sync")
         self._enter_stage(handle, "count all-gather")
@@ -132,19 +121,18 @@ class RoundWork:
         for i, (g, buf, b) in enumerate(zip(self.groups, grads, bufs)):
             send = g.comm_input(buf, b.comm_scratch)
             rs_out = b.rs_out
+            if b.est_rs is not None and kind == COMMIT and mode == "acco":
+                send.add_(b.est_residual)
+                b.est_residual.zero_()
             if b.est_rs is not None and kind == ESTIMATE:  # int4; what it loses goes on with the commit
                 rs_out = b.shard32
                 b.est_rs(coll, rs_out, send, residual_out=b.est_residual)
+            elif b.int8_rs is not None:
+                b.int8_rs(coll, rs_out, send)
+            elif b.cast_rs is not None:
+                b.cast_rs(coll, rs_out, send)
             else:
-                if b.est_rs is not None and kind == COMMIT and mode == "acco":
-                    send.add_(b.est_residual)
-                    b.est_residual.zero_()
-                if b.int8_rs is not None:
-                    b.int8_rs(coll, rs_out, send)
-                elif b.cast_rs is not None:
-                    b.cast_rs(coll, rs_out, send)
-                else:
-                    coll.reduce_scatter_sum(rs_out, send)
+                coll.reduce_scatter_sum(rs_out, send)
             if self.landing.round_zeroes(i):
                 buf.zero_()  # "local grads reset"; otherwise the all-gather lands here and the swap zeroes
             if rs_out is not b.shard32:

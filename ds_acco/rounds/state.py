@@ -21,7 +21,6 @@ import torch
 
 from ds_acco.comm.comm_thread import RoundHandle
 from ds_acco.config import check_saved_state_fits
-from ds_acco.config.compare import carry_on_changes
 from ds_acco.layout.grad_buffers import GradBuffers
 from ds_acco.optim.lr_schedule import LrScheduleClock
 
@@ -98,14 +97,11 @@ def restore_pending(pending: Optional[dict], targets: Sequence[torch.Tensor],
 def snapshot(state: RoundState, *, identity: dict, round_index: int, grads: GradBuffers,
              buffers: Sequence[GroupBuffers], kept: KeptEstimate, lr_clock: LrScheduleClock,
              pending: Optional[dict]) -> dict:
-    """This rank's round state as a checkpoint dict (the engine is at rest: nothing in flight is changing it).
+    """This rank's round state as a checkpoint dict (the engine is at rest: nothing in flight is changing it);
+    ``identity`` and ``pending`` are what :func:`identity` and :func:`pending_of` return.
 
     Holds ``O(params / N)`` tensors, plus the active accumulator when micro-batches have been
     accumulated since the last launch (checkpoint right after a step to avoid that).
-
-    Args:
-        identity: what must match on load (config fingerprint, world size, buffer sizes).
-        pending: the finished round not yet swapped in (kind, mode, step, index, outcome, its shards).
     """
     int8 = buffers[0].int8_rs is not None if buffers else False
     return {
@@ -137,11 +133,8 @@ def restore(saved: dict, *, identity: dict, grads: GradBuffers, buffers: Sequenc
             lr_clock: LrScheduleClock, mode: str, policy: str = "fixed",
             block: Optional[dict] = None) -> tuple[RoundState, int, KeptEstimate]:
     """Put a :func:`snapshot` back into the buffers; returns the schedule, the round index and the kept count
-    (``mode``/``policy``: what rounds ran in, for a state saved before it was kept).
-
-    Raises:
-        AccoConfigError: the state was saved with another mode/policy, world size or layout.
-    """
+    (``mode``/``policy``: what rounds ran in, for a state saved before it was kept). A state saved with another
+    mode/policy, world size or layout raises :class:`~ds_acco.errors.AccoConfigError`."""
     check_saved_state_fits(
         saved, identity, "the ACCO round state", "Resume with the same acco block and world size, or load the model "
         "and optimizer only (a fresh round state bootstraps).", block=block)
@@ -183,10 +176,3 @@ def reset_buffers(grads: GradBuffers, buffers: Sequence[GroupBuffers]) -> None:
             b.est_residual.zero_()
         if b.int8_rs is not None:
             b.int8_rs.reset_error_feedback()
-
-
-def block_changes(saved: dict, *, identity: dict, block: dict) -> list[str]:
-    """The ``acco`` fields that differ from a saved round state's, when only they differ (same world size
-    and layout): a front end may then rebuild the round state from the committed parameters instead of
-    refusing (:func:`ds_acco.config.compare.carry_on_changes`)."""
-    return carry_on_changes(saved, identity, block)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from .files import FileFinisher
 from .manifest import clean_partials, fsync_path, write_manifest
-from .save_failure import CheckpointSaveError, SaveFailures
+from .save_failure import SaveFailures
 from .verify import FiniteCheck
 
 logger = logging.getLogger("ds_acco")
@@ -43,8 +43,7 @@ def atomic_torch_save(obj: Any, path: str) -> None:
 
 
 def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str, Callable], Any], save_latest: bool,
-                checkpoint_engine: Any, fsync: bool, claim: Sequence[str] = (),
-                writer: str = "ds_acco deepspeed", finite: Optional[FiniteCheck] = None,
+                checkpoint_engine: Any, fsync: bool, claim: Sequence[str] = (), finite: Optional[FiniteCheck] = None,
                 key: Optional[bytes] = None) -> Any:
     """Run ``write(partial_tag)`` on every rank, then publish ``tag`` (and ``latest``) at once.
 
@@ -56,11 +55,9 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str,
         checkpoint_engine: DeepSpeed's ``engine.checkpoint_engine``; each file it writes is hashed
             (and flushed) in the background while the next is written.
         fsync: ``acco.checkpoint.fsync``.
-        claim: the files this rank writes (it hashes them for the manifest).
-        writer: the front end, recorded in the manifest.
+        claim, key: as for :func:`~ds_acco.checkpoint.manifest.write_manifest`.
         finite: the finite check of this rank's masters and moments, started before the save
             (it sums while the files are written); its outcome goes into the manifest.
-        key: sign the manifest with it (:mod:`ds_acco.checkpoint.signing`); None: unsigned.
 
     A write that failed on any rank raises :class:`CheckpointSaveError` on every rank (:mod:`.save_failure`).
     """
@@ -82,11 +79,11 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str,
         except OSError as exc:  # a flush the disk refused
             failures.failed.append(f"{exc.filename or folder}: {exc.strerror}")
             hashed = {}
-    _fail_if_any(failures, save_dir, tag, folder, global_rank)
-    non_finite = write_manifest(folder, writer=writer, tag=tag, claim=claim, hashed=hashed, fsync=fsync,
+    _fail_if_any(failures, save_dir, tag)
+    non_finite = write_manifest(folder, writer="ds_acco deepspeed", tag=tag, claim=claim, hashed=hashed, fsync=fsync,
                                 non_finite=finite.local_result() if finite is not None else None, key=key,
                                 guard=failures.guard)
-    _fail_if_any(failures, save_dir, tag, folder, global_rank)
+    _fail_if_any(failures, save_dir, tag)
     if global_rank == 0:
         final = os.path.join(save_dir, tag)
         publish(folder, final, fsync)
@@ -119,17 +116,11 @@ def publish(partial: str, final: str, fsync: bool) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _fail_if_any(failures: SaveFailures, save_dir: str, tag: str, folder: str, global_rank: int) -> None:
+def _fail_if_any(failures: SaveFailures, save_dir: str, tag: str) -> None:
     """When a write failed on any rank: remove the partial tag, then raise the same error on every rank."""
     failed = failures.agree()
-    if not failed:
-        return
-    message = [str(failures.error(failed, save_dir, tag, latest_tag(save_dir))) if global_rank == 0 else None]
-    dist.broadcast_object_list(message, src=0)  # one message: the free space as rank 0 saw it
-    if global_rank == 0:
-        shutil.rmtree(folder, ignore_errors=True)  # its space is what the next save needs
-    dist.barrier()
-    raise CheckpointSaveError(message[0])
+    if failed:
+        raise failures.abandon(failed, save_dir, tag, latest_tag(save_dir))
 
 
 def latest_tag(load_dir: str) -> str | None:

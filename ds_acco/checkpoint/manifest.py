@@ -231,7 +231,7 @@ def write_manifest(folder: str, *, writer: str, tag: str, claim: Sequence[str] =
     rank = dist.get_rank(group)
     hashed = hashed or {}
     listing = [tag_files(folder) if rank == 0 else None]
-    dist.broadcast_object_list(listing, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    dist.broadcast_object_list(listing, group=group, group_src=0)
     files = listing[0]
     known = gather_objects(([f for f in hashed if f in files], [f for f in claim if f in files]), group)
     owner: dict[str, int] = {}
@@ -247,11 +247,8 @@ def write_manifest(folder: str, *, writer: str, tag: str, claim: Sequence[str] =
     parts = gather_objects((mine, ranges, None if non_finite is None else list(non_finite)[:5]), group)
     bad = sorted({f"rank {r}'s {n}" for r, (_, _, names) in enumerate(parts) for n in names or ()})
     if rank == 0:
-        entries: dict = {}
-        digests: dict = {}
-        for whole, some, _ in parts:
-            entries.update(whole)
-            digests.update(some)
+        entries = {f: e for whole, _, _ in parts for f, e in whole.items()}
+        digests = {k: d for _, some, _ in parts for k, d in some.items()}
         for f in rest:
             entries[f] = {"size": sizes[f], "range_bytes": RANGE_BYTES,
                           "digests": [digests[(f, i)] for i in range(range_count(sizes[f], RANGE_BYTES))]}

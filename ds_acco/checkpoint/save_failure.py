@@ -7,21 +7,25 @@ save goes through :meth:`SaveFailures.guard`: a failed write is noted and its ha
 file removed, and the save goes on to its next barrier with the other ranks. After the
 writes the ranks :meth:`~SaveFailures.agree`; when any rank failed, the partial tag is
 removed (``latest`` never moved), and every rank gets the same :class:`CheckpointSaveError`
-(:meth:`SaveFailures.error`). ``acco.checkpoint.on_save_error`` says what then.
+(:meth:`SaveFailures.abandon`). ``acco.checkpoint.on_save_error`` says what then (:func:`raise_or_continue`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 from typing import Any, Iterator, Optional
 
 import torch
+import torch.distributed as dist
 
 from ds_acco.errors import CheckpointError
 
 from .manifest import MANIFEST, gather_objects
+
+logger = logging.getLogger("ds_acco")
 
 
 class CheckpointSaveError(CheckpointError):
@@ -80,27 +84,44 @@ class SaveFailures:
         self.needed = sum(n for _, n in out)
         return [line for lines, _ in out for line in lines]
 
-    def error(self, failures: list[str], save_dir: str, tag: str, last: Optional[str],
-              kept: Optional[str] = None) -> CheckpointSaveError:
-        """The one message: what failed, the space a save needs and the space there is (``kept``: what
-        still holds the last complete save, where there is no ``latest`` to name it)."""
-        size = tag_bytes(os.path.join(save_dir, last) if last else None)
-        if size is not None:
-            need = f"a complete save needs about {_mb(size)} (the size of {last}); "
-        elif self.needed:
-            need = f"the tensors it was writing hold {_mb(self.needed)}; "
-        else:
-            need = ""
-        try:
-            free = _mb(shutil.disk_usage(save_dir).free)
-        except OSError:
-            free = "unknown"
-        keep = kept or (f"'latest' still names {last}" if last else "no earlier tag exists")
-        lines = "\n  ".join(failures[:6]) + (f"\n  ... and {len(failures) - 6} more" if len(failures) > 6 else "")
-        return CheckpointSaveError(
-            f"ds_acco: checkpoint save of tag {tag!r} in {save_dir} could not be written, so every rank abandoned "
-            f"it (the partial tag was removed; {keep}):\n  {lines}\n{need}{free} free there now. Free space or "
-            "point the save elsewhere; acco.checkpoint.on_save_error: \"continue\" keeps training and retries at the next save")
+    def abandon(self, failures: list[str], save_dir: str, tag: str, last: Optional[str], kept: Optional[str] = None,
+                group=None) -> CheckpointSaveError:
+        """Every rank, once :meth:`agree` found ``failures``: remove the partial folder (its space is what the next
+        save needs) and return the error every rank raises, with rank 0's message (``kept``: what still holds the
+        last complete save, where there is no ``latest`` to name it)."""
+        message = [None]
+        if dist.get_rank(group) == 0:
+            size = tag_bytes(os.path.join(save_dir, last) if last else None)
+            if size is not None:
+                need = f"a complete save needs about {_mb(size)} (the size of {last}); "
+            elif self.needed:
+                need = f"the tensors it was writing hold {_mb(self.needed)}; "
+            else:
+                need = ""
+            try:
+                free = _mb(shutil.disk_usage(save_dir).free)
+            except OSError:
+                free = "unknown"
+            keep = kept or (f"'latest' still names {last}" if last else "no earlier tag exists")
+            lines = "\n  ".join(failures[:6]) + (f"\n  ... and {len(failures) - 6} more" if len(failures) > 6 else "")
+            message[0] = (
+                f"ds_acco: checkpoint save of tag {tag!r} in {save_dir} could not be written, so every rank abandoned "
+                f"it (the partial tag was removed; {keep}):\n  {lines}\n{need}{free} free there now. Free space or "
+                "point the save elsewhere; acco.checkpoint.on_save_error: \"continue\" keeps training and retries at "
+                "the next save")
+            shutil.rmtree(self.folder, ignore_errors=True)
+        dist.broadcast_object_list(message, group=group, group_src=0)  # rank 0 sends once the folder is gone
+        return CheckpointSaveError(message[0])
+
+
+def raise_or_continue(error: CheckpointSaveError, on_save_error: str, rank: int) -> bool:
+    """``acco.checkpoint.on_save_error``: raise ``error``, or ("continue") log it on rank 0 and return False."""
+    if on_save_error != "continue":
+        raise error
+    if rank == 0:
+        logger.error("%s\nacco.checkpoint.on_save_error is \"continue\": training goes on; the next save tries again",
+                     error)
+    return False
 
 
 def write_failures(exc: BaseException, folder: str) -> Optional[list[str]]:

@@ -140,21 +140,18 @@ def verify_for_load(folder: str, *, reads: Sequence[str], ours: bool, salvage: b
                 problems[name] = (f"holds {', '.join(classes)}, which a checkpoint load does not unpickle (it would "
                                   f"run code the file names); refused before any file was parsed. If the checkpoint "
                                   f"comes from a source you trust, set {SWITCH}: false")
-    merged: dict[str, str] = {}
-    for part in gather_objects(problems, group):
-        merged.update(part)
+    merged = {name: why for part in gather_objects(problems, group) for name, why in part.items()}
     if key is not None and MANIFEST in merged:
         raise CheckpointError(describe(folder, merged, "is not signed with this job's key"))
-    if manifest is None and not merged:
-        return Verdict(stock=True)
     if not merged:
-        return Verdict(manifest=manifest)
+        return Verdict(stock=manifest is None, manifest=manifest)
     if salvage and MANIFEST in merged:
         if rank == 0:
             logger.warning("%s", describe(folder, merged, "has no usable manifest",
                                           "\nacco.checkpoint.salvage is on: loading its files UNVERIFIED"))
         return Verdict(manifest=None)
-    if salvage and all(droppable(name) for name in merged):
+    drops = [droppable(name) for name in merged]
+    if salvage and all(drops):
         if rank == 0:
             logger.warning("%s", describe(folder, merged, "is damaged",
                                           f"\nacco.checkpoint.salvage is on: dropped {sorted(merged)}; the rest "
@@ -162,9 +159,9 @@ def verify_for_load(folder: str, *, reads: Sequence[str], ours: bool, salvage: b
                                           "uninterrupted one)"))
         return Verdict(dropped=set(merged), manifest=manifest)
     note = ""
-    if any(droppable(name) for name in merged) and not all(droppable(name) for name in merged):
+    if any(drops) and not all(drops):
         note = "\n(acco.checkpoint.salvage can only drop per-rank round state, not model or optimizer files)"
-    elif all(droppable(name) for name in merged) or MANIFEST in merged:
+    elif all(drops) or MANIFEST in merged:
         note = "\nor set acco.checkpoint.salvage: true to load it anyway without the failed parts"
     raise CheckpointError(describe(folder, merged, "failed verification", note))
 
@@ -206,9 +203,8 @@ class FiniteCheck:
         t0 = time.perf_counter()
         try:
             bad = self.local_result()
-            merged = {}
-            for r, names in enumerate(gather_objects(bad[:5], group)):
-                merged.update({f"rank {r}'s {n}": "expected finite values, found inf/NaN" for n in names})
+            merged = {f"rank {r}'s {n}": "expected finite values, found inf/NaN"
+                      for r, names in enumerate(gather_objects(bad[:5], group)) for n in names}
         finally:
             self.waited += time.perf_counter() - t0
         if merged:

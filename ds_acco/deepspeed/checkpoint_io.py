@@ -32,10 +32,10 @@ from deepspeed import comm as ds_dist
 
 from ds_acco.checkpoint import safe_load, signing
 from ds_acco.checkpoint.atomic import atomic_save, atomic_torch_save, latest_tag
-from ds_acco.checkpoint.save_failure import CheckpointSaveError
+from ds_acco.checkpoint.save_failure import CheckpointSaveError, raise_or_continue
 from ds_acco.checkpoint.files import replaced
 from ds_acco.checkpoint.gate import destroy_verification_group, verification_group
-from ds_acco.checkpoint.verify import FiniteCheck
+from ds_acco.checkpoint.verify import FiniteCheck, refuse_unless_finite
 
 from . import _internals as internals
 from .verify import refuse_if_written_by_ds_acco, start_verify_tag
@@ -120,12 +120,12 @@ class VerifiedCheckpoints:
         tag = str(tag if tag is not None else f"global_step{self.global_steps}")
         client_state = dict(client_state or {}, ds_acco=self._acco_client_entry())
         parent = super().save_checkpoint
-        path = os.path.join(save_dir, "{partial}", self.STATE_FILE.format(rank=self._acco_dp()[0]))
+        state_file = self.STATE_FILE.format(rank=self._acco_dp()[0])
 
         def write(partial: str, guard) -> bool:
             with self._acco_saving(), internals.guarded_recovery_script(self, guard):
                 ok = parent(save_dir, partial, client_state, False, exclude_frozen_parameters)
-            target = path.format(partial=partial)
+            target = os.path.join(save_dir, partial, state_file)
             with guard(target, own):
                 atomic_torch_save(own, target)
             return ok
@@ -137,12 +137,7 @@ class VerifiedCheckpoints:
                                self._acco_config.checkpoint.fsync, claim=self._acco_claim(), finite=finite,
                                key=self._acco_signing_key)
         except CheckpointSaveError as exc:
-            if self._acco_config.checkpoint.on_save_error != "continue":
-                raise
-            if self.global_rank == 0:
-                logger.error("%s\nacco.checkpoint.on_save_error is \"continue\": training goes on; the next save "
-                             "tries again", exc)
-            return False
+            return raise_or_continue(exc, self._acco_config.checkpoint.on_save_error, self.global_rank)
 
     # ------------------------------------------------------------ load
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
@@ -217,8 +212,7 @@ class VerifiedCheckpoints:
                            args: tuple) -> None:
         """Refuse non-finite loaded masters or moments on every rank, unless the manifest proves them finite."""
         if not self._acco_proven_finite(manifest, from_state, args[1], args[3]):
-            FiniteCheck(self._acco_finite_tensors(), background=False).settle(os.path.join(load_dir, tag),
-                                                                              group=self._acco_dp()[2])
+            refuse_unless_finite(os.path.join(load_dir, tag), self._acco_finite_tensors(), group=self._acco_dp()[2])
 
     # ------------------------------------------------------------ preemption, clean-up
     def _acco_note_stop(self) -> None:

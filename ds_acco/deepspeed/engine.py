@@ -61,10 +61,7 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
     def __init__(self, *args: Any, acco_config: AccoConfig, **kwargs: Any):
         # nn.Module.__setattr__ is not ready yet, and DeepSpeedEngine.__getattr__ forwards
         # unknown names to the model: keep our attributes in __dict__ from the start.
-        self.__dict__["acco"] = None
-        self.__dict__["_acco_config"] = acco_config
-        self.__dict__["_acco_samples"] = 0
-        self.__dict__["_acco_export"] = None
+        self.__dict__.update(acco=None, _acco_config=acco_config, _acco_samples=0, _acco_export=None)
         super().__init__(*args, **kwargs)
         self._acco_take_over()
 

@@ -55,8 +55,7 @@ class StreamingDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
 
     def __init__(self, *args: Any, acco_config: AccoConfig, **kwargs: Any):
         # DeepSpeedEngine.__getattr__ forwards unknown names to the model: keep ours in __dict__.
-        self.__dict__["acco"] = None
-        self.__dict__["_acco_config"] = acco_config
+        self.__dict__.update(acco=None, _acco_config=acco_config)
         super().__init__(*args, **kwargs)
         self._streaming_take_over()
 
@@ -76,12 +75,9 @@ class StreamingDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         internals.check(self)
         self._acco_read_key()
         self.enable_backward_allreduce = False
-        try:
-            fragments = fragments_of(self.module, self._acco_config)
-        except ValueError as exc:
-            raise AccoConfigError(str(exc)) from None
-        self.acco = StreamingEngine(self.module, self.optimizer, fragments, config=self._acco_config,
-                                    process_group=self.data_parallel_group, on_stop=self._acco_note_stop)
+        self.acco = StreamingEngine(self.module, self.optimizer, fragments_of(self.module, self._acco_config),
+                                    config=self._acco_config, process_group=self.data_parallel_group,
+                                    on_stop=self._acco_note_stop)
         self.acco.inner_steps = self.global_steps
         sizes = "/".join(str(f.layout.numel) for f in self.acco.fragments)
         self.acco.announce(f"DeepSpeed stage 0, fragments of {sizes} params")

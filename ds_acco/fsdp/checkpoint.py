@@ -45,7 +45,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-import shutil
 from typing import Any, Optional
 
 import torch
@@ -54,13 +53,14 @@ import torch.distributed as dist
 from ds_acco.checkpoint import safe_load
 from ds_acco.checkpoint.atomic import publish
 from ds_acco.checkpoint.manifest import MANIFEST, clean_partials, newest_complete_tag, write_manifest
-from ds_acco.checkpoint.save_failure import CheckpointSaveError, SaveFailures, nbytes, write_failures
+from ds_acco.checkpoint.save_failure import SaveFailures, nbytes, raise_or_continue, write_failures
 from ds_acco.checkpoint.verify import FiniteCheck, finite_at_save, verify_for_load
 from ds_acco.config.compare import differences
 from ds_acco.errors import AccoConfigError
 
-from .restore import (META_KEY, RANK_KEY_PREFIX, check_loaded, loaded_tensors, metadata_classes_beyond, restart,
-                      safe_reader, set_state_dicts, sharded, state_dicts, trust, written_by_ds_acco)
+from .restore import (META_KEY, RANK_KEY_PREFIX, check_loaded, checkpoint_config, loaded_tensors,
+                      metadata_classes_beyond, restart, safe_reader, set_state_dicts, sharded, state_dicts,
+                      written_by_ds_acco)
 from .stock_checkpoint import load_stock
 
 logger = logging.getLogger("ds_acco")
@@ -124,12 +124,11 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
     if rank == 0:
         clean_partials(*os.path.split(final))  # what a crashed save of this folder left beside it
     dist.barrier(group=group)
-    engine = getattr(trainer, "engine", None)
-    fsync = engine.config.checkpoint.fsync if engine else True
+    engine, settings = getattr(trainer, "engine", None), checkpoint_config(trainer)
+    fsync = settings.fsync
     rounds = engine.state_dict() if engine else None  # waits for the round in flight (no swap): all at rest
     pending_commit = bool(rounds and rounds["pending"] and rounds["pending"]["kind"] == "commit")
     has_optim = bool(trainer.optimizer.state)
-    sched = trainer.lr_scheduler
     meta = dict(
         _layout(trainer),
         format=FORMAT,
@@ -143,7 +142,7 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
         applied_commits=trainer.commits + int(pending_commit),
         micro_batches=trainer.micro_batches,
         optimizer=has_optim,
-        lr_scheduler=sched.state_dict() if sched is not None else None,
+        lr_scheduler=trainer.lr_scheduler.state_dict() if trainer.lr_scheduler is not None else None,
         extra=extra is not None,
     )
     failures, failed = SaveFailures(partial), None
@@ -173,31 +172,17 @@ def save(trainer: Trainer, checkpoint_id: Any, extra: Optional[dict] = None) -> 
                        guard=failures.guard)
         failed = failures.agree(group)
     if failed:
-        return _abandon(trainer, failures, failed, final, engine)
+        parent, name = os.path.split(final)
+        complete = os.path.isfile(os.path.join(final, MANIFEST))
+        kept = (f"{final} still holds the last complete save there" if complete
+                else f"no earlier complete save at {final}")
+        last = name if complete else newest_complete_tag(parent, name)  # its size: what a save needs
+        error = failures.abandon(failed, parent, name, last, kept=kept, group=group)
+        return raise_or_continue(error, settings.on_save_error, rank)
     if rank == 0:
         publish(partial, final, fsync)
     dist.barrier(group=group)
     return True
-
-
-def _abandon(trainer: Trainer, failures: SaveFailures, failed: list[str], final: str, engine) -> bool:
-    """Every rank: remove the partial folder, then raise one message (or log it, on_save_error "continue")."""
-    group = trainer.fsdp.process_group
-    parent, name = os.path.split(final)
-    complete = os.path.isfile(os.path.join(final, MANIFEST))
-    kept = f"{final} still holds the last complete save there" if complete else f"no earlier complete save at {final}"
-    last = name if complete else newest_complete_tag(parent, name)  # its size: what a save needs
-    message = [str(failures.error(failed, parent, name, last, kept=kept)) if dist.get_rank(group) == 0 else None]
-    dist.broadcast_object_list(message, src=dist.get_global_rank(group, 0), group=group)
-    if dist.get_rank(group) == 0:
-        shutil.rmtree(final + ".partial", ignore_errors=True)  # its space is what the next save needs
-    dist.barrier(group=group)
-    if engine is None or engine.config.checkpoint.on_save_error != "continue":
-        raise CheckpointSaveError(message[0])
-    if dist.get_rank(group) == 0:
-        logger.error("%s\nacco.checkpoint.on_save_error is \"continue\": training goes on; the next save tries again",
-                     message[0])
-    return False
 
 
 def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
@@ -208,11 +193,11 @@ def load(trainer: Trainer, checkpoint_id: Any) -> Optional[dict]:
     engine = getattr(trainer, "engine", None)
     if engine:
         engine.reset_rounds()  # waits for and drops the round in flight; the comm thread is idle from here
-    folder, group = _folder(checkpoint_id), trainer.fsdp.process_group
-    weights_only = trust(trainer)
+    folder, group, settings = _folder(checkpoint_id), trainer.fsdp.process_group, checkpoint_config(trainer)
+    weights_only = settings.weights_only
     # A folder with ds_acco's entries (or unreadable DCP metadata) must have its manifest; one without is stock.
     verdict = verify_for_load(folder, reads=_dcp_files_of(dist.get_rank(group)), ours=written_by_ds_acco(folder),
-                              group=group, salvage=bool(engine) and engine.config.checkpoint.salvage,
+                              group=group, salvage=settings.salvage,
                               key=trainer.signing_key, scan=metadata_classes_beyond if weights_only else None)
     if verdict.stock:
         load_stock(trainer, folder)

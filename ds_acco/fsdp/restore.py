@@ -23,6 +23,7 @@ import torch
 
 from ds_acco.checkpoint.safe_load import UnsafeCheckpointError, restricted_pickle_load
 from ds_acco.checkpoint.verify import optimizer_tensors, refuse_unless_finite
+from ds_acco.config import CheckpointConfig
 
 META_KEY = "acco"
 RANK_KEY_PREFIX = "acco_rank"
@@ -66,10 +67,10 @@ def metadata_classes_beyond(path: str) -> list[str]:
     return []
 
 
-def trust(trainer: Any) -> bool:
-    """``acco.checkpoint.weights_only`` of the trainer (a StockFSDP has no block: True)."""
+def checkpoint_config(trainer: Any) -> CheckpointConfig:
+    """The trainer's ``acco.checkpoint`` block (a StockFSDP has none: the defaults)."""
     engine = getattr(trainer, "engine", None)
-    return engine.config.checkpoint.weights_only if engine else True
+    return engine.config.checkpoint if engine else CheckpointConfig()
 
 
 def saved_keys(folder: str) -> Optional[set]:

@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from ds_acco.errors import AccoConfigError
 
-from .restore import check_loaded, restart, safe_reader, saved_keys, set_state_dicts, sharded, state_dicts, trust
+from .restore import (check_loaded, checkpoint_config, restart, safe_reader, saved_keys, set_state_dicts, sharded,
+                      state_dicts)
 
 logger = logging.getLogger("ds_acco")
 
@@ -95,7 +96,7 @@ def load_stock(trainer: Any, folder: str) -> None:
         _require_tensors(folder, keys, model_at, model_sd, optim_at, optim_sd)
         # param_groups entries the live optimizer has and the stock job had not (a scheduler's initial_lr) stay
         dcp.load(state, checkpoint_id=folder, planner=DefaultLoadPlanner(allow_partial_load=True),
-                 storage_reader=safe_reader(folder, trust(trainer)))
+                 storage_reader=safe_reader(folder, checkpoint_config(trainer).weights_only))
         set_state_dicts(trainer, model_sd, optim_sd)
     check_loaded(trainer, folder)
     commits = _steps(trainer.optimizer)

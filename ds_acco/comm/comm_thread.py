@@ -98,19 +98,17 @@ class RoundHandle:
     def elapsed(self) -> float:
         return time.perf_counter() - self.launched_at
 
-    def wait(self, timeout_s: Optional[float] = None) -> Any:
-        """Block until the round ends (at most ``timeout_s``); make the current CUDA stream wait on it."""
-        limit = self.timeout_s if timeout_s is None else timeout_s
-        remaining = max(0.0, limit - self.elapsed())
-        if not self._finished.wait(remaining):
+    def wait(self) -> Any:
+        """Block until the round ends (``timeout_s`` after its launch at most); make the CUDA stream wait on it."""
+        if not self._finished.wait(max(0.0, self.timeout_s - self.elapsed())):
             raise AccoTimeoutError(
                 f"ds_acco round {self.index} ({self.kind}) did not finish within acco.timeout_s="
-                f"{limit:g}s; it was in stage '{self.stage}'. A peer is probably dead or stalled."
+                f"{self.timeout_s:g}s; it was in stage '{self.stage}'. A peer is probably dead or stalled."
             )
         if self._error is not None:
             raise AccoRoundError(
                 f"ds_acco round {self.index} ({self.kind}) failed in stage '{self.stage}' after "
-                f"{self.elapsed():.1f}s (acco.timeout_s={limit:g}s): {type(self._error).__name__}: "
+                f"{self.elapsed():.1f}s (acco.timeout_s={self.timeout_s:g}s): {type(self._error).__name__}: "
                 f"{self._error}. If a peer died or lost its connection every rank reports this; "
                 "restart from the last checkpoint."
             ) from self._error
@@ -130,12 +128,10 @@ class CommThread:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, handle: RoundHandle, fn: Callable[[RoundHandle], Any],
-               ready: Optional[torch.cuda.Event]) -> RoundHandle:
+    def submit(self, handle: RoundHandle, fn: Callable[[RoundHandle], Any], ready: Optional[torch.cuda.Event]) -> None:
         if not self._thread.is_alive():
             raise AccoRoundError("the ds_acco communication thread is not running (closed or crashed)")
         self._jobs.put((handle, fn, ready))
-        return handle
 
     def _loop(self) -> None:
         if self.device.type == "cuda":
@@ -161,8 +157,7 @@ class CommThread:
                 continue
             handle._finish(result, None, done_event)
 
-    def close(self, timeout_s: float = 5.0) -> bool:
-        """Stop after the queued rounds; True when the thread ended within ``timeout_s``."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop after the queued rounds, waiting at most ``timeout_s`` for the thread to end."""
         self._jobs.put(None)
         self._thread.join(timeout_s)
-        return not self._thread.is_alive()

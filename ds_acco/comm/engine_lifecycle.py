@@ -47,17 +47,19 @@ class EngineLifecycle:
     Args:
         process_group: the data-parallel group (None: WORLD); rounds run on a private copy.
         device: where the round's tensors live (picks the CUDA stream or none).
+        on_stop: called on the training thread after the swap or merge of the round in which every rank learned
+            of a SIGTERM (:mod:`ds_acco.comm.stop_signal`): front ends save and exit there. None: :meth:`preempt`.
     """
 
     def __init__(self, config: AccoConfig, process_group: Optional[dist.ProcessGroup], device: torch.device,
-                 thread_name: str):
+                 thread_name: str, on_stop: Optional[Callable[[], None]]):
         self.config, self.device, self._thread_name = config, device, thread_name
         self._closed = False
         self._comm: Optional[CommThread] = None
         self._inflight: Any = None
         self._round_index = 0
         self.stop_agreed, self._stopping = False, False  # a SIGTERM reached every rank / handed over
-        self._on_stop: Callable[[], None] = self.preempt
+        self._on_stop: Callable[[], None] = on_stop or self.preempt
         self.coll = RoundCollectives(process_group, config.timeout_s)
         self.rank, self.world_size = self.coll.rank, self.coll.world_size
         tcfg = config.telemetry
@@ -78,12 +80,13 @@ class EngineLifecycle:
         EXIT_ORDER.add(self)  # closed, with a drain, at interpreter exit (see _ExitOrder)
 
     # ------------------------------------------------------------ preemption
-    def _stop_if_agreed(self, swapped: bool = True) -> bool:
-        """At the boundary where every rank learned of a SIGTERM, hand over to the front end (once)."""
+    def _stop_if_agreed(self) -> bool:
+        """At the boundary where every rank learned of a SIGTERM, hand over to the front end (once). Returns True,
+        for a caller that just changed the compute parameters."""
         if self.stop_agreed and not self._stopping:
             self._stopping = True
             self._on_stop()
-        return swapped
+        return True
 
     def preempt(self) -> None:
         """Stop after a SIGTERM without saving: the ranks agree on the rounds launched (:meth:`quiesce`),
@@ -93,7 +96,10 @@ class EngineLifecycle:
         raise AccoPreempted(self.config.preemption.exit_code)
 
     def quiesce(self) -> None:
-        """Wait for the round in flight to end without applying it (engines say how)."""
+        """Wait for the round in flight to end without applying it (it stays due where it was: the trajectory is
+        unchanged)."""
+        if self._inflight is not None:
+            self._inflight.handle.wait()
 
     def startup_fields(self) -> dict:
         """What this engine runs, for the start-up line (mode, sizes, wire formats)."""
@@ -115,6 +121,11 @@ class EngineLifecycle:
     def _ensure_open(self) -> None:
         if self._closed:
             raise AccoRoundError(f"this ds_acco {type(self).__name__} is closed")
+
+    def _ensure_idle(self, message: str) -> None:
+        self._ensure_open()
+        if self._inflight is not None:
+            raise AccoRoundError(message)
 
     def _submit(self, kind: str, run: Callable[[RoundHandle], Any]) -> RoundHandle:
         """Queue ``run`` as the next round on the communication thread; returns its handle."""

@@ -128,14 +128,8 @@ class _WireRows:
 
 class Int8ReduceScatter:
     """Summing reduce-scatter of a flat buffer as blockwise int8 (or int4), for one buffer size (the note above):
-    rank ``r`` receives the fp32 sum of chunk ``r``, ``chunk = ceil(numel / N)``.
-
-    Args:
-        numel: elements of the buffers passed to :meth:`__call__`.
-        block_size: elements per quantisation block (one fp32 scale each).
-        error_feedback: keep the quantisation residual and add it to the next input.
-        device: where the wire and scratch buffers live.
-        bits: 8, or 4 (acco's estimate rounds: half the bytes; the commit sends the residual on).
+    rank ``r`` receives the fp32 sum of chunk ``r``, ``chunk = ceil(numel / N)``. ``block_size`` elements share
+    one fp32 scale; ``bits``: 8, or 4 (acco's estimate rounds: half the bytes; the commit sends the residual on).
     """
 
     def __init__(
@@ -233,14 +227,9 @@ class ShardAllGather:
     """All-gather of equal shards, sent as fp32, bf16, blockwise int8 or (non-negative values) log8 codes.
 
     Every rank, the shard's owner included, ends with the same values: the owner's
-    own part is also rounded through the wire dtype, so replicas never diverge.
-
-    Args:
-        wire_dtype: ``"fp32"``, ``"bf16"``, ``"int8"`` (blockwise absmax, one fp32
-            scale per ``block_size`` elements) or ``"log8"`` (non-negative values only:
-            :func:`~ds_acco.numerics.quantization.quantize_log`, two scales a block).
-        block_size: int8 and log8 only.
-        device: where the wire buffers live.
+    own part is also rounded through the wire dtype, so replicas never diverge. ``wire_dtype``: ``"fp32"``,
+    ``"bf16"``, ``"int8"`` (blockwise absmax, one fp32 scale per ``block_size`` elements) or ``"log8"``
+    (non-negative values only: :func:`~ds_acco.numerics.quantization.quantize_log`, two scales a block).
     """
 
     def __init__(
@@ -322,7 +311,6 @@ class Int8DeltaAllGather:
     :meth:`RoundCollectives.all_gather` cuts on gloo, so nothing is cut and copied twice.
 
     Args:
-        block_size: elements per int8 block (one fp32 scale each).
         piece_numel: elements per rank per all-gather (rounded down to whole blocks); None:
             :func:`default_piece_numel`.
         device: where the wire buffers and the ``shard_numel`` fp32 scratch live.

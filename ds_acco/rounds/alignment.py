@@ -18,8 +18,6 @@ communication thread, so it has its own process group.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import torch
 import torch.distributed as dist
 
@@ -30,31 +28,22 @@ class RoundAlignment:
     """Small training-thread collectives on a group of their own (adaptive policy; no-ops otherwise)."""
 
     def __init__(self, coll: RoundCollectives, enabled: bool, timeout_s: float, device: torch.device):
-        self.group, self.device = None, device
-        if enabled and coll.world_size > 1:
-            ranks = dist.get_process_group_ranks(coll.group)
-            # every rank of the default group takes part in new_group (as in RoundCollectives)
-            self.group = dist.new_group(ranks=ranks, timeout=timedelta(seconds=timeout_s))
+        self.device = device
+        self._own = RoundCollectives(coll.group, timeout_s) if enabled and coll.world_size > 1 else None
 
-    def _max(self, value: int) -> int:
-        if self.group is None:
+    def most(self, value: int) -> int:
+        """The largest ``value`` of any rank (e.g. rounds launched; under the fixed policy: this rank's)."""
+        if self._own is None:
             return value
         t = torch.tensor([value], dtype=torch.int64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._own.group)
         return int(t.item())
-
-    def most_launched(self, launched: int) -> int:
-        """The most rounds any rank has launched."""
-        return self._max(launched)
 
     def anyone(self, flag: bool) -> bool:
         """True when ``flag`` is true on some rank (under the fixed policy: this rank's ``flag``)."""
-        return bool(self._max(int(flag)))
+        return bool(self.most(int(flag)))
 
     def destroy(self) -> None:
-        if self.group is not None:
-            try:
-                dist.destroy_process_group(self.group)
-            except (RuntimeError, ValueError):
-                pass
-            self.group = None
+        if self._own is not None:
+            self._own.destroy()
+            self._own = None

@@ -95,9 +95,7 @@ class StepTimer:
     def __init__(self, G: int, world_size: int):
         self.per_step = G * world_size
         self.compute = {SYNC: deque(maxlen=_WINDOW), ACCO: deque(maxlen=_WINDOW)}
-        self.rounds: deque = deque(maxlen=_WINDOW)
-        self.steps: deque = deque(maxlen=_WINDOW)
-        self.batches: deque = deque(maxlen=_WINDOW)
+        self.rounds, self.steps, self.batches = (deque(maxlen=_WINDOW) for _ in range(3))
         self.wire_factor = 0.0
         """The module docstring's wire factor (0: not measured): measured across a switch (the old mode's last
         window against the new mode's first), then kept: a link that changes later moves both modes' rounds alike."""
@@ -265,7 +263,8 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
             f"({f'x{wire:.2f} in acco' if current == SYNC else f'x{1 / wire:.2f} in sync'}); "
             f"per step of {G} micro-batches: sync {figs['sync_step_ms']:.1f} ms ({how[(SYNC, None)]}), {acco}")
     if noise is not None:
-        scale = f"{_small(noise)} micro-batches" if figs["noise_measured"] else "not measured yet, taken as small"
+        shown = f"{noise:.1f}" if noise >= 1 or noise == 0 or noise != noise else f"{noise:.2g}"  # 0.04 is not 0
+        scale = f"{shown} micro-batches" if figs["noise_measured"] else "not measured yet, taken as small"
         line += f"; gradient noise scale {scale}, so per step to a loss (delay penalty in) " + \
             ", ".join(f"{name(c) if c[0] == SYNC else f'{c[0]} {c[1]}'} {batches[c]:.1f} micro-batches per step: "
                       f"{1e3 * score(c):.1f} ms" for c in step_s)
@@ -286,11 +285,6 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
                      "sooner on this link (set acco.auto.streaming to let auto switch to it; it keeps a full copy "
                      "of the optimizer state per rank)")
     return line
-
-
-def _small(x: float) -> str:
-    """One decimal, or two significant digits below 1: a noise scale of 0.04 is not 0."""
-    return f"{x:.1f}" if x >= 1 or x == 0 or x != x else f"{x:.2g}"
 
 
 def _predict_acco(c: Sequence[float], R: float, G: int, config: AccoConfig, policy: str,

@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import torch
-
 from ds_acco.numerics.dtypes import dtype_name, resolve_dtype
 
 
 def _per_kind(estimate: str, commit: str) -> str:
     return commit if estimate == commit else f"{estimate} (estimates), {commit} (commits)"
-
-
-def _param_all_gather(cfg, compute: torch.dtype) -> str:
-    q = cfg.all_gather_quantization
-    commit = "int8 delta" if q == "int8" else dtype_name(compute)
-    estimate = "int4 delta" if cfg.estimate_quantization == "int4" else "int8 delta" if q != "none" else commit
-    return _per_kind(estimate, commit)
 
 
 def startup_fields(engine) -> dict:
@@ -29,6 +20,9 @@ def startup_fields(engine) -> dict:
         reduce_scatter = dtype_name(resolve_dtype(cfg.comm_dtype, accum, "acco.comm_dtype"))
     if cfg.estimate_quantization == "int4":
         reduce_scatter = _per_kind("int4", reduce_scatter)
+    q = cfg.all_gather_quantization
+    commit_ag = "int8 delta" if q == "int8" else dtype_name(compute)
+    estimate_ag = "int4 delta" if cfg.estimate_quantization == "int4" else "int8 delta" if q != "none" else commit_ag
     if cfg.mode == "auto" and cfg.policy == "fixed":
         per_round = f"{engine.G}(sync)|{cfg.quota(engine.G)}(acco)"
     elif cfg.mode == "sync" or cfg.policy == "fixed":
@@ -42,6 +36,6 @@ def startup_fields(engine) -> dict:
         "mode": cfg.mode, "policy": cfg.policy, "world_size": engine.world_size,
         "gradient_accumulation_steps": engine.G, "micro_batches_per_round": per_round,
         "warmup_steps": cfg.warmup_steps, "grad_accum_dtype": dtype_name(accum),
-        "reduce_scatter": reduce_scatter, "param_all_gather": _param_all_gather(cfg, compute),
+        "reduce_scatter": reduce_scatter, "param_all_gather": _per_kind(estimate_ag, commit_ag),
         "lr_schedule": "by tokens" if engine.lr_clock.by_tokens else "per commit",
     }

@@ -49,8 +49,6 @@ class RoundEngine(EngineLifecycle):
         groups: the sharded parameter groups (compute buffers and master shards).
         gradient_accumulation_steps: ``G``, micro-batches per worker per optimizer step.
         clip_grad_norm: clip ``mean(X)`` to this global L2 norm (None or 0: off).
-        process_group: the data-parallel group (default: WORLD). The engine runs its
-            collectives on a private copy created with ``config.timeout_s``.
         grad_scale: the factor backward multiplied gradients by (a float or a
             callable read at each round), e.g. ``1/G`` when the framework divides
             the loss by ``G``, or the fp16 loss scale; the mean divides it out. It is
@@ -60,9 +58,6 @@ class RoundEngine(EngineLifecycle):
             record (front ends advance their step counters and loss scalers here).
         on_stage: called on the communication thread as a round enters each stage
             (round index, stage name); for tracing and fault-injection tests.
-        on_stop: called on the training thread at the end of the micro-batch in which every rank
-            agreed to stop after a SIGTERM (:mod:`ds_acco.comm.stop_signal`); front ends save and exit
-            there. None: :meth:`preempt` (stop without saving).
         streaming_phase: builds the streaming phase ``acco.auto.streaming`` may switch to
             (:class:`ds_acco.streaming.phase.PhaseFactory`; :mod:`ds_acco.rounds.streaming_switch`).
     """
@@ -91,13 +86,12 @@ class RoundEngine(EngineLifecycle):
         switch.check(config, self.groups, accum, streaming_phase)
         self.streaming_factory, self.phase = streaming_phase, None
         """The streaming phase's factory, and the phase once auto switched to it (None before)."""
-        super().__init__(config, process_group, self.groups[0].flat.device, "ds_acco-comm")
+        super().__init__(config, process_group, self.groups[0].flat.device, "ds_acco-comm", on_stop)
         self.shard_optimizer = shard_optimizer
         self.G = gradient_accumulation_steps
         self.clip = float(clip_grad_norm or 0.0)
         self._grad_scale = grad_scale
         self._on_swap = on_swap
-        self._on_stop = on_stop or self.preempt
         self._agree_with_peers(
             (self.config.fingerprint(), self.G, self.clip, [g.layout.padded_numel for g in self.groups]),
             "acco config, gradient_accumulation_steps, gradient_clipping or model layout "
@@ -170,27 +164,26 @@ class RoundEngine(EngineLifecycle):
         if self._inflight is not None and self._inflight.handle.failed():
             self._complete()  # raises the round's error here
         self.grads.repair()
-        if self.phase is not None:
-            return switch.micro_batch(self)
         s = self.state
         s.n += 1
         s.micro_batches += 1
+        if self.phase is not None:  # every G micro-batches an inner step (and the fragment schedule)
+            return s.n >= self.G and switch.step(self, s.n)
         if self.auto:
             self.auto.timer.micro_batch()
         if not self.overlapping:
             if s.n < self.G:
                 switch.probe_if_due(self)
                 return False
-            if switch.look_before_first_round(self):
-                return self._stop_if_agreed(True)
-            self._launch(COMMIT, "sync")
-            self._complete()
-            if self.auto and self.auto.due(s.commits):
-                self.auto.decide(self.auto.gathered(self._submit, self.coll, self.device), s, s.commits)
-                switch.enter_if_chosen(self)
-            if self.overlapping:
-                s.next_kind = self._first_kind()
-            return self._stop_if_agreed(True)
+            if not switch.look_before_first_round(self):
+                self._launch(COMMIT, "sync")
+                self._complete()
+                if self.auto and self.auto.due(s.commits):
+                    self.auto.decide(self.auto.gathered(self._submit, self.coll, self.device), s, s.commits)
+                    switch.enter_if_chosen(self)
+                if self.overlapping:
+                    s.next_kind = self._first_kind()
+            return self._stop_if_agreed()
         if self._inflight is None:  # bootstrap after start or warmup
             if s.n >= self.quota:
                 self._launch(s.next_kind, self.mode)
@@ -205,9 +198,9 @@ class RoundEngine(EngineLifecycle):
             self._complete()
             s.next_kind = COMMIT
             switch.enter_if_chosen(self)
-            return self._stop_if_agreed(True)
+            return self._stop_if_agreed()
         self._launch(s.next_kind, self.mode)
-        return self._stop_if_agreed(True)
+        return self._stop_if_agreed()
 
     def _round_ready(self) -> bool:
         if self.state.policy == "fixed":
@@ -294,18 +287,15 @@ class RoundEngine(EngineLifecycle):
             self._complete()
 
     def quiesce(self) -> None:
-        """Wait for the round in flight to end *without* swapping it in.
-
-        The trajectory is unchanged (a fixed-policy swap still happens at the quota), and the engine is at rest,
-        ready for :meth:`state_dict`. Under the adaptive policy the ranks first agree on the rounds launched
-        (collective: every rank calls it; see :mod:`ds_acco.rounds.alignment`)."""
+        """Wait for the round in flight to end *without* swapping it in (it still swaps at the quota), ready for
+        :meth:`state_dict`. Under the adaptive policy the ranks first agree on the rounds launched (collective:
+        every rank calls it; see :mod:`ds_acco.rounds.alignment`)."""
         self._ensure_open()
         if self.phase is not None:
             return self.phase.engine.quiesce()
         self._catch_up()
         switch.wait_probe(self)  # (no collective of this thread may meet it on the group)
-        if self._inflight is not None:
-            self._inflight.handle.wait()
+        super().quiesce()
 
     def committed_buffers(self) -> Optional[list[torch.Tensor]]:
         """One full buffer per group holding the committed parameters (cast to the compute dtype), or None where
@@ -354,9 +344,7 @@ class RoundEngine(EngineLifecycle):
 
         With ``all_gather_quantization: "int8"`` the replicas trail the masters by one quantisation step of the last
         delta; an export wants the committed values. Later int8 deltas are taken against these values."""
-        self._ensure_open()
-        if self._inflight is not None:
-            raise AccoRoundError("exact_parameters needs an idle engine (call finish() or wait() first)")
+        self._ensure_idle("exact_parameters needs an idle engine (call finish() or wait() first)")
         if self.phase is not None:
             return self.phase.consolidate()
         for i, g in enumerate(self.groups):
@@ -369,7 +357,7 @@ class RoundEngine(EngineLifecycle):
 
     def _catch_up(self) -> None:
         """Launch the round some other rank has already launched (adaptive policy only)."""
-        target = self._align.most_launched(self._round_index)  # at most one ahead: see rounds/alignment.py
+        target = self._align.most(self._round_index)  # at most one ahead: see rounds/alignment.py
         while self._round_index < target:
             if self._inflight is not None:
                 self._complete()
@@ -398,9 +386,7 @@ class RoundEngine(EngineLifecycle):
     def load_state_dict(self, saved: dict) -> None:
         """Restore :meth:`state_dict` output on every rank (collective: it all-gathers the pending result); a state
         saved with another mode/policy, world size or layout raises :class:`AccoConfigError`."""
-        self._ensure_open()
-        if self._inflight is not None:
-            raise AccoRoundError("load_state_dict needs an idle engine; a round is in flight")
+        self._ensure_idle("load_state_dict needs an idle engine; a round is in flight")
         self.state, self._round_index, self.work.kept = round_state.restore(
             saved, identity=round_state.identity(self), grads=self.grads, buffers=self.buffers, lr_clock=self.lr_clock,
             mode=self.mode, policy=self.state.policy, block=self.config.compared_fields())

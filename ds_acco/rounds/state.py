@@ -74,9 +74,8 @@ def pending_of(flight: Optional[InFlight], groups: Sequence, targets: Sequence[t
     shards of the buffers it landed in."""
     if flight is None:
         return None
-    outcome = flight.handle.wait()
     return {"kind": flight.kind, "mode": flight.mode, "step": flight.step, "index": flight.handle.index,
-            "outcome": dict(vars(outcome), stop=False),  # a SIGTERM stops this job, not the one resuming
+            "outcome": dict(vars(flight.handle.wait()), stop=False),  # a SIGTERM stops this job, not the one resuming
             "staging_shards": [g.compute_shard(t, rank) for g, t in zip(groups, targets)]}
 
 
@@ -103,7 +102,6 @@ def snapshot(state: RoundState, *, identity: dict, round_index: int, grads: Grad
     Holds ``O(params / N)`` tensors, plus the active accumulator when micro-batches have been
     accumulated since the last launch (checkpoint right after a step to avoid that).
     """
-    int8 = buffers[0].int8_rs is not None if buffers else False
     return {
         "format": FORMAT,
         **identity,
@@ -120,7 +118,7 @@ def snapshot(state: RoundState, *, identity: dict, round_index: int, grads: Grad
         "estimate_residuals": [b.est_residual.clone() for b in buffers if b.est_residual is not None]
         if any(b.est_residual is not None and bool(b.est_residual.any()) for b in buffers) else None,
         "residuals": [b.int8_rs.residual.clone() if b.int8_rs.residual is not None else None for b in buffers]
-        if int8 else None,
+        if buffers[0].int8_rs is not None else None,
         "pending": pending,
         "lr_clock": lr_clock.state_dict(),
         "compute_committed": state.compute_committed,
@@ -143,25 +141,18 @@ def restore(saved: dict, *, identity: dict, grads: GradBuffers, buffers: Sequenc
                        compute_committed=saved.get("compute_committed", True),
                        mode=saved.get("mode", mode), policy=saved.get("policy", policy))
     lr_clock.load_state_dict(saved.get("lr_clock"), state.commits)  # absent in older checkpoints
+    reset_buffers(grads, buffers)  # what the state does not hold starts from zero
     for buf, kept in zip(grads.active_buffers(), saved["active_grads"] or []):
         buf.copy_(kept)
-    if saved["active_grads"] is None:
-        for buf in grads.active_buffers():
-            buf.zero_()
     for b, kept in zip([b for b in buffers if b.kept is not None], saved["kept"]):
         b.kept.copy_(kept)
     lost = saved.get("estimate_residuals") or []  # absent: no int4 estimate pending (or saved before they existed)
-    for b in buffers:
-        if b.est_residual is not None:
-            b.est_residual.zero_()
     for b, residual in zip([b for b in buffers if b.est_residual is not None], lost):
         b.est_residual.copy_(residual)
-    residuals = saved.get("residuals") or [None] * len(buffers)  # absent before error feedback was saved
+    residuals = saved.get("residuals") or []  # absent before error feedback was saved
     for b, residual in zip([b for b in buffers if b.int8_rs is not None], residuals):
         if b.int8_rs.residual is not None and residual is not None:
             b.int8_rs.residual.copy_(residual)
-        else:
-            b.int8_rs.reset_error_feedback()
     return state, saved["round_index"], KeptEstimate(saved["kept_count"], saved["kept_nonfinite"])
 
 

@@ -129,16 +129,6 @@ def enter_if_chosen(engine) -> None:
         enter(engine)
 
 
-def micro_batch(engine) -> bool:
-    """One backward in the phase: every ``G`` an inner step (and the fragment schedule). True after a step."""
-    s = engine.state
-    s.n += 1
-    s.micro_batches += 1
-    if s.n < engine.G:
-        return False
-    return step(engine, s.n)
-
-
 def step(engine, count: int) -> bool:
     s = engine.state
     t0 = time.perf_counter()

@@ -22,14 +22,19 @@ from .engine import StreamingEngine, streaming_config
 from .phase import PhaseFactory
 
 
-def fragments_of(model: nn.Module, config: AccoConfig, explicit: Optional[FragmentSpec] = None) -> list[list[nn.Parameter]]:
-    """``explicit`` fragments if given, else ``acco.streaming.fragment_modules``, else the default split."""
+def fragments_of(model: nn.Module, config: AccoConfig,
+                 explicit: Optional[FragmentSpec] = None) -> list[list[nn.Parameter]]:
+    """``explicit`` fragments if given, else ``acco.streaming.fragment_modules``, else the default split (a model
+    that cannot be cut so raises :class:`~ds_acco.errors.AccoConfigError`)."""
     P = config.streaming.fragments
-    if explicit is not None:
-        return explicit_fragments(explicit, model, P)
-    if config.streaming.fragment_modules is not None:
-        return named_fragments(config.streaming.fragment_modules, model, P)
-    return default_fragments(model, P)
+    try:
+        if explicit is not None:
+            return explicit_fragments(explicit, model, P)
+        if config.streaming.fragment_modules is not None:
+            return named_fragments(config.streaming.fragment_modules, model, P)
+        return default_fragments(model, P)
+    except ValueError as exc:
+        raise AccoConfigError(str(exc)) from None
 
 
 def phase_factory(model: Optional[nn.Module], config: AccoConfig) -> Optional[PhaseFactory]:
@@ -38,10 +43,7 @@ def phase_factory(model: Optional[nn.Module], config: AccoConfig) -> Optional[Ph
     engine then refuses ``acco.auto.streaming``, naming it)."""
     if model is None or not (config.mode == "auto" and config.auto.streaming):
         return None
-    try:
-        return PhaseFactory(fragments_of(model, config))
-    except ValueError as exc:
-        raise AccoConfigError(str(exc)) from None
+    return PhaseFactory(fragments_of(model, config))
 
 
 def build(
@@ -71,10 +73,7 @@ def build(
         The :class:`StreamingEngine`; call ``after_inner_step()`` after every inner step.
     """
     cfg = no_preemption_dir(streaming_config(config), "ds_acco.streaming.build")
-    try:
-        frags = fragments_of(model, cfg, fragments)
-    except ValueError as exc:
-        raise AccoConfigError(str(exc)) from None
+    frags = fragments_of(model, cfg, fragments)
     groups = list(param_groups) if param_groups is not None else [p for p in model.parameters() if p.requires_grad]
     engine = StreamingEngine(model, None, frags, config=cfg, process_group=process_group)  # flattens first
     engine.inner_optimizer = inner_optimizer_cls(groups, **(inner_optimizer_kwargs or {}))

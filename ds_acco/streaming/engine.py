@@ -50,7 +50,7 @@ from ds_acco.comm.stop_signal import STOP
 from ds_acco.comm.int8_collectives import Int8ReduceScatter, ShardAllGather
 from ds_acco.config import AccoConfig, check_saved_state_fits, parse_acco_config
 from ds_acco.config.compare import carry_on_changes
-from ds_acco.errors import AccoConfigError, AccoRoundError
+from ds_acco.errors import AccoConfigError
 from ds_acco.layout.flat_buffer import FlatLayout, flatten_into
 from ds_acco.telemetry.records import RoundRecord
 
@@ -115,7 +115,6 @@ class _InFlight:
     fragment: _Fragment
     step: int
     due: int
-    launched_at: float
 
 
 class StreamingEngine(EngineLifecycle):
@@ -127,8 +126,6 @@ class StreamingEngine(EngineLifecycle):
             None at construction and set afterwards, as :func:`build` does, because the
             engine re-points the parameters at flat buffers first.
         fragments: ``P`` lists of parameters, as :mod:`ds_acco.layout.fragments` makes them.
-        on_stop: called after the merge at which every rank learned of a SIGTERM (front ends save and
-            exit there); None: :meth:`preempt`.
         broadcast: start every replica from rank 0's weights (False: the caller knows they are equal, as
             at auto's switch, where a broadcast would send the whole model over the link for nothing).
     """
@@ -149,7 +146,7 @@ class StreamingEngine(EngineLifecycle):
         if len(fragments) != s.fragments:
             raise AccoConfigError(f"acco.streaming.fragments: got {s.fragments}, but {len(fragments)} fragments were built")
         first = next(p for frag in fragments for p in frag)
-        super().__init__(config, process_group, first.device, "ds_acco-streaming")
+        super().__init__(config, process_group, first.device, "ds_acco-streaming", on_stop)
         self.model, self.inner_optimizer = model, inner_optimizer
         self.H, self.P, self.tau, self.alpha = s.sync_every, s.fragments, s.overlap_steps, s.alpha
         self.fragments = [
@@ -166,7 +163,6 @@ class StreamingEngine(EngineLifecycle):
                                   device=self.device)
         self.peak_round_bytes = 0
         self.inner_steps = 0
-        self._on_stop = on_stop or self.preempt
         self._start_thread()
 
     def startup_fields(self) -> dict:
@@ -199,15 +195,15 @@ class StreamingEngine(EngineLifecycle):
         step, merged = self.inner_steps, False
         flight = self._inflight
         if flight is not None and (step >= flight.due or flight.handle.failed()):
-            self._complete(step)
+            self._complete()
             merged = True
         frag = self._by_offset.get(step % self.H)
         if frag is not None:
             if self._inflight is not None:  # cannot happen with a validated config; keep one in flight
-                self._complete(step)
+                self._complete()
             self._launch(frag, step)
             if self.tau == 0:
-                self._complete(step)
+                self._complete()
                 merged = True
         self._stop_if_agreed()  # every rank learned of a SIGTERM in the same round: hand over
         return merged
@@ -215,11 +211,10 @@ class StreamingEngine(EngineLifecycle):
     def _launch(self, frag: _Fragment, step: int) -> None:
         delta, shard = self._delta[: frag.layout.padded_numel], self._shard[: frag.layout.shard_numel]
         torch.sub(frag.anchor, frag.flat, out=delta)  # θ̂_g − θ_i at launch, snapshot for the round
-        launched_at = time.perf_counter()
         handle = self._submit(f"fragment {frag.index}", lambda h: self._run_round(h, frag, delta, shard))
-        self._inflight = _InFlight(handle, frag, step, step + self.tau, launched_at)
+        self._inflight = _InFlight(handle, frag, step, step + self.tau)
 
-    def _complete(self, step: int) -> None:
+    def _complete(self) -> None:
         flight, self._inflight = self._inflight, None
         t0 = time.perf_counter()
         outcome: _Outcome = flight.handle.wait()
@@ -229,9 +224,9 @@ class StreamingEngine(EngineLifecycle):
         record = FragmentRecord(
             index=flight.handle.index, kind="fragment", mode="streaming", step=flight.step,
             counts=[flight.step - frag.last_sync] * self.world_size,
-            compute_s=t0 - flight.launched_at, round_s=outcome.round_s, waited_s=t1 - t0,
+            compute_s=t0 - flight.handle.launched_at, round_s=outcome.round_s, waited_s=t1 - t0,
             bytes_sent=outcome.bytes_sent, bytes_received=outcome.bytes_received,
-            lr=self.config.streaming.outer_lr, fragment=frag.index, applied_step=step,
+            lr=self.config.streaming.outer_lr, fragment=frag.index, applied_step=self.inner_steps,
         )
         frag.last_sync = flight.step
         self.peak_round_bytes = max(self.peak_round_bytes, outcome.bytes_sent)
@@ -271,12 +266,6 @@ class StreamingEngine(EngineLifecycle):
         handle.enter_stage("done")
         return _Outcome(time.perf_counter() - start, self.coll.wire.sent - sent0, self.coll.wire.received - recv0, stop)
 
-    def quiesce(self) -> None:
-        """Wait for the round in flight without merging it: its result is in ``anchor`` and ``master`` and the
-        merge stays due at the same inner step, so the trajectory is unchanged."""
-        if self._inflight is not None:
-            self._inflight.handle.wait()
-
     def consolidate(self) -> None:
         """Make every replica the global parameters ``θ_g``, exactly (fp32 all-gather of the master shards).
 
@@ -298,12 +287,10 @@ class StreamingEngine(EngineLifecycle):
         inner optimizer are the front end's to save (they differ on every rank).
         """
         self._ensure_open()
-        pending = None
-        if self._inflight is not None:
-            flight = self._inflight
-            outcome: _Outcome = flight.handle.wait()
+        flight, pending = self._inflight, None
+        if flight is not None:
             pending = {"fragment": flight.fragment.index, "step": flight.step, "due": flight.due,
-                       "index": flight.handle.index, "outcome": dict(vars(outcome), stop=False)}
+                       "index": flight.handle.index, "outcome": dict(vars(flight.handle.wait()), stop=False)}
         return {
             "format": 1,
             "fingerprint": self.config.fingerprint(),
@@ -326,9 +313,7 @@ class StreamingEngine(EngineLifecycle):
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` output saved by this rank with the same world size and fragments (other
         ``acco`` fields may change: the state carries on under the new block)."""
-        self._ensure_open()
-        if self._inflight is not None:
-            raise AccoRoundError("load_state_dict needs an idle streaming engine; a round is in flight")
+        self._ensure_idle("load_state_dict needs an idle streaming engine; a round is in flight")
         identity = {"fingerprint": self.config.fingerprint(), "world_size": self.world_size,
                     "padded_numels": [f.layout.padded_numel for f in self.fragments]}
         changed = carry_on_changes(state, identity, self.config.compared_fields(), fixed=FRAGMENT_LAYOUT)
@@ -359,8 +344,7 @@ class StreamingEngine(EngineLifecycle):
         if pending is not None:
             handle = RoundHandle.completed(pending["index"], f"fragment {pending['fragment']}", self.config.timeout_s,
                                            _Outcome(**pending["outcome"]))
-            self._inflight = _InFlight(handle, self.fragments[pending["fragment"]], pending["step"], pending["due"],
-                                       time.perf_counter())
+            self._inflight = _InFlight(handle, self.fragments[pending["fragment"]], pending["step"], pending["due"])
 
     def load_resharded(self, saved: Sequence[dict]) -> None:
         """Restore the streaming state of a job with another number of ranks.
@@ -368,9 +352,7 @@ class StreamingEngine(EngineLifecycle):
         ``saved`` holds :meth:`state_dict` of *every* rank of that job, in rank order
         (see :mod:`ds_acco.streaming.reshard`). Load the replica first.
         """
-        self._ensure_open()
-        if self._inflight is not None:
-            raise AccoRoundError("load_resharded needs an idle streaming engine; a round is in flight")
+        self._ensure_idle("load_resharded needs an idle streaming engine; a round is in flight")
         self.inner_steps, self._round_index = load_resharded(
             self.fragments, saved, fingerprint=self.config.fingerprint(), rank=self.rank, alpha=self.alpha,
             device=self.device)
@@ -395,10 +377,9 @@ class StreamingEngine(EngineLifecycle):
         """Wait for the round in flight and merge it now (drain)."""
         self._ensure_open()
         if self._inflight is not None:
-            self._complete(self.inner_steps)
+            self._complete()
 
-    def _drain(self) -> None:
-        self._complete(self.inner_steps)
+    _drain = _complete
 
 
 def streaming_config(config: Union[AccoConfig, dict]) -> AccoConfig:

@@ -49,24 +49,11 @@ FIELD = "acco.auto.streaming"
 logger = logging.getLogger("ds_acco")
 
 
-def check_phase_allowed(groups: Sequence[ShardedGroup], accum_dtype: torch.dtype) -> None:
-    """Refuse, before training, a job whose buffers a streaming phase cannot step."""
-    if any(g.packing is not None for g in groups):
-        raise AccoConfigError(f"{FIELD}: got true with the FSDP2 front end, whose shards are per-parameter "
-                              "chunks; allowed there: false (DeepSpeed ZeRO-1 and ds_acco.plain.build can switch)")
-    dtypes = sorted({str(g.flat.dtype) for g in groups} | {str(accum_dtype)})
-    if dtypes != ["torch.float32"]:
-        raise AccoConfigError(f"{FIELD}: got true with {'/'.join(dtypes)} parameters or accumulators; the inner "
-                              "optimizer steps the parameters themselves, so it needs fp32 (as mode 'streaming' "
-                              "does): use fp32 parameters (torch_autocast for lower-precision compute) or set it "
-                              "to false")
-
-
 class StreamingPhase:
     """The streaming half of a job that started on gradient rounds (see the module docstring).
 
     Args:
-        groups: the round engine's sharded groups (fp32, no packing: :func:`check_phase_allowed`).
+        groups: the round engine's sharded groups (fp32, no packing: :meth:`PhaseFactory.check`).
         shard_optimizer: steps the master shards; its class, settings and state seed the inner optimizer.
         fragments: ``P`` lists of the groups' parameters (:func:`ds_acco.streaming.fragments_of`).
         config: the ``"acco"`` block (mode ``auto``); its ``streaming`` block configures the phase.
@@ -82,6 +69,7 @@ class StreamingPhase:
                  piece_bytes: Optional[int] = None):
         self.groups, self.shard_optimizer, self.G, self.clip = list(groups), shard_optimizer, G, clip
         self._where = {id(p): (gi, j) for gi, g in enumerate(self.groups) for j, p in enumerate(g.params)}
+        self._group_of = {id(g.master): g for g in self.groups}
         cfg = config.model_copy(update={"mode": "streaming", "comm_quantization": "none", "estimate_quantization":
                                         "same", "all_gather_quantization": "none"})
         # every rank holds the parameters of the commit just applied: no broadcast
@@ -96,22 +84,18 @@ class StreamingPhase:
         self._pending = self.engine._submit("optimizer state", lambda h: self._gather(pending))
 
     # ------------------------------------------------------------ the inner optimizer
-    def _master_group(self) -> dict[int, int]:
-        return {id(g.master): gi for gi, g in enumerate(self.groups)}
-
     def _twin(self, opt: torch.optim.Optimizer) -> tuple:
         """A full-size copy of ``opt``: instance settings kept (DeepSpeed's FusedAdam keeps ``adam_w_mode`` on
         the object, not in its groups), parameters and state replaced. Returns it with the state shards still to
         gather: ``(group, key, this rank's shard)`` each."""
-        gi_of = self._master_group()
         inner = copy.copy(opt)
         inner.param_groups = [dict({k: v for k, v in pg.items() if k != "params"},
-                                   params=[p for m in pg["params"] for p in self.groups[gi_of[id(m)]].params])
+                                   params=[p for m in pg["params"] for p in self._group_of[id(m)].params])
                               for pg in opt.param_groups]
         inner.state = defaultdict(dict)
         pending = []
-        for m, gi in ((m, gi_of[id(m)]) for pg in opt.param_groups for m in pg["params"]):
-            g, state = self.groups[gi], opt.state.get(m) or {}
+        for m in [m for pg in opt.param_groups for m in pg["params"]]:
+            g, state = self._group_of[id(m)], opt.state.get(m) or {}
             sharded = {key for key, v in state.items() if torch.is_tensor(v) and v.numel() == g.layout.shard_numel}
             for p in g.params:
                 inner.state[p] = {key: torch.empty(p.shape, dtype=v.dtype, device=p.device) if key in sharded else
@@ -206,11 +190,11 @@ class StreamingPhase:
     def write_back(self) -> None:
         """Masters ``← θ_g`` and the shard optimizer's state ``←`` the ranks' mean inner state (collective):
         what a checkpoint's front-end files then hold."""
-        opt, gi_of = self.shard_optimizer.optimizer, self._master_group()
+        opt = self.shard_optimizer.optimizer
         for g, full in zip(self.groups, self.global_buffers()):
             g.master.detach().copy_(g.layout.shard(full, self.rank))
-        for m, gi in ((m, gi_of[id(m)]) for pg in opt.param_groups for m in pg["params"]):
-            g, state = self.groups[gi], opt.state.get(m) or {}
+        for m in [m for pg in opt.param_groups for m in pg["params"]]:
+            g, state = self._group_of[id(m)], opt.state.get(m) or {}
             first = self.inner.state.get(g.params[0], {})
             for key, value in list(state.items()):
                 if torch.is_tensor(value) and value.numel() == g.layout.shard_numel:
@@ -273,7 +257,15 @@ class PhaseFactory:
 
     def check(self, groups: Sequence[ShardedGroup], accum_dtype: torch.dtype) -> None:
         """At start-up: buffers the phase can step, and fragments that cut exactly the parameters being trained."""
-        check_phase_allowed(groups, accum_dtype)
+        if any(g.packing is not None for g in groups):
+            raise AccoConfigError(f"{FIELD}: got true with the FSDP2 front end, whose shards are per-parameter "
+                                  "chunks; allowed there: false (DeepSpeed ZeRO-1 and ds_acco.plain.build can switch)")
+        dtypes = sorted({str(g.flat.dtype) for g in groups} | {str(accum_dtype)})
+        if dtypes != ["torch.float32"]:
+            raise AccoConfigError(f"{FIELD}: got true with {'/'.join(dtypes)} parameters or accumulators; the inner "
+                                  "optimizer steps the parameters themselves, so it needs fp32 (as mode 'streaming' "
+                                  "does): use fp32 parameters (torch_autocast for lower-precision compute) or set "
+                                  "it to false")
         trained = {id(p) for g in groups for p in g.params}
         cut = {id(p) for f in self.fragments for p in f}
         if trained != cut:
@@ -292,7 +284,6 @@ class PhaseFactory:
         largest = max(sum(p.numel() for p in f) for f in self.fragments)
         return state * groups[0].layout.world_size + 8 * numel + 8 * largest + 5 * numel
 
-    def __call__(self, groups, shard_optimizer, *, config, process_group, G, clip, on_stop,
-                 piece_bytes=None) -> StreamingPhase:
-        return StreamingPhase(groups, shard_optimizer, self.fragments, config=config, process_group=process_group,
-                              G=G, clip=clip, on_stop=on_stop, piece_bytes=piece_bytes)
+    def __call__(self, groups, shard_optimizer, **options) -> StreamingPhase:
+        """The phase over these fragments (``options``: :class:`StreamingPhase`'s keyword arguments)."""
+        return StreamingPhase(groups, shard_optimizer, self.fragments, **options)

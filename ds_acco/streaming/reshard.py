@@ -20,16 +20,8 @@ from ds_acco.errors import AccoConfigError
 
 def load_resharded(fragments: Sequence, saved: Sequence[dict], *, fingerprint: str, rank: int, alpha: float,
                    device: torch.device) -> tuple[int, int]:
-    """Restore every fragment's global state from *every* saved rank's state dict (rank order).
-
-    Args:
-        fragments: the engine's fragments (``anchor``, ``master``, ``outer``, ``rs``, ``flat``, ``layout``).
-        fingerprint: this job's ``acco`` block fingerprint (must equal the saved one).
-        alpha: the merge weight.
-
-    Returns:
-        ``(inner_steps, round_index)`` to continue from.
-    """
+    """Restore the engine's ``fragments`` from *every* saved rank's state dict (rank order); returns
+    ``(inner_steps, round_index)`` to continue from."""
     first = saved[0]
     numels = [f.layout.numel for f in fragments]
     check_saved_state_fits(first, {"fingerprint": fingerprint, "numels": numels},

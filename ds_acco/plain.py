@@ -71,7 +71,7 @@ def build(
     pg = process_group if process_group is not None else dist.group.WORLD
     world, rank = dist.get_world_size(pg), dist.get_rank(pg)
     groups = build_sharded_groups([g["params"] for g in groups_spec], world, rank, alignment)
-    opt_groups = [dict({k: v for k, v in spec.items() if k != "params"}, params=[g.master]) for spec, g in zip(groups_spec, groups)]
+    opt_groups = [dict(spec, params=[g.master]) for spec, g in zip(groups_spec, groups)]
     optimizer = optimizer_cls(opt_groups, **(optimizer_kwargs or {}))
     scheduler = lr_scheduler(optimizer) if lr_scheduler is not None else None
     shard_opt = ShardOptimizer(optimizer, [g.master for g in groups], scheduler)

@@ -52,16 +52,10 @@ def carry_on_changes(saved: Mapping[str, Any], identity: Mapping[str, Any], bloc
 
 def check_saved_state_fits(state: Mapping[str, Any], mine: Mapping[str, Any], what: str, advice: str,
                            block: Optional[Mapping[str, Any]] = None) -> None:
-    """Raise unless a saved engine state was written by a job like this one.
-
-    Args:
-        state: the saved state dict; holds every key of ``mine``.
-        mine: this job's values (config fingerprint, world size, buffer sizes, ...).
-        what: what was saved, for the message ("the ACCO round state").
-        advice: what the user can do instead.
-        block: this job's :meth:`AccoConfig.compared_fields`; with the saved ones (``state["block"]``,
-            saved since this release) the message names the fields that differ instead of two fingerprints.
-    """
+    """Raise unless the saved engine ``state`` holds this job's values ``mine`` (config fingerprint, world size,
+    buffer sizes, ...); the message says ``what`` was saved ("the ACCO round state") and ends with ``advice``.
+    With ``block`` (this job's :meth:`AccoConfig.compared_fields`) and the saved ones (``state["block"]``, saved
+    since this release) it names the fields that differ instead of two fingerprints."""
     theirs = {key: state.get(key) for key in mine}
     if theirs == dict(mine):
         return

@@ -234,11 +234,11 @@ def _describe(error: Mapping[str, Any], prefix: str) -> str:
     where = ".".join(str(p) for p in (prefix, *error.get("loc", ())) if p != "")
     value = error.get("input")
     if error.get("type", "") == "extra_forbidden":
-        return f"{where}: unknown key (value {value!r}); allowed keys: {_allowed_keys(error, prefix)}"
+        return f"{where}: unknown key (value {value!r}); allowed keys: {_allowed_keys(error)}"
     return f"{where}: got {value!r}; {error.get('msg', 'invalid value')}"
 
 
-def _allowed_keys(error: Mapping[str, Any], prefix: str) -> str:
+def _allowed_keys(error: Mapping[str, Any]) -> str:
     loc = tuple(error.get("loc", ()))[:-1]
     model: type[BaseModel] = AccoConfig
     for part in loc:

@@ -16,6 +16,7 @@ copying the model.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -42,10 +43,7 @@ class FlatLayout:
         if world_size < 1 or alignment < 1:
             raise ValueError(f"world_size and alignment must be >= 1, got {world_size}, {alignment}")
         numels = tuple(p.numel() for p in params)
-        offsets, total = [], 0
-        for n in numels:
-            offsets.append(total)
-            total += n
+        *offsets, total = itertools.accumulate(numels, initial=0)
         unit = world_size * alignment
         padded = max(unit, -(-total // unit) * unit)
         return cls(numels, tuple(p.shape for p in params), tuple(offsets), total, padded, world_size)

@@ -37,36 +37,30 @@ def find_block_stack(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
     return best
 
 
-def layer_units(model: nn.Module) -> tuple[str, list[list[nn.Parameter]]]:
-    """``(where, units)``: the model's layers in order, each as its trainable parameters, and where they were
-    found (for messages). The first unit also holds the parameters registered before the block stack, the
-    last those registered after it."""
+def default_fragments(model: nn.Module, fragments: int) -> list[list[nn.Parameter]]:
+    """The default split of ``model`` into ``fragments`` fragments (see the module docstring): its layers in
+    order as units of trainable parameters, the parameters registered before the block stack in the first,
+    those registered after it in the last, cut by :func:`split_units`."""
     stack = find_block_stack(model)
     if stack is None:
-        units = [_trainable(child) for child in model.children()]
-        units = [u for u in units if u]
-        where = "top-level child modules with parameters"
-        inside = {id(p) for u in units for p in u}
-        leftover = [p for p in model.parameters() if p.requires_grad and id(p) not in inside]
-        if leftover:  # parameters registered on the model itself
-            units = [leftover + units[0]] + units[1:] if units else [leftover]
+        blocks, where = list(model.children()), "top-level child modules with parameters"
     else:
         name, blocks = stack
-        units = [_trainable(b) for b in blocks]
         where = f"blocks in {name!r}"
-        in_stack = {id(p) for u in units for p in u}
-        before, after, seen_stack = [], [], False
-        for p in model.parameters():  # registration order, tied parameters once
-            if id(p) in in_stack:
-                seen_stack = True
-            elif p.requires_grad:
-                (after if seen_stack else before).append(p)
-        units[0] = before + units[0]
-        units[-1] = units[-1] + after
+    units = [u for u in map(_trainable, blocks) if u] or [[]]
+    in_units = {id(p) for u in units for p in u}
+    before, after, seen_units = [], [], False
+    for p in model.parameters():  # registration order (the model's own first), tied parameters once
+        if id(p) in in_units:
+            seen_units = True
+        elif p.requires_grad:
+            (after if seen_units else before).append(p)
+    units[0] = before + units[0]
+    units[-1] = units[-1] + after
     units = _dedupe(units)
     if not units:
         raise ValueError("model: has no trainable parameters to split into fragments")
-    return where, units
+    return split_units(units, fragments, where)
 
 
 def _dedupe(units: Iterable[list[nn.Parameter]]) -> list[list[nn.Parameter]]:
@@ -83,7 +77,7 @@ def _dedupe(units: Iterable[list[nn.Parameter]]) -> list[list[nn.Parameter]]:
     return out
 
 
-def split_units(units: Sequence[list[nn.Parameter]], fragments: int, where: str = "layers") -> list[list[nn.Parameter]]:
+def split_units(units: Sequence[list[nn.Parameter]], fragments: int, where: str) -> list[list[nn.Parameter]]:
     """Cut ``units`` (the layers in order) into ``fragments`` runs of consecutive units, as equal in count as
     possible (earlier fragments get the extra unit); ``where`` says what the units are, for the message."""
     L = len(units)
@@ -99,12 +93,6 @@ def split_units(units: Sequence[list[nn.Parameter]], fragments: int, where: str 
         out.append([q for unit in units[start : start + n] for q in unit])
         start += n
     return out
-
-
-def default_fragments(model: nn.Module, fragments: int) -> list[list[nn.Parameter]]:
-    """The default split of ``model`` into ``fragments`` fragments (see the module docstring)."""
-    where, units = layer_units(model)
-    return split_units(units, fragments, where)
 
 
 FragmentSpec = Sequence[Union[nn.Module, nn.Parameter, Sequence[Union[nn.Module, nn.Parameter]]]]

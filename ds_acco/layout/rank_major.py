@@ -21,6 +21,7 @@ Both run on the communication thread, inside the round.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Sequence
 
@@ -30,14 +31,9 @@ from .flat_buffer import FlatLayout
 
 
 class RankMajorPacking:
-    """Where a group of dim-0 chunk-sharded parameters sits in param-major and rank-major space.
-
-    Args:
-        shapes: the parameters' full shapes, in packing order.
-        world_size: ``N``, ranks sharing the group.
-        masters: this rank's shard of each parameter: 1-D, ``c_i * row_i`` elements
-            (FSDP2's padded local shards). The round publishes their concatenation.
-    """
+    """Where a group of dim-0 chunk-sharded parameters (full ``shapes``, in packing order) sits in param-major
+    and rank-major space; ``masters``: this rank's shard of each, 1-D, ``c_i * row_i`` elements (FSDP2's padded
+    local shards), whose concatenation the round publishes."""
 
     def __init__(self, shapes: Sequence[torch.Size], world_size: int, masters: Sequence[torch.Tensor]):
         self.world_size = N = world_size
@@ -49,9 +45,7 @@ class RankMajorPacking:
         if self.shard_numel == 0:
             raise ValueError("RankMajorPacking: the parameters hold no element")
         numels = [d0 * k for d0, k in zip(rows, row_numels)]
-        offsets = [0]
-        for m in self.chunk_numels[:-1]:
-            offsets.append(offsets[-1] + N * m)
+        offsets = list(itertools.accumulate((N * m for m in self.chunk_numels[:-1]), initial=0))
         self.layout = FlatLayout(tuple(numels), tuple(shapes), tuple(offsets), offsets[-1] + numels[-1],
                                  N * self.shard_numel, N)
         self.masters = list(masters)

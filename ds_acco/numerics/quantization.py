@@ -100,17 +100,9 @@ def quantize_blockwise(
     scales: Optional[torch.Tensor] = None,
     qmax: int = QMAX,
 ) -> Quantized:
-    """Quantise every row of ``x`` blockwise to int8 with one absmax scale per block.
-
-    Args:
-        x: a 1-D tensor (one row) or a 2-D ``(rows, numel)`` tensor, fp32/bf16/fp16.
-        payload: optional int8 output, ``(rows, numel)`` (may be a strided view).
-        scales: optional fp32 output, ``(rows, num_blocks(numel, block_size))``.
-        qmax: the largest level (127 for int8, 7 for int4; the payload is int8 either way).
-
-    Returns:
-        :class:`Quantized` with 2-D ``payload`` and ``scales`` (the given outputs, if any).
-    """
+    """Quantise every row of ``x`` (1-D: one row, or 2-D ``(rows, numel)``; fp32/bf16/fp16) blockwise to int8
+    with one absmax scale per block and levels up to ``qmax`` (7 for int4; the payload is int8 either way).
+    ``payload`` (may be a strided view) and ``scales``: optional outputs, shaped as :class:`Quantized` says."""
     if x.dim() > 2:
         raise ValueError(f"x: got a {x.dim()}-D tensor; allowed: 1-D or 2-D (rows, numel)")
     rows = _as_rows(x)
@@ -125,15 +117,21 @@ def quantize_blockwise(
     else:
         _check_out("payload", payload, rows.shape, torch.int8)
     inv = torch.where(amax > 0, qmax / amax, torch.zeros_like(amax))
+    _scale_blocks(rows, inv, payload, block_size, lambda dst, value: dst.copy_(_round(value, qmax)))
+    return Quantized(payload, scales)
+
+
+def _scale_blocks(rows: torch.Tensor, per_block: torch.Tensor, dst: torch.Tensor, block_size: int, write) -> None:
+    """``write(dst_part, rows_part * its blocks' fp32 factors)`` (an fp32 product: type promotion casts
+    ``rows`` exactly) for the whole blocks and the short one."""
     src_full, src_short = _split(rows, block_size)
-    dst_full, dst_short = _split(payload, block_size)
+    dst_full, dst_short = _split(dst, block_size)
     k = 0
     if src_full is not None:
         k = src_full.shape[1]
-        dst_full.copy_(_round(src_full.float() * inv[:, :k, None], qmax))
+        write(dst_full, src_full * per_block[:, :k, None])
     if src_short is not None:
-        dst_short.copy_(_round(src_short.float() * inv[:, k:], qmax))
-    return Quantized(payload, scales)
+        write(dst_short, src_short * per_block[:, k:])
 
 
 def _round(t: torch.Tensor, qmax: int) -> torch.Tensor:
@@ -150,18 +148,9 @@ def dequantize_blockwise(
     accumulate: bool = False,
     qmax: int = QMAX,
 ) -> torch.Tensor:
-    """Inverse of :func:`quantize_blockwise`: ``q * scale / qmax`` per block.
-
-    Args:
-        payload: int8, 1-D (one row) or ``(rows, numel)``.
-        scales: fp32, ``(rows, num_blocks(numel, block_size))`` (1-D for one row).
-        out: optional output of the payload's shape (any floating dtype, may be strided).
-        accumulate: add into ``out`` instead of overwriting it (requires ``out``).
-        qmax: the largest level the payload was quantised with.
-
-    Returns:
-        ``out``, or a new fp32 tensor shaped like ``payload``.
-    """
+    """Inverse of :func:`quantize_blockwise`: ``q * scale / qmax`` per block, into ``out`` (the payload's shape,
+    any floating dtype, may be strided; ``accumulate``: added into it) or a new fp32 tensor. ``scales`` may be
+    1-D for a 1-D payload."""
     if payload.dtype != torch.int8:
         raise ValueError(f"payload: got dtype {payload.dtype}; allowed: torch.int8")
     rows = _as_rows(payload)
@@ -175,16 +164,8 @@ def dequantize_blockwise(
         out = torch.empty(payload.shape, dtype=torch.float32, device=payload.device)
     elif out.shape != payload.shape:
         raise ValueError(f"out: got shape {tuple(out.shape)}; payload has {tuple(payload.shape)}")
-    step = scales2 / qmax
-    out_rows = _as_rows(out)
-    src_full, src_short = _split(rows, block_size)
-    dst_full, dst_short = _split(out_rows, block_size)
-    k = 0
-    if src_full is not None:
-        k = src_full.shape[1]
-        _write(dst_full, src_full.float().mul_(step[:, :k, None]), accumulate)
-    if src_short is not None:
-        _write(dst_short, src_short.float().mul_(step[:, k:]), accumulate)
+    _scale_blocks(rows, scales2 / qmax, _as_rows(out), block_size,
+                  torch.Tensor.add_ if accumulate else torch.Tensor.copy_)
     return out
 
 
@@ -248,13 +229,6 @@ def unpack_int4(packed: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     torch.bitwise_and(packed, 15, out=u[:, 0::2])
     torch.bitwise_right_shift(packed, 4, out=u[:, 1::2])
     return q.sub_(8)
-
-
-def _write(dst: torch.Tensor, value: torch.Tensor, accumulate: bool) -> None:
-    if accumulate:
-        dst.add_(value)
-    else:
-        dst.copy_(value)
 
 
 def _check_out(name: str, t: torch.Tensor, shape, dtype: torch.dtype) -> None:

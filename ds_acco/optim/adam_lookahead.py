@@ -52,6 +52,8 @@ H200, 256 Ki-element chunks slowed compute with a round in flight up to 1.24x (B
 SQRT_PIECE = 1 << 14
 """Elements per fp64 square root of DeepSpeed's rule (128 KiB of scratch): fp64's, rounded once, is fp32's
 correctly rounded root, which the kernel's ``sqrt`` is."""
+_MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+"""The state tensors of torch's Adam (DeepSpeed's lack the last)."""
 
 
 def chunk_elems(device: torch.device) -> int:
@@ -142,17 +144,11 @@ class FunctionalAdam:
 
     def supports(self, masters: Sequence[torch.Tensor]) -> bool:
         """True when every master (and its state) is fp32 and its group has a functional rule now."""
-        for group in self.optimizer.param_groups:
-            if self._hyper_reader(self.optimizer, group) is None:
-                return False
-        for p in masters:
-            if local_flat(p).dtype != torch.float32:
-                return False
-            for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
-                value = self.optimizer.state.get(p, {}).get(key)
-                if value is not None and local_flat(value).dtype != torch.float32:
-                    return False
-        return True
+        opt = self.optimizer
+        if any(self._hyper_reader(opt, group) is None for group in opt.param_groups):
+            return False
+        state = [opt.state.get(p, {}).get(key) for p in masters for key in _MOMENTS]
+        return all(local_flat(t).dtype == torch.float32 for t in [*masters, *state] if t is not None)
 
     def _group_of(self, p: torch.Tensor) -> dict:
         for group in self.optimizer.param_groups:
@@ -181,27 +177,28 @@ class FunctionalAdam:
                 flat = local_flat(p)
                 n = flat.numel()
                 m, v, vmax = (local_flat(state[key]) if key in state else None  # absent before the first step
-                              for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"))
+                              for key in _MOMENTS)
                 chunk, size = self._chunk_deepspeed if hyper.deepspeed else self._chunk, chunk_elems(flat.device)
                 for start in range(0, n, size):
                     piece = slice(start, min(n, start + size))
+                    o = out[piece]  # the chunk steps into fp32 contiguous memory: o itself, or scratch
+                    direct = o.dtype == torch.float32 and o.is_contiguous()
+                    res = o if direct else self._buf("result", o.numel(), o.device)
                     chunk(hyper, step, flat[piece], g[piece], m if m is None else m[piece],
-                                v if v is None else v[piece],
-                                vmax[piece] if vmax is not None and hyper.amsgrad else None, out[piece])
+                          v if v is None else v[piece],
+                          vmax[piece] if vmax is not None and hyper.amsgrad else None, res)
+                    if not direct:
+                        o.copy_(res)
 
-    def _chunk(self, h: AdamHyper, step: float, p, g, m, v, vmax, out) -> None:
-        """The next step of one chunk into ``out``, on scratch copies of ``p``, ``m`` and ``v``."""
+    def _chunk(self, h: AdamHyper, step: float, p, g, m, v, vmax, res) -> None:
+        """The next step of one chunk into ``res`` (fp32, contiguous), on scratch copies of ``m`` and ``v``."""
         k, dev = p.numel(), p.device
-        direct = out.dtype == torch.float32 and out.is_contiguous()
-        res = out if direct else self._buf("result", k, dev)
         res.copy_(p)
         m2, v2 = self._buf("exp_avg", k, dev), self._buf("exp_avg_sq", k, dev)
         m2.zero_() if m is None else m2.copy_(m)
         v2.zero_() if v is None else v2.copy_(v)
         # amsgrad: the maximum goes into v2 (the stored maximum is left as it is)
         self._torch_update(h, step, res, g, m2, v2, vmax, vmax_out=v2, denom=v2)
-        if not direct:
-            out.copy_(res)
 
     def _torch_update(self, h: AdamHyper, step: float, p, g, m, v, vmax, *, vmax_out, denom) -> None:
         """torch's ``_single_tensor_adam`` (non-capturable branch), op for op, in place on ``p``, ``m``, ``v``."""
@@ -268,7 +265,7 @@ class FunctionalAdam:
                                        denom=self._buf("exp_avg_sq", piece.stop - start, p.device))
         self.optimizer._opt_called = True  # what the LR scheduler's wrapper of optimizer.step() records
 
-    def _chunk_deepspeed(self, h: AdamHyper, step: float, p, g, m, v, vmax, out) -> None:
+    def _chunk_deepspeed(self, h: AdamHyper, step: float, p, g, m, v, vmax, res) -> None:
         """DeepSpeed's CPU Adam kernel (``Adam_Optimizer::Step_AVX``) on one chunk, op for op.
 
         Scalars are the kernel's fp32 values; each ``add(x, alpha=a)`` is the kernel's
@@ -276,8 +273,6 @@ class FunctionalAdam:
         """
         k, dev = p.numel(), p.device
         s = _deepspeed_scalars(h, int(step))
-        direct = out.dtype == torch.float32 and out.is_contiguous()
-        res = out if direct else self._buf("result", k, dev)
         grad = g
         if h.weight_decay > 0 and not h.decoupled:  # grad = fma(param, weight_decay, grad)
             grad = torch.add(g, p, alpha=s.weight_decay, out=self._buf("grad", k, dev))
@@ -298,8 +293,6 @@ class FunctionalAdam:
         else:
             res.copy_(p)
         res.add_(m2, alpha=s.step_size)  # fma(update, -lr / bias_correction1, param)
-        if not direct:
-            out.copy_(res)
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,8 @@ from __future__ import annotations
 
 
 class LrScheduleClock:
-    """Counts committed micro-batches and says how many scheduler steps each commit earns.
-
-    Args:
-        micro_batches_per_step: ``G × N``, the nominal optimizer step.
-        by_tokens: True under the adaptive policy; False keeps one step per commit.
-    """
+    """Counts committed micro-batches and says how many scheduler steps each commit earns: one, or with
+    ``by_tokens`` (the adaptive policy) as many multiples of ``micro_batches_per_step`` (``G × N``) as it crossed."""
 
     def __init__(self, micro_batches_per_step: int, by_tokens: bool):
         self.per_step = int(micro_batches_per_step)

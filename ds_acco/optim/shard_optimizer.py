@@ -29,8 +29,7 @@ class _Snapshot:
     def __init__(self) -> None:
         self._params: list[torch.Tensor] = []
         self._state: dict[tuple[int, str], torch.Tensor] = {}
-        self._plain: dict[int, dict[str, Any]] = {}
-        self._had_state: set[int] = set()
+        self._plain: dict[int, dict[str, Any]] = {}  # non-tensor state, by index of a master that had state
         self._groups: list[dict[str, Any]] = []
 
     def take(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
@@ -38,14 +37,12 @@ class _Snapshot:
             self._params = [torch.empty_like(p) for p in params]
         for scratch, p in zip(self._params, params):
             scratch.copy_(p.detach())
-        self._had_state = set()
         self._plain = {}
         for i, p in enumerate(params):
             state = optimizer.state.get(p)
             if not state:
                 continue
-            self._had_state.add(i)
-            plain = {}
+            plain = self._plain[i] = {}
             for key, value in state.items():
                 if torch.is_tensor(value):
                     scratch = self._state.get((i, key))
@@ -54,7 +51,6 @@ class _Snapshot:
                     scratch.copy_(value)
                 else:
                     plain[key] = copy.deepcopy(value)
-            self._plain[i] = plain
         self._groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
 
     def restore(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
@@ -62,7 +58,7 @@ class _Snapshot:
             for scratch, p in zip(self._params, params):
                 p.copy_(scratch)
         for i, p in enumerate(params):
-            if i not in self._had_state:
+            if i not in self._plain:
                 optimizer.state.pop(p, None)
                 continue
             state = optimizer.state[p]
@@ -80,13 +76,8 @@ class _Snapshot:
 
 
 class ShardOptimizer:
-    """Steps the master shards; knows nothing of collectives or frameworks.
-
-    Args:
-        optimizer: a torch optimizer whose params are exactly ``masters``.
-        masters: this rank's fp32 master shards, one per parameter group.
-        lr_scheduler: advanced by commits (never by a lookahead), as many steps as each is due.
-    """
+    """Steps ``masters`` (this rank's fp32 master shards, one per parameter group: ``optimizer``'s params) and
+    advances ``lr_scheduler`` by commits, never by a lookahead; knows nothing of collectives or frameworks."""
 
     def __init__(
         self,

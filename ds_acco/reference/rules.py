@@ -68,10 +68,10 @@ class ReferenceRun:
 
     def lookahead(self, grad_sum, count) -> list[torch.Tensor]:
         """What ``step`` would give, leaving ``θ`` and ``S`` as they were."""
-        saved_theta = [p.detach().clone() for p in self.theta]
+        saved_theta = self.snapshot()
         saved_state = copy.deepcopy(self.opt.state_dict())
         self.step_without_scheduler(grad_sum, count)
-        out = [p.detach().clone() for p in self.theta]
+        out = self.snapshot()
         with torch.no_grad():
             for p, s in zip(self.theta, saved_theta):
                 p.copy_(s)
@@ -88,6 +88,12 @@ class ReferenceRun:
         return [p.detach().clone() for p in self.theta]
 
 
+def _quotas(run: ReferenceRun, counts: Optional[Sequence[Sequence[int]]]) -> Callable[[int], list[int]]:
+    """``quota(q)``: the next round's micro-batches per worker, from ``counts`` in order, else ``q`` each."""
+    rounds = iter(counts) if counts is not None else None
+    return lambda q: list(next(rounds)) if rounds is not None else [q] * run.N
+
+
 def reference_trajectory(
     mode: str,
     run: ReferenceRun,
@@ -98,17 +104,13 @@ def reference_trajectory(
 ) -> list[list[torch.Tensor]]:
     """``θ`` after each of ``steps`` optimizer steps (commits) under ``mode`` (``sync``, ``dpu`` or ``acco``);
     without ``counts`` each round takes its fixed quota (``G`` for sync/dpu rounds, ``G/2`` for acco rounds)."""
-    G, N = gradient_accumulation_steps, run.N
-    rounds = iter(counts) if counts is not None else None
-
-    def quota(q: int) -> list[int]:
-        return list(next(rounds)) if rounds is not None else [q] * N
-
+    G = gradient_accumulation_steps
     if mode in ("sync", "acco"):  # warmup steps are sync steps, then acco's rounds: one schedule
         warm = min(warmup_steps, steps) if mode == "acco" else steps
         return reference_schedule(run, ["sync"] * warm + ["acco"] * (steps - warm), G, counts)
     if mode != "dpu":
         raise ValueError(f"mode: got {mode!r}; allowed: 'sync', 'dpu', 'acco'")
+    quota = _quotas(run, counts)
     out: list[list[torch.Tensor]] = []
     warm = min(warmup_steps, steps)
     for _ in range(warm):
@@ -138,13 +140,8 @@ def reference_schedule(run: ReferenceRun, modes: Sequence[str], gradient_accumul
     ``estimate_at``: for every acco step in order, the parameters its estimate landed as, where they are not
     ``θ̃`` exactly (``acco.estimate_quantization: "int4"`` lands within a quantisation step of it): the next
     estimate's micro-batches are computed there; nothing else changes."""
-    G, N = gradient_accumulation_steps, run.N
-    rounds = iter(counts) if counts is not None else None
+    G, quota = gradient_accumulation_steps, _quotas(run, counts)
     landed = iter(estimate_at) if estimate_at is not None else None
-
-    def quota(q: int) -> list[int]:
-        return list(next(rounds)) if rounds is not None else [q] * N
-
     out: list[list[torch.Tensor]] = []
     a_sum = a_cnt = None
     for t, mode in enumerate(modes):

@@ -199,7 +199,7 @@ class StreamingEngine(EngineLifecycle):
             merged = True
         frag = self._by_offset.get(step % self.H)
         if frag is not None:
-            if self._inflight is not None:  # cannot happen with a validated config; keep one in flight
+            if self._inflight is not None:  # a round restored under another schedule may still be due: one in flight
                 self._complete()
             self._launch(frag, step)
             if self.tau == 0:

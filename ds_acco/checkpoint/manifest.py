@@ -231,7 +231,7 @@ def write_manifest(folder: str, *, writer: str, tag: str, claim: Sequence[str] =
     rank = dist.get_rank(group)
     hashed = hashed or {}
     listing = [tag_files(folder) if rank == 0 else None]
-    dist.broadcast_object_list(listing, group=group, group_src=0)
+    dist.broadcast_object_list(listing, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     files = listing[0]
     known = gather_objects(([f for f in hashed if f in files], [f for f in claim if f in files]), group)
     owner: dict[str, int] = {}

@@ -110,7 +110,8 @@ class SaveFailures:
                 "point the save elsewhere; acco.checkpoint.on_save_error: \"continue\" keeps training and retries at "
                 "the next save")
             shutil.rmtree(self.folder, ignore_errors=True)
-        dist.broadcast_object_list(message, group=group, group_src=0)  # rank 0 sends once the folder is gone
+        src = dist.get_global_rank(group, 0) if group is not None else 0  # a global rank
+        dist.broadcast_object_list(message, src=src, group=group)  # rank 0 sends once the folder is gone
         return CheckpointSaveError(message[0])
 
 

@@ -80,13 +80,11 @@ class EngineLifecycle:
         EXIT_ORDER.add(self)  # closed, with a drain, at interpreter exit (see _ExitOrder)
 
     # ------------------------------------------------------------ preemption
-    def _stop_if_agreed(self) -> bool:
-        """At the boundary where every rank learned of a SIGTERM, hand over to the front end (once). Returns True,
-        for a caller that just changed the compute parameters."""
+    def _stop_if_agreed(self) -> None:
+        """At the boundary where every rank learned of a SIGTERM, hand over to the front end (once)."""
         if self.stop_agreed and not self._stopping:
             self._stopping = True
             self._on_stop()
-        return True
 
     def preempt(self) -> None:
         """Stop after a SIGTERM without saving: the ranks agree on the rounds launched (:meth:`quiesce`),

@@ -183,7 +183,8 @@ class RoundEngine(EngineLifecycle):
                     switch.enter_if_chosen(self)
                 if self.overlapping:
                     s.next_kind = self._first_kind()
-            return self._stop_if_agreed()
+            self._stop_if_agreed()
+            return True
         if self._inflight is None:  # bootstrap after start or warmup
             if s.n >= self.quota:
                 self._launch(s.next_kind, self.mode)
@@ -198,9 +199,10 @@ class RoundEngine(EngineLifecycle):
             self._complete()
             s.next_kind = COMMIT
             switch.enter_if_chosen(self)
-            return self._stop_if_agreed()
-        self._launch(s.next_kind, self.mode)
-        return self._stop_if_agreed()
+        else:
+            self._launch(s.next_kind, self.mode)
+        self._stop_if_agreed()
+        return True
 
     def _round_ready(self) -> bool:
         if self.state.policy == "fixed":

@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from ds_acco.reference import ReferenceRun, reference_schedule
 from tests import workloads as W
 
 
@@ -80,3 +81,10 @@ def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", 
             "commit_bytes": engine.auto.commit_bytes, "piece_bytes": engine.coll.piece_bytes,
             "fragments": [(r.step, r.fragment, r.applied_step)
                           for r in engine.telemetry.records if r.kind == "fragment"]}
+
+
+def auto_reference(modes, counts=None, G=4):
+    """The reference for the modes a run chose, step by step (2 workers, ``G`` micro-batches each)."""
+    model = W.make_model()
+    ref = ReferenceRun(W.ordered_params(model), W.reference_grad_fn(model), W.make_reference_optimizer, 2)
+    return reference_schedule(ref, modes, G, counts=counts)

@@ -24,8 +24,8 @@ from ds_acco.reference.streaming import streaming_reference
 from tests import workloads as W
 from tests.auto_workers import train_auto
 from tests.dist_harness import run_distributed
-from tests.test_auto_streaming import FRAGMENTS, STREAM
-from tests.test_exactness import assert_trajectories_equal
+from tests.auto_streaming_workers import FRAGMENTS, STREAM
+from tests.helpers import assert_trajectories_equal
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHER = os.path.join(REPO, "launchers", "local_cluster.py")

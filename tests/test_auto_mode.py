@@ -16,12 +16,10 @@ import pytest
 
 from ds_acco.config import parse_acco_config
 from ds_acco.errors import AccoConfigError
-from ds_acco.reference import ReferenceRun, reference_schedule
 from ds_acco.rounds.auto_mode import AutoMode, StepTimer, choose
-from tests import workloads as W
-from tests.auto_workers import train_auto
+from tests.auto_workers import auto_reference, train_auto
 from tests.dist_harness import run_distributed
-from tests.test_exactness import assert_trajectories_equal
+from tests.helpers import assert_trajectories_equal
 
 G, COMPUTE_S = 4, 0.05
 AUTO = {"mode": "auto", "auto": {"measure_steps": 3, "check_every": 2}}
@@ -33,12 +31,6 @@ def run(link, steps, policy="fixed"):
     assert results[0]["modes"] == results[1]["modes"]  # every rank made the same choices
     assert_trajectories_equal(results[1]["trajectory"], results[0]["trajectory"], atol=0, rtol=0)
     return results[0]
-
-
-def reference(modes, counts=None):
-    model = W.make_model()
-    ref = ReferenceRun(W.ordered_params(model), W.reference_grad_fn(model), W.make_reference_optimizer, 2)
-    return reference_schedule(ref, modes, G, counts=counts)
 
 
 def test_link_changes_make_auto_switch_and_the_trajectory_follows_the_rules():
@@ -57,9 +49,9 @@ def test_link_changes_make_auto_switch_and_the_trajectory_follows_the_rules():
     assert set(modes[to_acco["step"]:back["step"]]) == {"acco"}
     assert modes[back["step"]:] == ["sync"] * (len(modes) - back["step"])
     # the fixed-policy trajectory across both switches is the reference's for that schedule
-    assert_trajectories_equal(got["trajectory"], reference(modes))
+    assert_trajectories_equal(got["trajectory"], auto_reference(modes))
     with pytest.raises(AssertionError):  # ...and not the one of a run that never switched
-        assert_trajectories_equal(got["trajectory"], reference(["sync"] * len(modes)))
+        assert_trajectories_equal(got["trajectory"], auto_reference(["sync"] * len(modes)))
     # one line per choice on rank 0, with its figures
     assert len(got["lines"]) == len(choices)
     switch = next(line for line in got["lines"] if "runs acco (was sync)" in line)
@@ -82,7 +74,7 @@ def test_the_first_choice_comes_after_one_step_without_its_start_up():
     assert 45 < first["compute_ms"] < 75 and 90 < first["round_ms"] < 170, first
     assert first["sync_step_ms"] == pytest.approx(4 * first["compute_ms"] + first["round_ms"], rel=1e-3)
     assert got["modes"][0] == "sync" and set(got["modes"][1:]) == {"acco"}, got["modes"]
-    assert_trajectories_equal(got["trajectory"], reference(got["modes"]))
+    assert_trajectories_equal(got["trajectory"], auto_reference(got["modes"]))
 
 
 def test_adaptive_policy_switches_too_and_commits_what_workers_computed():
@@ -94,7 +86,7 @@ def test_adaptive_policy_switches_too_and_commits_what_workers_computed():
     assert first["noise_scale"] is not None and cands["acco adaptive"]["batch"] < 8, first
     assert (first["runs"] == "acco") == (cands["acco adaptive"]["score_ms"] < 0.95 * cands["sync"]["score_ms"]), first
     assert "acco" in got["modes"] and got["modes"][0] == "sync"
-    assert_trajectories_equal(got["trajectory"], reference(got["modes"], counts=got["counts"]))
+    assert_trajectories_equal(got["trajectory"], auto_reference(got["modes"], counts=got["counts"]))
 
 
 def figures(c_sync_ms, round_ms, step_ms, c_acco_ms=0.0, wire=0.0):
@@ -224,7 +216,7 @@ def test_deepspeed_front_end_runs_auto_and_follows_the_rules_for_the_modes_it_ch
     got = run_distributed(D.train_ds, 2, config=D.ds_config(G, acco), steps=10, timeout=300)
     modes = got[0]["modes"]
     assert got[1]["modes"] == modes and len(modes) == 10 and modes[:3] == ["sync", "sync", "sync"]
-    assert_trajectories_equal(got[0]["trajectory"], reference(modes))
+    assert_trajectories_equal(got[0]["trajectory"], auto_reference(modes))
 
 
 def test_the_example_auto_config_is_the_low_bit_preset_with_auto():
@@ -253,7 +245,7 @@ def test_fsdp_front_end_runs_auto_and_follows_the_rules_for_the_modes_it_chose()
     got = run_distributed(F.auto_job, 2, G=G, steps=10, timeout=300)
     modes = got[0]["modes"]
     assert got[1]["modes"] == modes and len(modes) >= 10 and modes[:2] == ["sync", "sync"]
-    assert_trajectories_equal(got[0]["trajectory"], reference(modes[:10]))
+    assert_trajectories_equal(got[0]["trajectory"], auto_reference(modes[:10]))
 
 
 def test_a_slow_worker_is_compute_not_link():

@@ -11,11 +11,11 @@ from ds_acco.config import parse_acco_config
 from ds_acco.errors import AccoConfigError
 from ds_acco.rounds.auto_mode import choose
 from ds_acco.rounds.noise_scale import NoiseScale
-from tests.auto_workers import train_auto
+from tests.auto_workers import auto_reference, train_auto
 from tests.dist_harness import run_distributed
-from tests.test_auto_mode import G, reference
-from tests.test_exactness import assert_trajectories_equal
+from tests.helpers import assert_trajectories_equal
 
+G = 4
 AUTO = {"mode": "auto", "policy": "auto", "auto": {"measure_steps": 3, "check_every": 2}}
 
 
@@ -159,7 +159,7 @@ def test_a_slow_worker_makes_auto_choose_the_adaptive_policy_and_the_run_follows
     # the adaptive rounds commit what each worker computed: the fast rank more
     acco_counts = [c for c in got["counts"][3:] if sum(c)]
     assert any(c[0] > c[1] for c in acco_counts), acco_counts
-    assert_trajectories_equal(got["trajectory"], reference(got["modes"], counts=got["counts"]))
+    assert_trajectories_equal(got["trajectory"], auto_reference(got["modes"], counts=got["counts"]))
     assert any("runs acco adaptive (was sync)" in line and "gradient noise scale" in line for line in got["lines"])
     # a checkpoint keeps the policy auto chose, and a resume runs under it
     last = got["choices"][-1]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 
@@ -21,32 +20,16 @@ import pytest
 
 from ds_acco.checkpoint.manifest import HASH, MANIFEST, clean_partials, file_digest, read_manifest
 from tests import checkpoint_workloads as C
-from tests.dist_harness import free_port, run_distributed
+from tests.dist_harness import run_distributed
+from tests.helpers import REPO, launch_deepspeed
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "scripts", "checkpoint_damage_script.py")
-
-
-def _launch(*args: str, timeout: float = 300, script: str = SCRIPT) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                             "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=REPO)
-    cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), script, *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"deepspeed launch did not finish within {timeout}s:\n{out[-4000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
 
 
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
     out = tmp_path_factory.mktemp("damage")
-    result = _launch("--out", str(out))
+    result = launch_deepspeed(SCRIPT, "--out", str(out))
     missing = [r for r in range(2) if not (out / f"rank{r}.json").exists()]
     if missing:
         pytest.fail(f"ranks {missing} wrote no results:\n{result.stdout[-5000:]}")

@@ -25,7 +25,7 @@ from ds_acco import plain
 from ds_acco.reference import ReferenceRun, reference_trajectory
 from tests import workloads as W
 from tests.dist_harness import free_port
-from tests.test_exactness import BF16_ATOL, assert_follows_rules, assert_trajectories_equal, reference
+from tests.helpers import BF16_ATOL, assert_follows_rules, assert_trajectories_equal, reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; CI has none")
 
@@ -75,7 +75,7 @@ def test_auto_mode_on_cuda_switches_to_acco_on_a_slow_link_and_follows_the_rules
 
 def test_auto_switches_to_streaming_on_cuda_and_follows_the_rules():
     """The switch's optimizer state gathered on the comm stream (fp32: exact) and the phase stepping on the GPU."""
-    from tests import test_auto_streaming as S
+    from tests import auto_streaming_workers as S
     from tests.auto_workers import train_auto
 
     steps = S.SWITCH + 7
@@ -87,11 +87,11 @@ def test_auto_switches_to_streaming_on_cuda_and_follows_the_rules():
 
 
 def test_the_switch_sends_the_optimizer_state_at_one_byte_on_cuda():
-    from tests import test_auto_streaming as S
+    from tests import auto_streaming_workers as S
 
-    exact = S._phase_state(0, 1, all_gather_dtype="fp32", piece=512, device="cuda")
+    exact = S.phase_state(0, 1, all_gather_dtype="fp32", piece=512, device="cuda")
     assert all(torch.equal(exact["got"][k], exact["want"][k]) for k in exact["want"])
-    small = S._phase_state(0, 1, all_gather_dtype="bf16", piece=512, device="cuda")
+    small = S.phase_state(0, 1, all_gather_dtype="bf16", piece=512, device="cuda")
     S.assert_state_within_one_byte_bounds(small, world=1)
 
 

@@ -7,7 +7,7 @@ import torch
 
 from tests import ds_workloads as D
 from tests.dist_harness import run_distributed
-from tests.test_exactness import BF16_ATOL, assert_follows_rules, assert_trajectories_equal, reference
+from tests.helpers import BF16_ATOL, assert_follows_rules, assert_trajectories_equal, reference
 
 STEPS = 12
 

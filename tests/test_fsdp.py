@@ -24,7 +24,7 @@ from ds_acco.config import AccoConfig
 from ds_acco.errors import AccoConfigError
 from tests import fsdp_workloads as F
 from tests.dist_harness import run_distributed
-from tests.test_exactness import BF16_ATOL, assert_follows_rules, assert_trajectories_equal, reference
+from tests.helpers import BF16_ATOL, assert_follows_rules, assert_trajectories_equal, reference
 
 G, STEPS = 4, 8
 RESUME_STEPS, SAVE_AT = 8, 13  # micro-batch 13 of RESUME's job: mid-step, a round in flight

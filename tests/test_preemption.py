@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from tests.dist_harness import free_port
-from tests.test_checkpoint_verify import REPO, _launch
+from tests.helpers import REPO, launch_deepspeed
 
 SCRIPT = "tests/scripts/preempt_script.py"
 
@@ -22,7 +22,7 @@ SCRIPT = "tests/scripts/preempt_script.py"
 @pytest.mark.parametrize("front, extra", [("acco", ["--at", "9"]), ("streaming", ["--at", "5", "--during-save"]),
                                          ("auto_streaming", ["--at", "22"]), ("acco_adaptive", ["--at", "9"])])
 def test_sigterm_to_one_rank_stops_every_rank_saves_and_resumes_exactly(tmp_path, front, extra):
-    stop = _launch("--phase", "stop", "--front", front, "--out", str(tmp_path), *extra, script=SCRIPT)
+    stop = launch_deepspeed(SCRIPT, "--phase", "stop", "--front", front, "--out", str(tmp_path), *extra)
     assert stop.returncode == 143, stop.stdout[-4000:]
     assert "TRAINING FINISHED WITHOUT A STOP" not in stop.stdout
     stops = [json.loads((tmp_path / f"stop{r}.json").read_text()) for r in range(2)]
@@ -35,7 +35,7 @@ def test_sigterm_to_one_rank_stops_every_rank_saves_and_resumes_exactly(tmp_path
     assert "SIGTERM received" in stop.stdout and "stopped after a SIGTERM" in stop.stdout, stop.stdout[-3000:]
     if "--during-save" in extra:  # the save the signal interrupted finished and is intact
         assert (tmp_path / "regular" / "latest").exists()
-    resume = _launch("--phase", "resume", "--front", front, "--out", str(tmp_path), script=SCRIPT)
+    resume = launch_deepspeed(SCRIPT, "--phase", "resume", "--front", front, "--out", str(tmp_path))
     assert resume.returncode == 0, resume.stdout[-4000:]
     for r in range(2):
         got = json.loads((tmp_path / f"resume{r}.json").read_text())

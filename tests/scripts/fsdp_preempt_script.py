@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ds_acco.comm.stop_signal import AccoPreempted
 from tests import workloads as W
-from tests.fsdp_workloads import _full, build, train
+from tests.fsdp_workloads import build, train
 
 STEPS, G = 6, 4
 

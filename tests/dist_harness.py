@@ -6,7 +6,10 @@ Two ways, same results:
   once per test module (tests/conftest.py closes them after each) with a default
   gloo group that stays up, run one job at a time. Starting a process that imports
   torch, DeepSpeed and transformers costs seconds of CPU, far more than the tiny
-  jobs themselves, so reuse keeps the suite inside its time budget. Every job builds
+  jobs themselves, so reuse keeps the suite inside its time budget; and every worker
+  is forked from one *forkserver* that imported them once (:data:`PRELOAD`), so even
+  a new pool or a fresh job starts in a fraction of a second. A worker gets the
+  parent's environment as it is when the worker starts, as a spawned one would. Every job builds
   its own engines and process groups; a job that fails or overruns its timeout kills
   the pool, and the next job starts a fresh one. Pools once lived for the whole
   session: a worker that had run the jobs of a dozen modules before test_fsdp.py's
@@ -34,6 +37,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+PRELOAD = ["torch", "torch.distributed", "deepspeed", "ds_acco", "ds_acco.plain", "ds_acco.deepspeed",
+           "ds_acco.fsdp", "transformers", "tests.workloads"]
+"""What the forkserver imports once, so that each worker forked from it starts without importing them. The
+forkserver is a single-threaded process; these imports start no thread (torch's pools start on first use)."""
+_CTX = mp.get_context("forkserver")
+_CTX.set_forkserver_preload(PRELOAD)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -41,7 +51,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world_size, port, outdir, fn, args, kwargs, pg_timeout):
+def _worker(rank, world_size, port, outdir, fn, args, kwargs, pg_timeout, env):
+    os.environ.clear()
+    os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -72,9 +84,11 @@ def _crash_report(pid) -> str:
     return f"\n--- its faulthandler report ---\n{text[-8000:]}" if text.strip() else ""
 
 
-def _pool_worker(rank, world_size, port, conn, pg_timeout):
+def _pool_worker(rank, world_size, port, conn, pg_timeout, env):
     crash = open(_crash_path(os.getpid()), "w", encoding="utf-8")  # noqa: SIM115 - open while the worker lives
     faulthandler.enable(file=crash, all_threads=True)
+    os.environ.clear()
+    os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
@@ -96,13 +110,14 @@ def _pool_worker(rank, world_size, port, conn, pg_timeout):
 
 class _Pool:
     def __init__(self, world_size: int, pg_timeout: float):
-        ctx = mp.get_context("spawn")
+        ctx = _CTX
         port = free_port()
         self.world_size = world_size
         self.conns, self.procs = [], []
         for r in range(world_size):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_pool_worker, args=(r, world_size, port, child, pg_timeout), daemon=True)
+            proc = ctx.Process(target=_pool_worker, args=(r, world_size, port, child, pg_timeout, dict(os.environ)),
+                               daemon=True)
             proc.start()
             self.conns.append(parent)
             self.procs.append(proc)
@@ -183,10 +198,11 @@ def _run_fresh(fn, world_size: int, *args, timeout: float = 120.0, pg_timeout: f
     Ranks in ``expect_dead`` are allowed to die or hang (fault-injection tests); their
     result is ``None`` and, if still alive at the deadline, they are killed.
     """
-    ctx = mp.get_context("spawn")
+    ctx = _CTX
     port = free_port()
     with tempfile.TemporaryDirectory() as outdir:
-        procs = [ctx.Process(target=_worker, args=(r, world_size, port, outdir, fn, args, kwargs, pg_timeout))
+        procs = [ctx.Process(target=_worker, args=(r, world_size, port, outdir, fn, args, kwargs, pg_timeout,
+                                                        dict(os.environ)))
                  for r in range(world_size)]
         for p in procs:
             p.start()

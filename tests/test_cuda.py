@@ -156,25 +156,41 @@ def test_large_buffers_on_the_comm_stream_match_reference():
 
 
 def test_deepspeed_front_end_on_cuda_trains_and_sync_equals_zero1(tmp_path):
-    """The real DeepSpeed engine on the GPU (world size 1, NCCL): ds_acco sync's losses equal stock ZeRO-1's."""
+    """The real DeepSpeed engine on the GPU (world size 1, NCCL): ds_acco sync's parameters after 6 steps equal
+    stock ZeRO-1's within 1e-6, as on the CPU (tests/test_deepspeed_engine.py), and so do its losses."""
+    losses, params = {}, {}
+    for name in ("zero1", "sync", "acco_fixed"):
+        losses[name], params[name] = train_lm_alone(tmp_path, name, steps=6)
+    assert len(losses["zero1"]) == 6
+    torch.testing.assert_close(torch.tensor(losses["sync"]), torch.tensor(losses["zero1"]), atol=2e-6, rtol=1e-6)
+    assert params["sync"].keys() == params["zero1"].keys() and len(params["zero1"]) > 4
+    for key, want in params["zero1"].items():
+        torch.testing.assert_close(params["sync"][key], want, atol=1e-6, rtol=1e-5, msg=lambda m: f"{key}: {m}")
+    # acco's one-step delay moves the parameters: the comparison above can tell modes apart
+    assert any(not torch.allclose(params["acco_fixed"][k], w, atol=1e-6, rtol=1e-5) for k, w in params["zero1"].items())
+    assert all(l == l and l < 10 for l in losses["acco_fixed"])
+
+
+def train_lm_alone(tmp_path, name: str, steps: int):
+    """``examples.train_lm`` at world size 1 (a process of its own: DeepSpeed initialises its own process group)
+    with the benchmark config ``name``; returns its per-step losses and the module's parameters it saved."""
     import json
 
     from benchmarks.sweep.configs import make_config
 
-    losses = {}
-    for name in ("zero1", "sync", "acco_fixed"):
-        cfg_path = tmp_path / f"{name}.json"
-        cfg_path.write_text(json.dumps(make_config(name, micro_batch=2, grad_accum=4)))
-        log = tmp_path / f"{name}.jsonl"
-        env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(free_port()), PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        proc = subprocess.run([sys.executable, "-m", "examples.train_lm", "--model-size", "tiny",
-                               "--steps", "6", "--seq-len", "64", "--no-progress", "--log-jsonl", str(log),
-                               "--deepspeed_config", str(cfg_path)], env=env, capture_output=True, text=True,
-                              timeout=600)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        recs = [json.loads(line) for line in log.read_text().splitlines()]
-        losses[name] = [r["loss"] for r in recs if "step" in r and "event" not in r]
-    assert len(losses["zero1"]) == 6
-    torch.testing.assert_close(torch.tensor(losses["sync"]), torch.tensor(losses["zero1"]), atol=2e-4, rtol=1e-4)
-    assert all(l == l and l < 10 for l in losses["acco_fixed"])
+    cfg_path = tmp_path / f"{name}.json"
+    cfg = make_config(name, micro_batch=2, grad_accum=4)
+    cfg_path.write_text(json.dumps(cfg))
+    log, save = tmp_path / f"{name}.jsonl", tmp_path / f"{name}_ckpt"
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "examples.train_lm", "--model-size", "tiny", "--steps", str(steps),
+                           "--seq-len", "64", "--no-progress", "--log-jsonl", str(log), "--save-dir", str(save),
+                           "--eval-every", "0", "--deepspeed_config", str(cfg_path)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    states = torch.load(save / f"global_step{steps}" / "mp_rank_00_model_states.pt", map_location="cpu",
+                        weights_only=False)
+    module = {k: v.float() for k, v in states["module"].items() if v.is_floating_point()}
+    return [r["loss"] for r in recs if "step" in r and "event" not in r], module

@@ -44,8 +44,10 @@ def test_bf16_acco_tracks_stock_bf16():
     acco = run_distributed(D.train_ds, 2, config=dict(cfg, acco={"mode": "sync", "grad_accum_dtype": "fp32"}),
                            steps=8, timeout=300)[0]
     assert acco["optimizer"] == "DeepSpeedZeroOptimizer"
-    # stock bf16 sums micro-batch gradients in bf16; ACCO here accumulates them in fp32
-    assert_trajectories_equal(acco["trajectory"], stock["trajectory"], atol=2e-2, rtol=2e-2)
+    # stock bf16 sums micro-batch gradients in bf16; ACCO here accumulates them in fp32, so a parameter may round
+    # to the neighbouring bf16 value: 2.0e-3 apart at most in 8 steps (measured; an ulp in [0.25, 0.5) is 2^-9),
+    # well inside the 1.3e-2 that separates the sync and acco references on this job
+    assert_trajectories_equal(acco["trajectory"], stock["trajectory"], atol=4e-3, rtol=0)
     assert_follows_rules(acco["trajectory"], "sync", 2, 4, 8, atol=BF16_ATOL)
     # the ACCO paper's setting: bf16 accumulators (p.grad are their views) and a bf16 payload, in mode acco
     half = run_distributed(D.train_ds, 2, config=dict(cfg, acco={"mode": "acco", "grad_accum_dtype": "bf16"}),
@@ -67,6 +69,8 @@ def test_fp16_overflow_skips_consistently_and_lowers_the_loss_scale_like_stock()
     for s, a in zip(stock, acco):
         assert a["skipped_steps"] == s["skipped_steps"] == 1
         assert a["loss_scale"] == s["loss_scale"] == 2.0 ** 8 / 2
+        # fp16 parameters: one ulp is 4.9e-4 in [0.5, 1) and 9.8e-4 in [1, 2); where the two engines' fp32 sums
+        # differ in their last bit a parameter may round to its neighbour (not measurable on a CPU without fp16)
         assert_trajectories_equal(a["trajectory"], s["trajectory"], atol=1e-3, rtol=1e-3)
     overlapped = run_distributed(D.train_ds, 2, config=dict(cfg, acco={"mode": "dpu"}), **kw)
     for r in overlapped:

@@ -116,7 +116,7 @@ def test_adamw_commit_on_local_tensors_is_the_dtensor_step(two):
 def test_sync_equals_stock_fsdp2_and_disabled_is_stock(world, two, three):
     got = _modes(world, two, three)
     assert_trajectories_equal(got["sync"], got["stock"])
-    assert_trajectories_equal(got["disabled"], got["stock"])
+    assert_trajectories_equal(got["disabled"], got["stock"], atol=0, rtol=0)  # documented: exactly stock FSDP2
     assert_trajectories_equal(got["stock"], reference("sync", world, G, steps=STEPS))
     # the modes differ, so the comparisons above can fail
     with pytest.raises(AssertionError):

@@ -165,3 +165,14 @@ def test_the_checker_names_a_wrong_import_and_a_circle(tmp_path):
     assert "examples/run.py:1 imports benchmarks.sweep; examples never import benchmarks" in found
     assert "import circle: ds_acco.layout.a -> ds_acco.layout.b -> ds_acco.layout.a" in found
     assert "ds_acco/deepspeed/engine.py" not in found
+
+
+def test_test_modules_never_import_each_other():
+    """A test module imported by another runs its module-level code (and pytest may collect its tests) twice;
+    what tests share lives in tests/helpers.py and the *_workers.py and *_workloads.py modules."""
+    tests = modules(REPO, tops=("tests",))
+    found = [f"{path.relative_to(REPO)}:{line} imports {dep}"
+             for name, path in tests.items()
+             for line, target in imports(name, path)
+             if (dep := resolve(target, tests)) and dep != name and dep.rpartition(".")[2].startswith("test_")]
+    assert found == [], "\n".join(found)

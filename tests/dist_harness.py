@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 PRELOAD = ["torch", "torch.distributed", "deepspeed", "ds_acco", "ds_acco.plain", "ds_acco.deepspeed",
-           "ds_acco.fsdp", "transformers", "tests.workloads"]
+           "ds_acco.fsdp", "transformers", "tests.workloads", "tests.forkserver_preload"]
 """What the forkserver imports once, so that each worker forked from it starts without importing them. The
 forkserver is a single-threaded process; these imports start no thread (torch's pools start on first use)."""
 _CTX = mp.get_context("forkserver")

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 import torch
 import torch.distributed as dist
 
+from ds_acco.comm.clock import ClockLike
 from ds_acco.config import AccoConfig, no_preemption_dir, parse_acco_config
 from ds_acco.layout.sharded_group import build_sharded_groups
 from ds_acco.optim.shard_optimizer import ShardOptimizer
@@ -53,6 +54,7 @@ def build(
     on_stage: Optional[Callable[[int, str], None]] = None,
     on_stop: Optional[Callable[[], None]] = None,
     model: Optional[torch.nn.Module] = None,
+    clock: ClockLike = None,
 ) -> RoundEngine:
     """Flatten ``params`` (tensors or torch-style param-group dicts) and start a round engine.
 
@@ -65,6 +67,8 @@ def build(
             exit with ``acco.preemption.exit_code``.
         model: the module ``params`` belong to; with ``acco.auto.streaming`` its layers are cut into the
             fragments auto may switch to streaming with (before training: a model that cannot be cut fails here).
+        clock: what rounds, swaps and ``mode: "auto"``'s figures are timed with (default ``time.perf_counter``;
+            :mod:`ds_acco.comm.clock`): a simulator's clock makes auto's choices functions of its times.
     """
     config = no_preemption_dir(parse_acco_config(config), "ds_acco.plain.build")
     groups_spec = _as_groups(params)
@@ -86,6 +90,7 @@ def build(
         on_stage=on_stage,
         on_stop=on_stop,
         streaming_phase=phase_factory(model, config),
+        clock=clock,
     )
     engine.announce(f"plain PyTorch, {len(groups)} group(s)")
     return engine

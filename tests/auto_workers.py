@@ -1,20 +1,21 @@
 """Workers for the ``mode: "auto"`` tests: the tiny exactness job with a link whose speed a test changes.
 
-The link is slowed where a round really waits: a sleep on the communication thread as the round
-enters its reduce-scatter (the engine's ``on_stage`` hook), while the compute of a micro-batch is a
-sleep on the training thread, so the two take the times a test sets on a 2-core machine too. Both
-ranks read the same schedule, indexed by the optimizer step.
+Compute and the link take the times a test sets (tests/sim_clock.py): on a simulated clock by default, so
+auto's figures are exact and its choices the same on a busy machine; on real time (sleeps) for the
+end-to-end test on a real link. The link's time is added where a round really waits, as it enters its
+reduce-scatter (the engine's ``on_stage`` hook). Both ranks read the same schedule, indexed by the
+optimizer step at the round's launch.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 
 import torch
 
 from ds_acco.reference import ReferenceRun, reference_schedule
 from tests import workloads as W
+from tests.sim_clock import SimBed, WallBed
 
 
 class _Lines(logging.Handler):
@@ -28,34 +29,30 @@ class _Lines(logging.Handler):
 
 
 def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", roundtrip=False, startup_s=0.0,
-               hid=W.HID):
+               hid=W.HID, real_time=False):
     """Train ``steps`` optimizer steps; ``link`` is ``[(from_step, seconds per round), ...]``; ``compute_s``
-    is the sleep per micro-batch (one per rank, or one for all), ``startup_s`` more in the first (start-up);
+    is the compute per micro-batch (one per rank, or one for all), ``startup_s`` more in the first (start-up);
     ``roundtrip``: save the round state at the end
     and load it back into the engine, returning the saved mode and policy and what the load restored; ``hid``: the
-    model's hidden width."""
+    model's hidden width; ``real_time``: sleeps on the wall clock instead of the simulated clock."""
     from ds_acco import plain
 
-    delay = [0.0]
-
-    def on_stage(index, stage):
-        if stage == "reduce-scatter" and delay[0]:
-            time.sleep(delay[0])
-
+    bed = (WallBed if real_time else SimBed)(link)
     handler = _Lines()
     log = logging.getLogger("ds_acco")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     model = W.make_model(hid=hid).to(device)
     engine = plain.build(W.param_groups(model), torch.optim.AdamW, W.OPT_KWARGS, config=config,
-                         gradient_accumulation_steps=G, on_stage=on_stage, model=model)
+                         gradient_accumulation_steps=G, on_stage=bed.on_stage, model=model, clock=bed.clock)
+    bed.attach(engine)
     trajectory, k, global_params = [], 0, None
     try:
         while engine.commits < steps:
-            delay[0] = [s for start, s in [(0, 0.0), *link] if engine.commits >= start][-1]
             x, y = (t.to(device) for t in W.batch(rank, k))
             k += 1
-            time.sleep((compute_s[rank] if isinstance(compute_s, (list, tuple)) else compute_s) + (startup_s if k == 1 else 0))
+            bed.compute((compute_s[rank] if isinstance(compute_s, (list, tuple)) else compute_s) +
+                        (startup_s if k == 1 else 0))
             W.loss_fn(model(x), y).backward()
             before = engine.commits
             engine.after_micro_batch()

@@ -2,11 +2,12 @@
 
 On a real shaped link (two network namespaces joined at 10 Mbit/s by ``tc tbf``, ``launchers/local_cluster.py``),
 a wide version of the tiny exactness job (hidden width 32768: a commit round sends about 1 MB from each rank,
-0.84 s at the link rate, against 0.2 s of compute per step, a sleep per micro-batch). Auto prices step 1's round
-from the probe before sending it and starts streaming with step 1's gradients as the first inner step: no gradient
-round is ever sent, and each replica follows the streaming reference from the initial parameters with a fresh
-inner optimizer, as ``mode: "streaming"`` would; the same through DeepSpeed (ZeRO-1), whose step counters
-count that first inner step. On loopback the same look starts nothing.
+0.84 s at the link rate, against 0.2 s of compute per step, a sleep per micro-batch, in real time: auto's one
+end-to-end test). Auto prices step 1's round from the probe before sending it and starts streaming with step 1's
+gradients as the first inner step: no gradient round is ever sent, and each replica follows the streaming reference
+from the initial parameters with a fresh inner optimizer, as ``mode: "streaming"`` would. The same through DeepSpeed
+(ZeRO-1), whose step counters count that first inner step, runs on loopback with the probe reporting that link's
+rate (what the probe measures there is the first test's). On loopback the look itself starts nothing.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import torch
 from benchmarks.cluster import system
 from ds_acco.reference.streaming import streaming_reference
 from tests import workloads as W
+from tests.auto_streaming_workers import FRAGMENTS, STREAM
 from tests.auto_workers import train_auto
 from tests.dist_harness import run_distributed
-from tests.auto_streaming_workers import FRAGMENTS, STREAM
 from tests.helpers import assert_trajectories_equal
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,11 +54,11 @@ def reference(steps: int, world: int = 2):
 needs_netns = pytest.mark.skipif(not system.netns_available(), reason="needs root and iproute2 (ip, tc)")
 
 
-def on_slow_link(tmp_path, kwargs: dict, *front: str) -> list[dict]:
+def on_slow_link(tmp_path, kwargs: dict) -> list[dict]:
     """Both ranks' results of ``tests/netns_auto_job.py`` on two hosts joined at ``RATE``."""
     proc = subprocess.run([sys.executable, LAUNCHER, "--hosts", "2", "--rate", f"{int(RATE)}bit", "--quiet",
                            "--log-dir", str(tmp_path), "--timeout", "240", "--", sys.executable, "-m",
-                           "tests.netns_auto_job", str(tmp_path), json.dumps(kwargs), *front],
+                           "tests.netns_auto_job", str(tmp_path), json.dumps(kwargs)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     logs = "".join((tmp_path / f"host{r}.log").read_text() for r in (0, 1) if (tmp_path / f"host{r}.log").exists())
     assert proc.returncode == 0, proc.stderr[-3000:] + logs[-5000:]
@@ -66,8 +67,10 @@ def on_slow_link(tmp_path, kwargs: dict, *front: str) -> list[dict]:
 
 @needs_netns
 def test_a_slow_link_starts_streaming_before_the_first_round_and_each_replica_follows_the_reference(tmp_path):
+    """Processes on two network namespaces: a pooled job has no shaped link for the probe to measure."""
     steps = 8
-    got = on_slow_link(tmp_path, dict(G=G, compute_s=COMPUTE_S, link=[], steps=steps, hid=HID, config=CONFIG))
+    got = on_slow_link(tmp_path, dict(G=G, compute_s=COMPUTE_S, link=[], steps=steps, hid=HID, config=CONFIG,
+                                      real_time=True))
     first = got[0]["choices"][0]
     assert first["step"] == 0 and first["runs"] == "streaming", first
     # the round priced from the probe: a commit round's bytes at about the link's rate (tbf lets nothing faster
@@ -88,14 +91,31 @@ def test_a_slow_link_starts_streaming_before_the_first_round_and_each_replica_fo
     assert got[0]["fragments"][:len(trace.syncs)] == list(trace.syncs) and len(trace.syncs) >= 2
 
 
-@needs_netns
-def test_deepspeed_starts_streaming_before_the_first_round_counts_every_step_and_follows_the_reference(tmp_path):
+def _ds_on_the_probed_link(rank, world, **kw):
+    """``D.train_ds`` where the link probe (its collectives run, on loopback) reports the namespace link's rate."""
+    from ds_acco.comm.collectives import RoundCollectives
+    from tests import ds_workloads as D
+
+    probe = RoundCollectives.probe_link
+
+    def at_link_rate(self):
+        probe(self)  # the probe's own collectives, on loopback (too fast to time there)
+        return RATE / 8
+
+    RoundCollectives.probe_link = at_link_rate
+    try:
+        return D.train_ds(rank, world, **kw)
+    finally:
+        RoundCollectives.probe_link = probe
+
+
+def test_deepspeed_starts_streaming_before_the_first_round_counts_every_step_and_follows_the_reference():
     """The same through ``ds_acco.initialize`` (ZeRO-1): DeepSpeed's step counters advance at the first inner step
     as at a commit, and the module's parameters follow the same reference."""
     from tests import ds_workloads as D
 
     steps = 6
-    got = on_slow_link(tmp_path, dict(config=D.ds_config(G, CONFIG), steps=steps, hid=HID), "ds")
+    got = run_distributed(_ds_on_the_probed_link, 2, timeout=240, config=D.ds_config(G, CONFIG), steps=steps, hid=HID)
     trace = reference(steps)
     for rank in (0, 1):
         first = got[rank]["choices"][0]

@@ -1,11 +1,11 @@
 """``mode: "auto"`` chooses the mode its measurements favour, says why, and switches without losing a step.
 
-Real 2-rank gloo runs of the tiny exactness job. Compute is a 50 ms sleep per micro-batch and the
-link a sleep on the communication thread as each round starts its reduce-scatter
-(tests/auto_workers.py), so the figures are known: with ``G = 4`` a sync step costs 200 ms + R and
-an acco step 2·max(100 ms, R), charged 10% for the delay. R ≈ 0 favours sync (acco would hide
-nothing worth its penalty), R = 100 ms favours acco (300 vs 220 ms), R = 500 ms favours sync again
-(700 vs 1100 ms: acco cannot hide a round longer than its compute).
+Real 2-rank gloo runs of the tiny exactness job. Compute is 50 ms per micro-batch and the link a
+time added as each round starts its reduce-scatter, on a simulated clock (tests/auto_workers.py,
+tests/sim_clock.py), so the figures are exact: with ``G = 4`` a sync step costs 200 ms + R and an
+acco step 2·max(100 ms, R), charged 10% for the delay. R = 0 favours sync (acco would hide nothing
+worth its penalty), R = 100 ms favours acco (300 vs 220 ms), R = 500 ms favours sync again (700 vs
+1100 ms: acco cannot hide a round longer than its compute).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from ds_acco.config import parse_acco_config
 from ds_acco.errors import AccoConfigError
@@ -38,20 +39,28 @@ def test_link_changes_make_auto_switch_and_the_trajectory_follows_the_rules():
     modes, choices = got["modes"], got["choices"]
     first = choices[0]
     assert first["step"] == 3 and first["runs"] == "sync", first  # fast link: nothing worth hiding
-    assert first["round_ms"] < 40 and 150 < first["sync_step_ms"] < 320, first
+    assert first["round_ms"] == pytest.approx(0, abs=1e-3) and first["sync_step_ms"] == pytest.approx(200), first
     to_acco = next(c for c in choices if c["runs"] == "acco")
-    assert 8 < to_acco["step"] <= 15 and to_acco["round_ms"] > 80, to_acco
-    assert to_acco["acco_charged_ms"] < to_acco["sync_step_ms"], to_acco
+    # the median of the last three rounds is the slower link's from step 11 (rounds of steps 9-11)
+    assert to_acco["step"] == 11 and to_acco["round_ms"] == pytest.approx(100), to_acco
+    assert to_acco["acco_charged_ms"] == pytest.approx(220) and to_acco["sync_step_ms"] == pytest.approx(300), to_acco
     back = next(c for c in choices if c["step"] > to_acco["step"] and c["runs"] == "sync")
-    assert 20 < back["step"] <= 26 and back["round_ms"] > 400, back
-    assert back["sync_step_ms"] < back["acco_step_ms"], back
+    assert back["step"] == 23 and back["round_ms"] == pytest.approx(500), back  # (rounds of steps 21-23)
+    assert back["sync_step_ms"] == pytest.approx(700) and back["acco_step_ms"] == pytest.approx(1000), back
+    # no compute slowed by a round in flight on this clock, and a round as long in acco as in sync
+    assert {(c["in_flight_factor"], c["wire_factor"]) for c in choices} == {(1.0, 1.0)}, choices
     assert modes[:to_acco["step"]] == ["sync"] * to_acco["step"]
     assert set(modes[to_acco["step"]:back["step"]]) == {"acco"}
     assert modes[back["step"]:] == ["sync"] * (len(modes) - back["step"])
     # the fixed-policy trajectory across both switches is the reference's for that schedule
     assert_trajectories_equal(got["trajectory"], auto_reference(modes))
-    with pytest.raises(AssertionError):  # ...and not the one of a run that never switched
-        assert_trajectories_equal(got["trajectory"], auto_reference(["sync"] * len(modes)))
+    # ...and not the one of a run that never switched, from acco's second step (its first computes both halves of its
+    # micro-batches at the committed parameters, as sync does; the next estimate's at the lookahead's)
+    n = to_acco["step"] + 2
+    never = auto_reference(["sync"] * n)
+    assert_trajectories_equal(got["trajectory"][:n - 1], never[:n - 1])
+    with pytest.raises(AssertionError):
+        assert_trajectories_equal(got["trajectory"][:n], never)
     # one line per choice on rank 0, with its figures
     assert len(got["lines"]) == len(choices)
     switch = next(line for line in got["lines"] if "runs acco (was sync)" in line)
@@ -71,7 +80,7 @@ def test_the_first_choice_comes_after_one_step_without_its_start_up():
     got = results[0]
     first = got["choices"][0]
     assert first["step"] == 1 and first["runs"] == "acco", first  # 300 ms in sync against 2 x 100 ms (+10%)
-    assert 45 < first["compute_ms"] < 75 and 90 < first["round_ms"] < 170, first
+    assert first["compute_ms"] == pytest.approx(50) and first["round_ms"] == pytest.approx(100), first
     assert first["sync_step_ms"] == pytest.approx(4 * first["compute_ms"] + first["round_ms"], rel=1e-3)
     assert got["modes"][0] == "sync" and set(got["modes"][1:]) == {"acco"}, got["modes"]
     assert_trajectories_equal(got["trajectory"], auto_reference(got["modes"]))
@@ -86,6 +95,11 @@ def test_adaptive_policy_switches_too_and_commits_what_workers_computed():
     assert first["noise_scale"] is not None and cands["acco adaptive"]["batch"] < 8, first
     assert (first["runs"] == "acco") == (cands["acco adaptive"]["score_ms"] < 0.95 * cands["sync"]["score_ms"]), first
     assert "acco" in got["modes"] and got["modes"][0] == "sync"
+    # an adaptive round ends at the first micro-batch boundary after its link time: with none, after one
+    # micro-batch on each rank; from step 6 on (100 ms), after two
+    acco_counts = got["counts"][3:]
+    assert acco_counts[0] == [2, 2] and set(map(tuple, acco_counts[1:])) <= {(1, 1), (2, 2)}, got["counts"]
+    assert acco_counts[-1] == [2, 2], got["counts"]
     assert_trajectories_equal(got["trajectory"], auto_reference(got["modes"], counts=got["counts"]))
 
 
@@ -254,7 +268,7 @@ def test_a_slow_worker_is_compute_not_link():
     results = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=[0.05, 0.1], link=[], steps=6,
                               config=AUTO)
     first = results[0]["choices"][0]
-    assert first["round_ms"] < 40 and first["compute_ms"] > 90, first
+    assert first["round_ms"] == pytest.approx(0, abs=1e-3) and first["compute_ms"] == pytest.approx(100), first
     assert first["runs"] == "sync", first
 
 
@@ -277,3 +291,53 @@ def test_the_look_before_the_first_round_prices_a_commit_from_the_probed_rate():
     assert choice.line.startswith("ds_acco auto before the first round: compute 50.0 ms per micro-batch"), choice.line
     assert "round 800.0 ms predicted from a probe of the link" in choice.line and "sync 1000.0 ms (predicted)" in \
         choice.line, choice.line
+
+
+def test_the_clock_is_perf_counter_unless_given_and_a_simulated_one_ends_rounds_by_its_stamps():
+    """The engine's ``clock=`` (ds_acco/comm/clock.py): by default the wall clock, where waiting does nothing to
+    time; on a simulated clock a round starts on the communication thread at its launch stamp, and has ended for a
+    thread once that thread's time reached the round's end, whenever the work itself ended."""
+    import threading
+    import time
+
+    from ds_acco.comm.clock import WALL, as_clock
+    from ds_acco.comm.comm_thread import CommThread, RoundHandle
+    from tests.sim_clock import SimClock
+
+    assert as_clock(None) is WALL and as_clock(time.perf_counter) is WALL and not WALL.simulated
+    before = time.perf_counter()
+    assert before <= WALL.now() <= time.perf_counter()
+    WALL.waited_for(before + 3600)
+    assert WALL.now() < before + 3600
+    assert as_clock(lambda: 42.0).now() == 42.0
+    with pytest.raises(TypeError, match="clock: got 'soon'"):
+        as_clock("soon")
+    assert RoundHandle(0, "commit", 5.0).clock is WALL
+
+    clock, comm = SimClock(), CommThread(torch.device("cpu"))
+    release, seen = threading.Event(), {}
+    try:
+        clock.advance(1.0)  # the training thread's time: 1 s
+        handle = RoundHandle(0, "commit", 30.0, clock)
+        assert handle.launched_at == 1.0
+
+        def round_work(h):
+            seen["start"] = clock.now()  # the comm thread's time starts at the launch
+            release.wait(30)
+            clock.advance(0.25)  # the link
+            return "landed"
+
+        comm.submit(handle, round_work, None)
+        clock.advance(0.2)
+        release.set()
+        assert not handle.done()  # waits for the work; its end (1.25 s) is after this thread's 1.2 s
+        assert seen["start"] == 1.0 and handle.finished_at == 1.25
+        clock.advance(0.05)
+        assert handle.done() and handle.wait() == "landed" and clock.now() == 1.25
+        late = RoundHandle(1, "commit", 30.0, clock)
+        comm.submit(late, lambda h: clock.advance(0.5), None)
+        clock.advance(0.1)
+        late.wait()  # waiting for a round moves this thread to the round's end
+        assert late.launched_at == 1.25 and late.finished_at == 1.75 and clock.now() == 1.75
+    finally:
+        comm.close()

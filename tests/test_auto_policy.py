@@ -20,12 +20,12 @@ AUTO = {"mode": "auto", "policy": "auto", "auto": {"measure_steps": 3, "check_ev
 
 
 def _rounds(est, mu, sigma, counts, rounds, gen):
-    for _ in range(rounds):
-        # each rank's accumulator is the sum of its micro-batches' gradients
-        sums = [sum(mu + sigma * torch.randn(mu.numel(), generator=gen, dtype=torch.float64) for _ in range(c))
-                for c in counts]
-        mean = sum(sums) / sum(counts)
-        est.add([float(s.norm() ** 2) for s in sums], counts, float(mean.norm() ** 2))
+    # each rank's accumulator is the sum of its micro-batches' gradients (every round's drawn at once)
+    grads = mu + sigma * torch.randn(rounds, sum(counts), mu.numel(), generator=gen, dtype=torch.float64)
+    sums = torch.stack([part.sum(dim=1) for part in grads.split(counts, dim=1)], dim=1)  # (rounds, ranks, dim)
+    squared, means = sums.norm(dim=2) ** 2, sums.sum(dim=1) / sum(counts)
+    for r in range(rounds):
+        est.add(squared[r].tolist(), counts, float(means[r].norm() ** 2))
 
 
 @pytest.mark.parametrize("counts", [[4, 4], [6, 2, 3]])
@@ -58,14 +58,17 @@ def test_int4_estimates_leave_the_noise_scale_unbiased(trace):
     mu = torch.randn(dim, generator=gen, dtype=torch.float64) * spread
     mu /= mu.norm()  # |g|^2 = 1
     sigma = spread * (trace / float((spread ** 2).sum())) ** 0.5  # tr(Sigma) = trace: B_noise = trace
-    est = NoiseScale(window=300)
-    for _ in range(300):
-        sums = [sum(mu + sigma * torch.randn(dim, generator=gen, dtype=torch.float64) for _ in range(c))
-                for c in counts]
-        sent = [dequantize_blockwise(*quantize_blockwise(x.float(), 256, qmax=QMAX_INT4), 256,
-                                     qmax=QMAX_INT4).view(-1).double() for x in sums]
-        assert max(float((x - y).abs().max()) for x, y in zip(sums, sent)) > 1e-3  # int4 really rounded
-        est.add([float(x.norm() ** 2) for x in sums], counts, float((sum(sent) / sum(counts)).norm() ** 2))
+    est, rounds = NoiseScale(window=300), 300
+    # every round's micro-batches drawn at once: (rounds, ranks, micro-batches, dim), summed per rank
+    sums = (mu + sigma * torch.randn(rounds, len(counts), counts[0], dim, generator=gen,
+                                     dtype=torch.float64)).sum(dim=2)
+    rows = sums.reshape(-1, dim).float()  # one row per rank and round: its blocks are the row's own
+    sent = dequantize_blockwise(*quantize_blockwise(rows, 256, qmax=QMAX_INT4), 256,
+                                qmax=QMAX_INT4).view(rounds, len(counts), dim).double()
+    assert bool(((sums - sent).abs().amax(dim=(1, 2)) > 1e-3).all())  # int4 really rounded, in every round
+    squared, means = sums.norm(dim=2) ** 2, sent.sum(dim=1) / sum(counts)
+    for r in range(rounds):
+        est.add(squared[r].tolist(), counts, float(means[r].norm() ** 2))
     assert est.value() == pytest.approx(trace, rel=0.2)
 
 
@@ -138,12 +141,13 @@ def test_policy_auto_needs_mode_auto():
 
 
 def test_a_slow_worker_makes_auto_choose_the_adaptive_policy_and_the_run_follows_the_rules():
-    """Rank 1 computes at half speed (50 / 100 ms per micro-batch), rounds take 100 ms and a little more: a fixed
-    step waits for rank 1's 2 micro-batches per round (400 ms per 8), an adaptive round ends at rank 1's second
-    micro-batch, rank 0 having made 4 (12 per step in 400 ms, 267 ms per 8). Sleeps run like clockwork, so the
-    model's average landing (half a micro-batch after the round) predicts about 9.5 of those 12; once adaptive
-    runs, the batch it commits is measured and prices it."""
-    results = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=[0.05, 0.1], link=[(0, 0.1)], steps=10,
+    """Rank 1 computes at half speed (50 / 100 ms per micro-batch), rounds take 100 ms and a little more (110 ms,
+    on the simulated clock of tests/sim_clock.py): a fixed step waits for rank 1's 2 micro-batches per round
+    (400 ms per 8), an adaptive round ends at rank 1's second micro-batch, rank 0 having made 4 (12 per step in
+    400 ms, 267 ms per 8). The clock runs like clockwork, so the model's average landing (half a micro-batch
+    after the round) predicts 9.6 of those 12; once adaptive runs, the batch it commits is measured and prices
+    it."""
+    results = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=[0.05, 0.1], link=[(0, 0.11)], steps=10,
                               config=AUTO, roundtrip=True)
     got = results[0]
     assert results[1]["modes"] == got["modes"] and results[1]["choices"] == got["choices"]
@@ -151,14 +155,16 @@ def test_a_slow_worker_makes_auto_choose_the_adaptive_policy_and_the_run_follows
     assert first["step"] == 3 and (first["runs"], first["policy"]) == ("acco", "adaptive"), first
     assert first["noise_scale"] is not None and first["noise_scale"] > 0, first  # measured in the sync rounds
     predicted = first["candidates"]["acco adaptive"]["batch"]
-    assert first["candidates"]["acco fixed"]["batch"] == 8 and predicted == pytest.approx(9.5, rel=0.1), first
+    assert first["candidates"]["acco fixed"]["batch"] == 8 and predicted == pytest.approx(9.6), first
+    assert first["candidates"]["acco adaptive"]["step_ms"] == pytest.approx(800 / 3), first  # 2 x 160 ms per 9.6
     # the batch adaptive then commits (measured while it runs) prices it from then on
     measured = [c["candidates"]["acco adaptive"]["batch"] for c in got["choices"][1:] if c["was"] == "acco"]
-    assert measured and all(m == pytest.approx(12, rel=0.1) for m in measured), (predicted, measured)
+    assert measured and all(m == pytest.approx(12) for m in measured), (predicted, measured)
     assert got["modes"][:3] == ["sync"] * 3 and set(got["modes"][3:]) == {"acco"}
-    # the adaptive rounds commit what each worker computed: the fast rank more
+    # the adaptive rounds commit what each worker computed: the fast rank more, 4 against 2 once in step
     acco_counts = [c for c in got["counts"][3:] if sum(c)]
     assert any(c[0] > c[1] for c in acco_counts), acco_counts
+    assert acco_counts[-6:] == [[4, 2]] * 6, acco_counts
     assert_trajectories_equal(got["trajectory"], auto_reference(got["modes"], counts=got["counts"]))
     assert any("runs acco adaptive (was sync)" in line and "gradient noise scale" in line for line in got["lines"])
     # a checkpoint keeps the policy auto chose, and a resume runs under it

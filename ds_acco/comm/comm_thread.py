@@ -22,6 +22,9 @@ Timeline (acco, one optimizer step)::
 
 The thread is a daemon: a collective stuck on a dead peer must never keep the
 process alive after the training thread has raised.
+
+A handle's stamps (launch, stages, end) are on the engine's clock (:mod:`ds_acco.comm.clock`); its time-out
+is on real time whatever the clock.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from ds_acco.errors import AccoRoundError, AccoTimeoutError
+
+from .clock import WALL, Clock
 
 
 def record_ready(device: torch.device) -> Optional[torch.cuda.Event]:
@@ -48,11 +53,15 @@ def record_ready(device: torch.device) -> Optional[torch.cuda.Event]:
 class RoundHandle:
     """The future of one round; ``wait()`` re-raises the round's exception here."""
 
-    def __init__(self, index: int, kind: str, timeout_s: float):
+    def __init__(self, index: int, kind: str, timeout_s: float, clock: Clock = WALL):
         self.index = index
         self.kind = kind
         self.timeout_s = timeout_s
-        self.launched_at = time.perf_counter()
+        self.clock = clock
+        self.launched_at = clock.now()
+        self.finished_at: Optional[float] = None
+        """When the round ended, on the clock (the communication thread's time then)."""
+        self._launched_real = time.perf_counter()  # what the time-out counts from
         self.stage = "queued"
         self.stage_s: dict[str, float] = {}
         """Seconds the communication thread spent in each stage (host time; on a GPU the
@@ -74,9 +83,13 @@ class RoundHandle:
         handle._finish(result, None, None)
         return handle
 
+    def started(self) -> None:
+        """On the communication thread, as the round starts: it cannot start before its launch."""
+        self.clock.waited_for(self.launched_at)
+
     def enter_stage(self, stage: str) -> None:
         """Move to ``stage``, charging the time since the last call to the stage left."""
-        now, cpu = time.perf_counter(), time.thread_time()
+        now, cpu = self.clock.now(), time.thread_time()
         if self._stage_t0 is not None and self.stage != "queued":
             self.stage_s[self.stage] = self.stage_s.get(self.stage, 0.0) + (now - self._stage_t0)
             self.stage_cpu_s[self.stage] = self.stage_cpu_s.get(self.stage, 0.0) + (cpu - self._stage_cpu0)
@@ -84,10 +97,19 @@ class RoundHandle:
 
     def _finish(self, result: Any, error: Optional[BaseException], done_event) -> None:
         self._result, self._error, self._done_event = result, error, done_event
+        self.finished_at = self.clock.now()
         self._finished.set()
 
     def done(self) -> bool:
-        """True once the round's work is complete (on a GPU: its kernels too)."""
+        """True once the round's work is complete (on a GPU: its kernels too). On a simulated clock, once the
+        asking thread's time has reached the round's end, after waiting for the work itself (real time, the
+        time-out at most): the answer is then a function of the stamps, not of how the threads were scheduled."""
+        if self.clock.simulated:
+            if not self._finished.wait(max(0.0, self.timeout_s - self.elapsed())):
+                return False
+            if self._done_event is not None:
+                self._done_event.synchronize()
+            return self.finished_at <= self.clock.now()
         if not self._finished.is_set():
             return False
         return self._done_event is None or self._done_event.query()
@@ -96,7 +118,8 @@ class RoundHandle:
         return self._finished.is_set() and self._error is not None
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.launched_at
+        """Real seconds since the launch, whatever the clock: what the time-out counts."""
+        return time.perf_counter() - self._launched_real
 
     def wait(self) -> Any:
         """Block until the round ends (``timeout_s`` after its launch at most); make the CUDA stream wait on it."""
@@ -112,6 +135,7 @@ class RoundHandle:
                 f"{self._error}. If a peer died or lost its connection every rank reports this; "
                 "restart from the last checkpoint."
             ) from self._error
+        self.clock.waited_for(self.finished_at)
         if self._done_event is not None:
             torch.cuda.current_stream().wait_event(self._done_event)
         return self._result
@@ -143,6 +167,7 @@ class CommThread:
             handle, fn, ready = job
             done_event = None
             try:
+                handle.started()
                 if self.comm_stream is not None:
                     with torch.cuda.stream(self.comm_stream):
                         if ready is not None:

@@ -29,6 +29,7 @@ from ds_acco.errors import AccoRoundError
 from ds_acco.telemetry.log_lines import announce, ensure_log_output
 from ds_acco.telemetry.records import Telemetry
 
+from .clock import ClockLike, as_clock
 from .collectives import RoundCollectives
 from .comm_thread import CommThread, RoundHandle, record_ready
 from .stop_signal import STOP, AccoPreempted
@@ -49,11 +50,13 @@ class EngineLifecycle:
         device: where the round's tensors live (picks the CUDA stream or none).
         on_stop: called on the training thread after the swap or merge of the round in which every rank learned
             of a SIGTERM (:mod:`ds_acco.comm.stop_signal`): front ends save and exit there. None: :meth:`preempt`.
+        clock: what rounds and swaps are stamped with (:mod:`ds_acco.comm.clock`; default ``time.perf_counter``).
     """
 
     def __init__(self, config: AccoConfig, process_group: Optional[dist.ProcessGroup], device: torch.device,
-                 thread_name: str, on_stop: Optional[Callable[[], None]]):
+                 thread_name: str, on_stop: Optional[Callable[[], None]], clock: ClockLike = None):
         self.config, self.device, self._thread_name = config, device, thread_name
+        self.clock = as_clock(clock)
         self._closed = False
         self._comm: Optional[CommThread] = None
         self._inflight: Any = None
@@ -127,7 +130,7 @@ class EngineLifecycle:
 
     def _submit(self, kind: str, run: Callable[[RoundHandle], Any]) -> RoundHandle:
         """Queue ``run`` as the next round on the communication thread; returns its handle."""
-        handle = RoundHandle(self._round_index, kind, self.config.timeout_s)
+        handle = RoundHandle(self._round_index, kind, self.config.timeout_s, self.clock)
         self._round_index += 1
         self._comm.submit(handle, run, record_ready(self.device))
         return handle

@@ -51,7 +51,7 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -90,10 +90,12 @@ class Choice:
 
 
 class StepTimer:
-    """This rank's figures, fed by the engine at every swap (training thread only)."""
+    """This rank's figures, fed by the engine at every swap (training thread only); ``clock`` stamps the ends of
+    micro-batches (the engine's)."""
 
-    def __init__(self, G: int, world_size: int):
+    def __init__(self, G: int, world_size: int, clock: Callable[[], float] = time.perf_counter):
         self.per_step = G * world_size
+        self._clock = clock
         self.compute = {SYNC: deque(maxlen=_WINDOW), ACCO: deque(maxlen=_WINDOW)}
         self.rounds, self.steps, self.batches = (deque(maxlen=_WINDOW) for _ in range(3))
         self.wire_factor = 0.0
@@ -113,7 +115,7 @@ class StepTimer:
     def micro_batch(self) -> None:
         self._mb_since_swap += 1
         if self._first is not None:
-            self._first.append(time.perf_counter())
+            self._first.append(self._clock())
 
     def enter(self, mode: str) -> None:
         """A new mode (or acco policy) runs from now: its round and step figures start afresh (not its compute;
@@ -311,7 +313,7 @@ class AutoMode:
     """The engine's side of ``mode: "auto"``: its timer, the noise scale, when a choice is due, the choices made."""
 
     def __init__(self, config: AccoConfig, G: int, world_size: int, rank: int, estimate_fraction: float = 1.0,
-                 commit_bytes: int = 0):
+                 commit_bytes: int = 0, clock: Callable[[], float] = time.perf_counter):
         self.config, self.G, self.rank = config, G, rank
         self.estimate_fraction = estimate_fraction
         """An estimate round's bytes over a commit's: below 1 with ``acco.estimate_quantization: "int4"``."""
@@ -319,7 +321,7 @@ class AutoMode:
         """Bytes this rank sends in a commit round: with the probed link rate, a round's time before one ran."""
         self.probe = None
         """The link probe running behind step 1's compute (:meth:`look_first`), then None."""
-        self.timer = StepTimer(G, world_size)
+        self.timer = StepTimer(G, world_size, clock)
         self.noise = NoiseScale() if config.policy != "fixed" else None
         """The gradient noise scale, where a policy with smaller batches is a candidate (None otherwise)."""
         self.first = max(config.warmup_steps, config.auto.measure_steps)

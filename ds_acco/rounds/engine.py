@@ -12,12 +12,12 @@ The note on how acco's estimate/commit uses two gradient buffers is in ds_acco/r
 from __future__ import annotations
 
 import logging
-import time
 from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 
+from ds_acco.comm.clock import ClockLike
 from ds_acco.comm.engine_lifecycle import EngineLifecycle
 from ds_acco.config import AccoConfig, parse_acco_config
 from ds_acco.config.compare import carry_on_changes
@@ -60,6 +60,8 @@ class RoundEngine(EngineLifecycle):
             (round index, stage name); for tracing and fault-injection tests.
         streaming_phase: builds the streaming phase ``acco.auto.streaming`` may switch to
             (:class:`ds_acco.streaming.phase.PhaseFactory`; :mod:`ds_acco.rounds.streaming_switch`).
+        clock: what rounds, swaps and auto's figures are timed with (:mod:`ds_acco.comm.clock`; default
+            ``time.perf_counter``): a simulated clock makes auto's figures exact.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class RoundEngine(EngineLifecycle):
         on_stage: Optional[Callable[[int, str], None]] = None,
         on_stop: Optional[Callable[[], None]] = None,
         streaming_phase: Optional[Callable] = None,
+        clock: ClockLike = None,
     ):
         config = parse_acco_config(config)
         config.check_accumulation(gradient_accumulation_steps)
@@ -86,7 +89,7 @@ class RoundEngine(EngineLifecycle):
         switch.check(config, self.groups, accum, streaming_phase)
         self.streaming_factory, self.phase = streaming_phase, None
         """The streaming phase's factory, and the phase once auto switched to it (None before)."""
-        super().__init__(config, process_group, self.groups[0].flat.device, "ds_acco-comm", on_stop)
+        super().__init__(config, process_group, self.groups[0].flat.device, "ds_acco-comm", on_stop, clock)
         self.shard_optimizer = shard_optimizer
         self.G = gradient_accumulation_steps
         self.clip = float(clip_grad_norm or 0.0)
@@ -107,12 +110,12 @@ class RoundEngine(EngineLifecycle):
                               self.config, self.clip, on_stage)
         estimate, commit = round_bytes(self.buffers, self.groups, self.world_size, comm)
         self.auto = AutoMode(self.config, self.G, self.world_size, self.rank, estimate / commit if commit else 1.0,
-                             commit) if self.config.mode == "auto" else None
+                             commit, clock=self.clock.now) if self.config.mode == "auto" else None
         """``mode: "auto"``'s timer and choices (:mod:`ds_acco.rounds.auto_mode`); None in the other modes."""
         self.state = RoundState(mode=SYNC if self.auto else self.config.mode, active_scale=self._current_scale(),
                                 policy="fixed" if self.config.policy == "auto" else self.config.policy)
         self.state.next_kind = self._first_kind()
-        self._last_swap_t, self._figures = time.perf_counter(), None
+        self._last_swap_t, self._figures = self.clock.now(), None
         self._start_thread()
 
     startup_fields = describe.startup_fields
@@ -228,13 +231,13 @@ class RoundEngine(EngineLifecycle):
     def _complete(self) -> None:
         """Wait for the round in flight, swap its parameters in, and record telemetry."""
         flight = self._inflight
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         try:
             outcome: RoundOutcome = flight.handle.wait()
         except AccoRoundError:
             self._inflight = None
             raise
-        t1 = time.perf_counter()
+        t1 = self.clock.now()
         self._landing.install()
         self._inflight = None
         s = self.state
@@ -395,7 +398,7 @@ class RoundEngine(EngineLifecycle):
         self._inflight = round_state.restore_pending(saved["pending"], self._landing.in_flight_targets(),
                                                      self.work.all_gather_compute, self.config.timeout_s)
         switch.load(self, saved)
-        self._last_swap_t = time.perf_counter()
+        self._last_swap_t = self.clock.now()
 
     def reset_rounds(self, commits: Optional[int] = None, compute_committed: bool = True) -> None:
         """Drop the round state (after waiting for the round in flight) so rounds bootstrap afresh.
@@ -417,4 +420,4 @@ class RoundEngine(EngineLifecycle):
         if commits is not None:
             s.commits = commits
         self.lr_clock.load_state_dict(None, s.commits)
-        self._last_swap_t = time.perf_counter()
+        self._last_swap_t = self.clock.now()

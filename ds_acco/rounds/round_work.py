@@ -22,7 +22,6 @@ in ds_acco/rounds/landing.py), and it comes back to the training thread zeroed a
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -100,7 +99,7 @@ class RoundWork:
             count: int, scale: float, figures: Sequence[int] = ()) -> RoundOutcome:
         """One round over the accumulators ``grads``; ``bases`` are the parameters every rank held at launch;
         ``figures`` (``mode: "auto"``) ride along in the count all-gather."""
-        start = time.perf_counter()
+        start = handle.clock.now()
         coll, bufs = self.coll, self.buffers
         sent0, recv0 = coll.wire.sent, coll.wire.received
         nonfinite = self.config.check_finite and any(not all_finite(b) for b in grads)
@@ -186,7 +185,7 @@ class RoundWork:
         self._enter_stage(handle, "done")
         return RoundOutcome(
             counts=[int(c) for c in counts],
-            round_s=time.perf_counter() - start,
+            round_s=handle.clock.now() - start,
             bytes_sent=coll.wire.sent - sent0,
             bytes_received=coll.wire.received - recv0,
             grad_norm=grad_norm,

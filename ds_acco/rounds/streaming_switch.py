@@ -57,10 +57,10 @@ def enter(engine) -> bool:
         engine.auto.timer.enter(SYNC)
         engine.state.mode = SYNC
         return False
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # what the switch cost: real time, whatever the engine's clock
     phase = engine.streaming_factory(engine.groups, engine.shard_optimizer, config=engine.config,
                                      process_group=engine.coll.group, G=engine.G, clip=engine.clip,
-                                     on_stop=engine._on_stop, piece_bytes=engine.coll.piece_bytes)
+                                     on_stop=engine._on_stop, piece_bytes=engine.coll.piece_bytes, clock=engine.clock)
     phase.engine.telemetry = engine.telemetry  # fragment rounds are this job's rounds
     phase.engine.inner_steps = engine.state.commits  # the fragment schedule counts the job's steps
     for frag in phase.engine.fragments:
@@ -131,10 +131,10 @@ def enter_if_chosen(engine) -> None:
 
 def step(engine, count: int) -> bool:
     s = engine.state
-    t0 = time.perf_counter()
+    t0 = engine.clock.now()
     scheduler_steps = engine.lr_clock.advances(count * engine.world_size)
     norm, skipped, lr = engine.phase.step(engine.grads.active_buffers(), s.active_scale, count, scheduler_steps)
-    t1 = time.perf_counter()
+    t1 = engine.clock.now()
     s.n = 0
     s.commits += 1
     record = RoundRecord(index=-1, kind=COMMIT, mode=STREAMING, step=s.commits - 1, counts=[count] * engine.world_size,

@@ -36,7 +36,6 @@ delta scratch is shared by all fragments.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Union
 
@@ -44,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ds_acco.comm.clock import ClockLike
 from ds_acco.comm.comm_thread import RoundHandle
 from ds_acco.comm.engine_lifecycle import EngineLifecycle
 from ds_acco.comm.stop_signal import STOP
@@ -128,6 +128,7 @@ class StreamingEngine(EngineLifecycle):
         fragments: ``P`` lists of parameters, as :mod:`ds_acco.layout.fragments` makes them.
         broadcast: start every replica from rank 0's weights (False: the caller knows they are equal, as
             at auto's switch, where a broadcast would send the whole model over the link for nothing).
+        clock: what rounds are stamped with (:mod:`ds_acco.comm.clock`; default ``time.perf_counter``).
     """
 
     def __init__(
@@ -140,13 +141,14 @@ class StreamingEngine(EngineLifecycle):
         process_group: Optional[dist.ProcessGroup] = None,
         on_stop: Optional[Callable[[], None]] = None,
         broadcast: bool = True,
+        clock: ClockLike = None,
     ):
         config = streaming_config(config)
         s = config.streaming
         if len(fragments) != s.fragments:
             raise AccoConfigError(f"acco.streaming.fragments: got {s.fragments}, but {len(fragments)} fragments were built")
         first = next(p for frag in fragments for p in frag)
-        super().__init__(config, process_group, first.device, "ds_acco-streaming", on_stop)
+        super().__init__(config, process_group, first.device, "ds_acco-streaming", on_stop, clock)
         self.model, self.inner_optimizer = model, inner_optimizer
         self.H, self.P, self.tau, self.alpha = s.sync_every, s.fragments, s.overlap_steps, s.alpha
         self.fragments = [
@@ -216,9 +218,9 @@ class StreamingEngine(EngineLifecycle):
 
     def _complete(self) -> None:
         flight, self._inflight = self._inflight, None
-        t0 = time.perf_counter()
+        t0 = self.clock.now()
         outcome: _Outcome = flight.handle.wait()
-        t1 = time.perf_counter()
+        t1 = self.clock.now()
         frag = flight.fragment
         frag.flat.mul_(self.alpha).add_(frag.anchor, alpha=1.0 - self.alpha)  # θ_i ← α θ_i + (1 − α) θ_g
         record = FragmentRecord(
@@ -239,7 +241,7 @@ class StreamingEngine(EngineLifecycle):
 
     # ------------------------------------------------------------ comm side
     def _run_round(self, handle: RoundHandle, frag: _Fragment, delta: torch.Tensor, shard: torch.Tensor) -> _Outcome:
-        start = time.perf_counter()
+        start = handle.clock.now()
         sent0, recv0 = self.coll.wire.sent, self.coll.wire.received
         # every rank's SIGTERM flag (a SIGTERM on any rank stops every rank at this round's merge) and pacing
         # vote: on a shaped link unpaced fragment rounds ran at 12-19 Mbit/s of 25 (ds_acco.comm.link_pacing)
@@ -264,7 +266,7 @@ class StreamingEngine(EngineLifecycle):
         handle.enter_stage("all-gather")
         frag.ag(self.coll, frag.anchor, frag.master)
         handle.enter_stage("done")
-        return _Outcome(time.perf_counter() - start, self.coll.wire.sent - sent0, self.coll.wire.received - recv0, stop)
+        return _Outcome(handle.clock.now() - start, self.coll.wire.sent - sent0, self.coll.wire.received - recv0, stop)
 
     def consolidate(self) -> None:
         """Make every replica the global parameters ``θ_g``, exactly (fp32 all-gather of the master shards).

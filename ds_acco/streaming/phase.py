@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ds_acco.comm.clock import ClockLike
 from ds_acco.comm.int8_collectives import ShardAllGather
 from ds_acco.config import AccoConfig
 from ds_acco.errors import AccoConfigError
@@ -61,12 +62,13 @@ class StreamingPhase:
         on_stop: the front end's hand-over after a SIGTERM every rank learned of.
         piece_bytes: the piece size the round engine's collectives agreed on (None: unpaced). A fresh group
             starts unpaced, and on a shaped link the state's all-gather then moved at half the link rate.
+        clock: the round engine's (:mod:`ds_acco.comm.clock`): fragment rounds go to the same telemetry as its rounds.
     """
 
     def __init__(self, groups: Sequence[ShardedGroup], shard_optimizer: ShardOptimizer,
                  fragments: Sequence[list[nn.Parameter]], *, config: AccoConfig,
                  process_group: Optional[dist.ProcessGroup], G: int, clip: float, on_stop: Callable[[], None],
-                 piece_bytes: Optional[int] = None):
+                 piece_bytes: Optional[int] = None, clock: ClockLike = None):
         self.groups, self.shard_optimizer, self.G, self.clip = list(groups), shard_optimizer, G, clip
         self._where = {id(p): (gi, j) for gi, g in enumerate(self.groups) for j, p in enumerate(g.params)}
         self._group_of = {id(g.master): g for g in self.groups}
@@ -74,13 +76,14 @@ class StreamingPhase:
                                         "same", "all_gather_quantization": "none"})
         # every rank holds the parameters of the commit just applied: no broadcast
         self.engine = StreamingEngine(None, None, fragments, config=cfg, process_group=process_group, on_stop=on_stop,
-                                      broadcast=False)
+                                      broadcast=False, clock=clock)
         self.engine.coll.piece_bytes = piece_bytes  # the round engine's agreed pacing (ds_acco.comm.link_pacing)
         self.rank, self.world_size = self.engine.rank, self.engine.world_size
         self.inner, pending = self._twin(shard_optimizer.optimizer)
         self.engine.inner_optimizer = self.inner
         self.gathered_bytes, self.gather_s, self.waited_s = 0, 0.0, 0.0
-        """What gathering the optimizer state sent and took, and how long the first step waited for it."""
+        """What gathering the optimizer state sent and took, and how long the first step waited for it (real time:
+        costs, whatever the clock)."""
         self._pending = self.engine._submit("optimizer state", lambda h: self._gather(pending))
 
     # ------------------------------------------------------------ the inner optimizer

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from tests import ds_workloads as D
+from tests import workloads as W
 from tests.dist_harness import run_distributed
 from tests.helpers import BF16_ATOL, assert_follows_rules, assert_trajectories_equal, reference
 
@@ -76,3 +79,29 @@ def test_fp16_overflow_skips_consistently_and_lowers_the_loss_scale_like_stock()
     for r in overlapped:
         assert r["skipped_steps"] == 1 and r["loss_scale"] == 2.0 ** 7
         assert all(torch.isfinite(p).all() for p in r["trajectory"][-1])
+
+
+def _segments_after_initialize(rank, world, *, acco):
+    """A fresh rank whose launcher said every rank is local (``LOCAL_SIZE``, as the ``deepspeed`` launcher sets it):
+    DeepSpeed creates its shared-memory segment at its first initialisation. Is its name still there after
+    ``ds_acco.initialize``?"""
+    os.environ["LOCAL_SIZE"] = str(world)
+    import ds_acco
+    from ds_acco.deepspeed import _internals
+    from ds_acco.deepspeed.shm import segment_path
+
+    model = W.make_model()
+    engine, *_ = ds_acco.initialize(model=model, model_parameters=W.param_groups(model),
+                                    config=D.ds_config(4, acco))
+    made = _internals.shm_segments_made()
+    left = os.path.exists(segment_path(rank))
+    engine.destroy()
+    return made, left
+
+
+@pytest.mark.parametrize("acco", [None, {"mode": "acco"}], ids=["stock", "acco"])
+def test_deepspeed_shared_memory_segments_are_unlinked_with_acco_on_or_off(acco):
+    """Fresh processes (DeepSpeed creates its segments once per process): with no ``acco`` block too, ds_acco
+    unlinks them, or every stock job launched through it leaves 66 MB per rank in /dev/shm."""
+    got = run_distributed(_segments_after_initialize, 2, acco=acco, fresh=True, timeout=180)
+    assert got == [(True, False), (True, False)], got

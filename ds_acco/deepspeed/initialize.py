@@ -105,7 +105,9 @@ def initialize(
                   mesh_param=mesh_param, config_params=config_params)
     acco = acco_config_of(args, config, config_params)
     if not acco.enabled:
-        return _STOCK_INITIALIZE(**kwargs)
+        out = _STOCK_INITIALIZE(**kwargs)
+        release_shm_names()  # stock DeepSpeed otherwise leaves them in /dev/shm too
+        return out
     check_deepspeed_version(deepspeed.__version__)
     check_model(model)
     if acco.mode == "streaming":
@@ -118,7 +120,7 @@ def initialize(
     _rendezvous(acco, distributed_port, dist_init_required)
     with internals.engine_class(functools.partial(engine_class, acco_config=acco)):
         out = _STOCK_INITIALIZE(**kwargs)
-    EXIT_ORDER.arm()  # every ds_acco job, ACCO on or off, tears down before finalization
+    EXIT_ORDER.arm()  # every ACCO job tears down before finalization
     if created and dist.is_initialized():  # DeepSpeed made it for this call: ds_acco destroys it at exit
         EXIT_ORDER.owns_default_group = True
     release_shm_names()  # DeepSpeed's CPU shared-memory segments would outlive the job

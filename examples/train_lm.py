@@ -63,10 +63,8 @@ if __package__ in (None, ""):  # run as a file by a launcher: import the package
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
     sys.path.insert(0, os.path.dirname(_here))
 
-import deepspeed
-
-# Model, data and metrics modules are imported in main(), after the arguments are parsed:
-# transformers takes seconds to import, and a typo should fail at once.
+# DeepSpeed (torch with it), the model, data and metrics modules are imported in main(), after the
+# arguments are parsed: they take seconds to import on every rank, and a typo should fail at once.
 MODEL_SIZES = ("tiny", "small", "medium")  # = examples.models.SIZES (a test checks)
 
 CLIENT_KEY = "train_lm"  # our entry in the checkpoint's client_state
@@ -107,6 +105,19 @@ def _window(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def add_deepspeed_arguments(p: argparse.ArgumentParser) -> None:
+    """``deepspeed.add_config_arguments``, written out so that parsing imports neither DeepSpeed nor torch (a test
+    compares the two)."""
+    group = p.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="Enable DeepSpeed (helper flag for user code, no impact on DeepSpeed backend)")
+    group.add_argument("--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file.")
+    group.add_argument("--deepscale", default=False, action="store_true",
+                       help="Deprecated enable DeepSpeed (helper flag for user code, no impact on DeepSpeed backend)")
+    group.add_argument("--deepscale_config", default=None, type=str,
+                       help="Deprecated DeepSpeed json configuration file.")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -145,7 +156,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile-steps", type=_window, default=None, metavar="A:B",
                    help="torch profile of optimizer steps A+1 to B, every thread (examples/step_profile.py)")
     p.add_argument("--profile-out", default="profile", help="trace path without .json.gz (rank r > 0 adds .rank<r>)")
-    deepspeed.add_config_arguments(p)  # --deepspeed, --deepspeed_config
+    add_deepspeed_arguments(p)  # --deepspeed, --deepspeed_config
     args = p.parse_args(argv)
     if not args.deepspeed_config:
         p.error("--deepspeed_config PATH is required (see ds_configs/)")

@@ -38,8 +38,12 @@ def _mark_baseline():
 
 
 def train_until_error(rank, world, *, config, G=4, fail_rank=None, fail_at=None, stall_rank=None,
-                      stall_after=None, stall_s=0.0, max_micro_batches=200):
-    """Train the tiny job; report the first exception's type/message and how long the raise took."""
+                      stall_after=None, stall_s=0.0, raised_flag=None, max_micro_batches=200):
+    """Train the tiny job; report the first exception's type/message and how long the raise took.
+
+    ``stall_rank`` sleeps ``stall_s`` before its micro-batch ``stall_after``, or until a peer has raised, which it
+    says by creating the file ``raised_flag``: a stall only has to outlast the time-out it proves, and what the
+    stalled rank does after the peer gave up is not the observation."""
     from ds_acco import plain
 
     _mark_baseline()
@@ -51,7 +55,7 @@ def train_until_error(rank, world, *, config, G=4, fail_rank=None, fail_at=None,
     try:
         for k in range(max_micro_batches):
             if rank == stall_rank and k == stall_after:
-                time.sleep(stall_s)
+                _stall(stall_s, raised_flag)
             x, y = W.batch(rank, k)
             W.loss_fn(model(x), y).backward()
             t_mark = time.monotonic()
@@ -59,11 +63,21 @@ def train_until_error(rank, world, *, config, G=4, fail_rank=None, fail_at=None,
     except Exception as exc:  # noqa: BLE001 - the observation is the point
         observed.update(error=type(exc).__name__, message=str(exc), seconds_to_raise=time.monotonic() - t_mark,
                         raised_at=time.time())
+        if raised_flag is not None:
+            open(raised_flag, "a").close()  # noqa: SIM115 - the file's existence is the message
     engine.close(drain=observed["error"] is None)
     time.sleep(0.2)
     observed["threads_after_close"] = comm_threads()
     observed["commits"] = engine.commits
     return observed
+
+
+def _stall(seconds: float, raised_flag) -> None:
+    import os
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (raised_flag is not None and os.path.exists(raised_flag)):
+        time.sleep(0.05)
 
 
 def start_with_config(rank, world, *, configs):

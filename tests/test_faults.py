@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 
@@ -14,11 +15,13 @@ from tests import fault_workers as F
 from tests.dist_harness import free_port, run_distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMEOUT_S = 5
+TIMEOUT_S = 2  # the tests prove that acco.timeout_s fires, not how long it is
 
 
 @pytest.mark.parametrize("stage", ["reduce-scatter", "shard step", "all-gather"])
 def test_peer_killed_mid_round(stage):
+    """A rank SIGKILLed as a round enters ``stage``: the survivors name the round and the time-out, and close their
+    threads. Fresh processes: the victim really dies, which would end a pooled worker."""
     res = run_distributed(F.train_with_fault, 3, config={"mode": "acco", "timeout_s": TIMEOUT_S}, victim=2,
                           stage=stage, round_index=3, sig=signal.SIGKILL, expect_dead=[2], timeout=90)
     assert res[2] is None  # the victim really died
@@ -30,6 +33,7 @@ def test_peer_killed_mid_round(stage):
 
 
 def test_stopped_peer_times_out():
+    """A SIGSTOPped rank never answers: the survivors time out. Fresh processes: the victim is killed afterwards."""
     res = run_distributed(F.train_with_fault, 3, config={"mode": "dpu", "timeout_s": TIMEOUT_S}, victim=1,
                           stage="reduce-scatter", round_index=2, sig=signal.SIGSTOP, expect_dead=[1], timeout=90)
     for r in (res[0], res[2]):
@@ -40,6 +44,7 @@ def test_stopped_peer_times_out():
 
 
 def test_launcher_exits_nonzero_when_a_peer_dies():
+    """torchrun's exit status when a rank is killed: only a launcher reports it."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", "--master_port", str(free_port()),
            "tests/scripts/kill_peer_script.py"]
@@ -56,7 +61,8 @@ AUTO = {"mode": "auto", "auto": {"measure_steps": 3, "streaming": True}, "stream
                                        ("switch", signal.SIGKILL)])
 def test_a_dead_or_stopped_peer_ends_streaming_rounds_with_an_error(when, sig):
     """Mode streaming with a fragment round in flight, and auto's switch to streaming while the optimizer state
-    is being gathered: the survivors raise within acco.timeout_s, and close their threads."""
+    is being gathered: the survivors raise within acco.timeout_s, and close their threads. Fresh processes: the
+    victim is killed or stopped for good."""
     config = dict(AUTO if when == "switch" else {"mode": "streaming", "streaming": STREAM}, timeout_s=TIMEOUT_S)
     res = run_distributed(F.streaming_with_fault, 3, config=config, victim=2, sig=sig, when=when, expect_dead=[2],
                           timeout=150)
@@ -82,34 +88,43 @@ except AccoTimeoutError as exc:
 """
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_peer_missing_at_start_up_times_out(rank):
-    """Rank 0 waits for a client that never comes, rank 1 for a master that never comes: both end
-    within acco.timeout_s (DeepSpeed's own rendezvous waits 10 minutes)."""
+@pytest.fixture(scope="module")
+def alone():
+    """One process of a world of two, started three ways at once (each start imports torch and DeepSpeed): rank 0
+    and rank 1 with nobody on the other side, and rank 0 on a port that is taken. Their output, by case."""
     env = {k: v for k, v in os.environ.items() if k != "DEEPSPEED_TIMEOUT"}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=ROOT, RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE="2",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    proc = subprocess.run([sys.executable, "-c", START_ALONE % TIMEOUT_S], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
-    out = proc.stdout + proc.stderr
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=ROOT, LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cases = {0: (0, free_port()), 1: (1, free_port()), "taken": (0, taken.getsockname()[1])}
+        procs = {case: subprocess.Popen([sys.executable, "-c", START_ALONE % TIMEOUT_S], cwd=ROOT,
+                                        env=dict(env, RANK=str(rank), MASTER_PORT=str(port)), stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+                 for case, (rank, port) in cases.items()}
+        try:
+            return {case: (p.communicate(timeout=120)[0], p.returncode) for case, p in procs.items()}
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_peer_missing_at_start_up_times_out(rank, alone):
+    """Rank 0 waits for a client that never comes, rank 1 for a master that never comes: both end
+    within acco.timeout_s (DeepSpeed's own rendezvous waits 10 minutes). A pooled job's peers are all there."""
+    out = alone[rank][0]
     found = re.search(r"RAISED after ([\d.]+)s: ds_acco start-up: not every rank joined the process group within "
                       rf"acco.timeout_s={TIMEOUT_S}s", out)
     assert found, out[-3000:]
     assert float(found.group(1)) < TIMEOUT_S + 10, out[-3000:]
 
 
-def test_a_start_up_error_that_is_not_a_time_out_keeps_torch_s_own_message():
-    """Only a store that timed out is a missing peer: a taken port is reported as torch reports it."""
-    import socket
-
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        env = {k: v for k, v in os.environ.items() if k != "DEEPSPEED_TIMEOUT"}
-        env.update(OMP_NUM_THREADS="1", PYTHONPATH=ROOT, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(taken.getsockname()[1]))
-        proc = subprocess.run([sys.executable, "-c", START_ALONE % TIMEOUT_S], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=120)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and "RAISED" not in out and "not every rank joined" not in out, out[-3000:]
+def test_a_start_up_error_that_is_not_a_time_out_keeps_torch_s_own_message(alone):
+    """Only a store that timed out is a missing peer: a taken port is reported as torch reports it. A pooled job
+    has its process group already."""
+    out, returncode = alone["taken"]
+    assert returncode != 0 and "RAISED" not in out and "not every rank joined" not in out, out[-3000:]
     assert "EADDRINUSE" in out, out[-3000:]

@@ -1,9 +1,13 @@
-"""Real 2-process launches of examples.train_lm through launchers/, plus the configs.
+"""Real 2-process launches of examples.train_lm through launchers/, train_lm's scenarios on pooled ranks, and the
+configs.
 
-Every launch runs the tiny model for a few optimizer steps with OMP_NUM_THREADS=1, on a
-free port, in its own process group with a hard timeout (the whole group is killed if it
-hangs). Assertions are on the numbers the run reports: rank 0's summary line and the
-per-step JSONL log.
+Each launcher script starts one training run (a module-scoped fixture that several tests read): a launch costs
+seconds of CPU on every rank for imports alone, and what it proves is the launcher's part (the ranks it starts,
+their variables, exit statuses, DeepSpeed's shared-memory segments). What a config or a train_lm option does
+(a resume, a slow rank's clock) is train_lm's and the engine's, and is checked on pooled ranks running train_lm's
+own ``main`` (tests/launcher_checks.py). Launches run the tiny model for a few optimizer steps with
+OMP_NUM_THREADS=1, on a free port, in their own process group with a hard timeout (the whole group is killed if it
+hangs). Assertions are on the numbers a run reports: rank 0's summary line and the per-step JSONL log.
 """
 
 from __future__ import annotations
@@ -14,26 +18,20 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.dist_harness import free_port
+from tests import launcher_checks as C
+from tests.dist_harness import free_port, run_distributed
+from tests.launcher_checks import CONFIGS, LN_VOCAB, REPO, STEPS, SUMMARY, TRAIN_ARGS
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHERS = os.path.join(REPO, "launchers")
-CONFIGS = os.path.join(REPO, "ds_configs")
-LN_VOCAB = math.log(257)  # loss of a uniform guess over the byte vocabulary
-STEPS = 8
 LAUNCH_TIMEOUT_S = 240  # generous: a missing JIT cache costs ~2 min on 2 cores
-TRAIN_ARGS = ["--model-size", "tiny", "--seq-len", "64", "--steps", str(STEPS), "--eval-every", "4",
-              "--eval-batches", "2", "--no-progress"]
-SUMMARY = re.compile(
-    r"\[train_lm\] done: steps (?P<steps>\d+) \| ranks (?P<ranks>\d+) \| final train loss (?P<loss>\S+) \| "
-    r"val loss (?P<val>\S+) \| tokens/s (?P<tps>\S+) \| comm hidden (?P<hidden>n/a|[\d.]+%)"
-)
 OWN_CONFIGS = {"zero1_baseline", "zero1_overlap", "acco_fixed", "acco_adaptive", "dpu", "acco_bf16", "zero1_bf16",
                "streaming_int8", "acco_lowbit", "acco_lowbit_bf16"}
 
@@ -49,10 +47,10 @@ def _clean_env() -> dict:
     return env
 
 
-def _launch(launcher: str, config: str, *args: str, timeout: float = LAUNCH_TIMEOUT_S,
-            env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``launchers/<launcher> -n 2 -p <free port> <config> args...``; never hangs."""
-    cmd = ["bash", os.path.join(LAUNCHERS, launcher), "-n", "2", "-p", str(free_port()), config, *args]
+def _launch(launcher: str, config: str, *args: str, timeout: float = LAUNCH_TIMEOUT_S, env: dict | None = None,
+            port: int | None = None) -> subprocess.CompletedProcess:
+    """Run ``launchers/<launcher> -n 2 -p <port> <config> args...``; never hangs."""
+    cmd = ["bash", os.path.join(LAUNCHERS, launcher), "-n", "2", "-p", str(port or free_port()), config, *args]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env or _clean_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -65,87 +63,101 @@ def _launch(launcher: str, config: str, *args: str, timeout: float = LAUNCH_TIME
 
 
 def _summary(result: subprocess.CompletedProcess) -> dict:
-    tail = result.stdout[-6000:]
-    assert result.returncode == 0, f"exit {result.returncode}:\n{tail}"
-    found = SUMMARY.findall(result.stdout)
-    assert len(found) == 1, f"expected one summary line (rank 0 only), got {len(found)}:\n{tail}"
-    steps, ranks, loss, val, tps, hidden = found[0]
-    return {"steps": int(steps), "ranks": int(ranks), "loss": float(loss), "val": float(val),
-            "tokens_per_s": float(tps), "hidden": None if hidden == "n/a" else float(hidden.rstrip("%"))}
+    return C.summary_of(result.returncode, result.stdout)
 
 
-def _deepspeed_segments() -> set:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(f"deepspeed_allreduce_buffer_{os.getuid()}_")}
+def _deepspeed_segments(port: int) -> list:
+    """DeepSpeed's shared-memory segments of the job on ``port`` (named ``..._<MASTER_ADDR>_<MASTER_PORT>_<rank>``;
+    other jobs on this machine have segments of their own)."""
+    prefix = f"deepspeed_allreduce_buffer_{os.getuid()}_"
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix) and n.split("_")[-2] == str(port))
 
 
-# --------------------------------------------------------------------------- launches
+def _train_launch(launcher: str, config: str, tmp, *args: str) -> dict:
+    port = free_port()
+    log = tmp / "steps.jsonl"
+    result = _launch(launcher, config, *TRAIN_ARGS, "--log-jsonl", str(log), *args, port=port)
+    return {"result": result, "config": config, "log": log, "leftover_segments": _deepspeed_segments(port)}
 
 
-@pytest.mark.parametrize(
-    "launcher, config",
-    [
-        ("deepspeed_local.sh", "acco_lowbit.json"),
-        ("torchrun.sh", "acco_adaptive.json"),
-        ("mpirun.sh", "zero1_baseline.json"),
-    ],
-)
-def test_launcher_trains_two_ranks(launcher, config, tmp_path):
-    log = tmp_path / "steps.jsonl"
-    segments = _deepspeed_segments()
-    result = _launch(launcher, os.path.join("ds_configs", config), *TRAIN_ARGS, "--log-jsonl", str(log))
-    s = _summary(result)
+def _pooled_train_lm(config: str, *args: str) -> list:
+    """train_lm on two pooled ranks; both ranks' output, rank 0's first."""
+    runs = run_distributed(C.train_lm_on_rank, 2, argv=["--deepspeed_config", config, *args], timeout=300)
+    assert [r["code"] for r in runs] == [0, 0], runs
+    return runs
+
+
+# --------------------------------------------------------------------------- one training launch per launcher
+
+
+@pytest.fixture(scope="module")
+def deepspeed_local_launch(tmp_path_factory):
+    """The streaming config with a short sync window (fragment 0 syncs at steps 4, 8; fragment 1 at 2, 6), saved."""
+    tmp = tmp_path_factory.mktemp("deepspeed_local")
+    config = C.streaming_config(tmp / "streaming.json", sync_every=4, overlap_steps=1)
+    run = _train_launch("deepspeed_local.sh", config, tmp, "--save-dir", str(tmp / "ckpt"))
+    return dict(run, ckpt=tmp / "ckpt", min_rounds=STEPS // 2 - 1)  # a round each 2 steps; the last is in flight
+
+
+@pytest.fixture(scope="module")
+def torchrun_launch(tmp_path_factory):
+    return _train_launch("torchrun.sh", os.path.join(CONFIGS, "acco_adaptive.json"),
+                         tmp_path_factory.mktemp("torchrun"))
+
+
+@pytest.fixture(scope="module")
+def mpirun_launch(tmp_path_factory):
+    return _train_launch("mpirun.sh", os.path.join(CONFIGS, "zero1_baseline.json"), tmp_path_factory.mktemp("mpirun"))
+
+
+@pytest.mark.parametrize("launcher", ["deepspeed_local", "torchrun", "mpirun"])
+def test_launcher_trains_two_ranks(launcher, request):
+    """The launcher starts two ranks that find each other from its variables alone (script path and --local_rank,
+    torchrun's environment, MPI discovery), and DeepSpeed's segments do not outlive them."""
+    run = request.getfixturevalue(f"{launcher}_launch")
+    s = _summary(run["result"])
     # DeepSpeed's CPU shared-memory segments (66 MB per rank) do not outlive the job (ds_acco.deepspeed.shm)
-    assert _deepspeed_segments() <= segments, sorted(_deepspeed_segments() - segments)
-    assert s["steps"] == STEPS and s["ranks"] == 2, s
-    assert math.isfinite(s["loss"]) and s["loss"] < LN_VOCAB, s
-    assert math.isfinite(s["val"]) and s["val"] < LN_VOCAB, s
-    assert s["tokens_per_s"] > 0, s
-    acco = "acco" in json.load(open(os.path.join(CONFIGS, config)))
-    if acco:
-        assert s["hidden"] is not None and 0.0 <= s["hidden"] <= 100.0, s
-    else:
-        assert s["hidden"] is None, s  # stock DeepSpeed engine: nothing to measure
-
-    records = [json.loads(line) for line in log.read_text().splitlines()]
-    steps = [r for r in records if "step" in r]
-    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))  # one line per optimizer step, rank 0 only
-    assert steps[-1]["loss"] < steps[0]["loss"], "training did not reduce the loss"
-    assert sum(1 for r in steps if "val_loss" in r) == 1  # --eval-every 4 of 8 steps: step 4 (the end is the summary)
-    indices = [r["micro_batch_index"] for r in steps]
-    assert indices == sorted(indices) and len(set(indices)) == STEPS
-    if "adaptive" not in config:  # fixed quota: gradient_accumulation_steps = 4 micro-batches per step and rank
-        assert indices[-1] >= STEPS * 4
-    summary = records[-1]
-    assert summary["event"] == "summary" and summary["ranks"] == 2
-    # Both ranks' tokens are counted: more than rank 0's micro-batches x 4 sequences x 64 tokens.
-    assert summary["tokens"] > indices[-1] * 4 * 64
-    if acco:
-        assert summary["acco"]["rounds"] >= STEPS
+    assert run["leftover_segments"] == [], run["leftover_segments"]
+    C.check_trained(s, run["log"], run["config"], min_rounds=run.get("min_rounds", STEPS))
 
 
-def test_streaming_config_trains_checkpoints_and_resumes_under_deepspeed_launcher(tmp_path):
-    """ds_configs/streaming_int8.json with a short sync window: fragments sync, bytes are reported."""
-    with open(os.path.join(CONFIGS, "streaming_int8.json")) as f:
-        cfg = json.load(f)
-    cfg["acco"]["streaming"].update(sync_every=4, overlap_steps=1)  # fragment 0 at steps 4, 8; fragment 1 at 2, 6
-    config, ckpt, log = tmp_path / "streaming.json", tmp_path / "ckpt", tmp_path / "steps.jsonl"
-    config.write_text(json.dumps(cfg))
-    args = ["--model-size", "tiny", "--seq-len", "64", "--eval-every", "0", "--no-progress", "--save-dir", str(ckpt)]
-    launched = _launch("deepspeed_local.sh", str(config), *args, "--steps", "6")
+@pytest.mark.parametrize("config", ["acco_lowbit.json"])
+def test_train_lm_trains_two_pooled_ranks(config, tmp_path):
+    """Configs no launch runs: low-bit ACCO (int8 reduce-scatter and all-gather, error feedback)."""
+    log = tmp_path / "steps.jsonl"
+    runs = _pooled_train_lm(os.path.join(CONFIGS, config), *TRAIN_ARGS, "--log-jsonl", str(log))
+    s = C.summary_of(0, runs[0]["stdout"] + runs[1]["stdout"])  # one summary line: rank 0's
+    C.check_trained(s, log, os.path.join(CONFIGS, config))
+
+
+def test_streaming_launch_logs_its_rounds_and_writes_its_checkpoint(deepspeed_local_launch):
+    """ds_acco's log lines and the checkpoint's files as a launched job leaves them (rank 0 alone logs)."""
+    launched = deepspeed_local_launch["result"]
     first = _summary(launched)
-    assert first["steps"] == 6 and first["hidden"] is not None
+    assert first["steps"] == STEPS and first["hidden"] is not None
     # telemetry.log_every = 4 in the config: round 0 (fragment 1, launched at step 2) is logged by rank 0 only
     lines = [line for line in launched.stdout.splitlines() if "[ds_acco] round 0 " in line]
     assert len(lines) == 1 and "fragment 1" in lines[0] and "hidden" in lines[0], launched.stdout[-3000:]
-    assert sorted(os.listdir(ckpt / "global_step6")) == [
+    assert sorted(os.listdir(deepspeed_local_launch["ckpt"] / f"global_step{STEPS}")) == [
         "acco_streaming_state_dp_rank_0.pt", "acco_streaming_state_dp_rank_1.pt", "ds_acco_manifest.json",
         "mp_rank_00_model_states.pt"]
-    result = _launch("deepspeed_local.sh", str(config), *args, "--steps", "10", "--resume", "--log-jsonl", str(log))
-    assert "resumed" in result.stdout and "at step 6" in result.stdout, result.stdout[-3000:]
-    second = _summary(result)
-    assert second["steps"] == 10 and second["loss"] < first["loss"] < LN_VOCAB, (first, second)
+
+
+def test_a_launched_streaming_checkpoint_resumes(deepspeed_local_launch, tmp_path):
+    """train_lm --resume on pooled ranks, from the checkpoint the deepspeed launch wrote: the data stream and the
+    fragment round in flight at the save go on."""
+    first = _summary(deepspeed_local_launch["result"])
+    ckpt, log = tmp_path / "ckpt", tmp_path / "steps.jsonl"
+    shutil.copytree(deepspeed_local_launch["ckpt"], ckpt)
+    runs = _pooled_train_lm(deepspeed_local_launch["config"], "--model-size", "tiny", "--seq-len", "64",
+                            "--eval-every", "0", "--no-progress", "--save-dir", str(ckpt), "--steps", str(STEPS + 4),
+                            "--resume", "--log-jsonl", str(log))
+    out = runs[0]["stdout"] + runs[1]["stdout"]
+    assert "resumed" in out and f"at step {STEPS}" in out, out[-3000:]
+    second = C.summary_of(0, out)
+    assert second["steps"] == STEPS + 4 and second["loss"] < first["loss"] < LN_VOCAB, (first, second)
     summary = [json.loads(line) for line in log.read_text().splitlines()][-1]["acco"]
-    # merged after the resume: step 6's round (due at 7) and step 8's (due at 9); step 10's is in flight
+    # merged after the resume: step 8's round (due at 9) and step 10's (due at 11); step 12's is in flight
     assert summary["rounds"] >= 2 and summary["bytes_sent"] > 0
     assert 0 < summary["peak_round_bytes"] <= summary["bytes_sent"]
 
@@ -156,88 +168,74 @@ def test_a_validation_is_stamped_with_the_slowest_ranks_clock(tmp_path):
     The loss scored there is both replicas at step 4, which exists once rank 1 gets there: its time is rank 1's
     clock, the figure benchmarks read as seconds to a loss (rank 0's put streaming with a slow host at 0.43x sync
     low-bit's time, 0.93x measured right)."""
-    with open(os.path.join(CONFIGS, "streaming_int8.json")) as f:
-        cfg = json.load(f)
-    cfg["acco"]["streaming"].update(sync_every=40)
-    config, log = tmp_path / "streaming.json", tmp_path / "steps.jsonl"
-    config.write_text(json.dumps(cfg))
-    result = _launch("torchrun.sh", str(config), "--model-size", "tiny", "--seq-len", "64", "--steps", "6",
-                     "--eval-every", "4", "--eval-batches", "2", "--no-progress", "--compute-delay-ms", "0,150",
-                     "--log-jsonl", str(log))
-    _summary(result)
+    config, log = C.streaming_config(tmp_path / "streaming.json", sync_every=40), tmp_path / "steps.jsonl"
+    runs = _pooled_train_lm(config, "--model-size", "tiny", "--seq-len", "64", "--steps", "6", "--eval-every", "4",
+                            "--eval-batches", "2", "--no-progress", "--compute-delay-ms", "0,150",
+                            "--log-jsonl", str(log))
+    C.summary_of(0, runs[0]["stdout"] + runs[1]["stdout"])
     steps = {r["step"]: r for r in map(json.loads, log.read_text().splitlines()) if "step" in r}
     assert "val_loss" in steps[4] and steps[4]["val_train_s"] >= 16 * 0.150, steps[4]  # rank 1: 16 sleeps by step 4
     assert steps[4]["train_s"] < 0.5 * 16 * 0.150, steps[4]  # rank 0's own clock (the curve's): far ahead of rank 1
 
 
+# --------------------------------------------------------------------------- launches that do not train
+
+
 def test_failing_workers_fail_the_launch():
-    """deepspeed runner -> launch.py -> workers: the longest chain an exit status travels."""
+    """deepspeed runner -> launch.py -> workers: the longest chain an exit status travels (the workers fail at
+    argument parsing, before importing torch: test_an_argument_error_imports_nothing_heavy)."""
     result = _launch("deepspeed_local.sh", "ds_configs/zero1_baseline.json", "--steps", "-1", timeout=120)
     assert result.returncode != 0, result.stdout[-3000:]
     assert "--steps: must be >= 1, got -1" in result.stdout, result.stdout[-3000:]
     assert not SUMMARY.search(result.stdout)
 
 
-FAULT_MODULE = """
-import sys
+def test_an_argument_error_imports_nothing_heavy():
+    """A fresh interpreter: what a rank imports before an argument error ends it (pooled ranks hold torch already)."""
+    probe = ("import runpy, sys\n"
+             "sys.argv = ['train_lm', '--deepspeed_config', 'ds_configs/zero1_baseline.json', '--steps', '-1']\n"
+             "try:\n    runpy.run_module('examples.train_lm', run_name='__main__')\n"
+             "except SystemExit as exc:\n"
+             "    heavy = ('torch', 'deepspeed', 'transformers')\n"
+             "    print('exit', exc.code, sorted(m for m in heavy if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=_clean_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert "--steps: must be >= 1, got -1" in proc.stderr, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "exit 2 []", proc.stdout + proc.stderr[-3000:]
 
-import examples.shakespeare as data
-from examples import train_lm
 
-_micro_batch = data.micro_batch
-
-def micro_batch(split, rank, index, *args, **kwargs):
-    if rank == 1 and index == 6:  # mid-run, while rank 0 is inside a collective
-        raise RuntimeError("injected failure on rank 1")
-    return _micro_batch(split, rank, index, *args, **kwargs)
-
-data.micro_batch = micro_batch
-sys.exit(train_lm.cli())
-"""
+def _mpi_rank_failure(failure: str, config: str, tmp_path) -> subprocess.CompletedProcess:
+    env = dict(_clean_env(), TRAIN_MODULE="tests.scripts.mpi_rank_failure_script", MPI_RANK_FAILURE=failure,
+               MPI_RANK_FAILURE_FLAG=str(tmp_path / "rank0_discovering"))
+    return _launch("mpirun.sh", config, *TRAIN_ARGS, timeout=150, env=env)
 
 
 def test_one_rank_dying_mid_run_ends_an_mpi_job(tmp_path):
     """Only rank 1 fails, after distributed init. Under MPICH's mpiexec the peer would
-    otherwise wait in its next collective for the 30-minute gloo timeout."""
-    (tmp_path / "launch_fault.py").write_text(FAULT_MODULE)
-    env = _clean_env()
-    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
-    env["TRAIN_MODULE"] = "launch_fault"
-    result = _launch("mpirun.sh", "ds_configs/acco_fixed.json", *TRAIN_ARGS, timeout=150, env=env)
+    otherwise wait in its next collective for the 30-minute gloo timeout; only mpiexec can show it does not."""
+    result = _mpi_rank_failure("mid_run", "ds_configs/acco_fixed.json", tmp_path)
     assert result.returncode != 0, result.stdout[-3000:]
     assert "rank 1 failed, aborting the MPI job: RuntimeError: injected failure on rank 1" in result.stdout, \
         result.stdout[-3000:]
     assert not SUMMARY.search(result.stdout)
 
 
-EARLY_DEATH_MODULE = """
-import os
-import sys
-
-from examples import train_lm
-
-if os.environ.get("PMI_RANK") == "1":  # dies before MPI_Init
-    sys.exit(3)
-sys.exit(train_lm.cli())
-"""
+WATCHDOG_S = 2  # acco.timeout_s: the watchdog has to fire, not to wait long
 
 
 def test_one_rank_dying_before_start_up_ends_an_mpi_job(tmp_path):
     """Rank 1 exits before MPI_Init: MPICH's mpiexec leaves rank 0 blocked in DeepSpeed's MPI discovery (no time
-    limit, in C). ds_acco runs that discovery under a watchdog of acco.timeout_s, so the job ends in seconds."""
-    (tmp_path / "early_death.py").write_text(EARLY_DEATH_MODULE)
+    limit, in C). ds_acco runs that discovery under a watchdog of acco.timeout_s, so the job ends in seconds; only
+    mpiexec can start a rank that never reaches MPI_Init."""
     with open(os.path.join(CONFIGS, "acco_fixed.json"), encoding="utf-8") as f:
         cfg = json.load(f)
-    cfg["acco"]["timeout_s"] = 8
+    cfg["acco"]["timeout_s"] = WATCHDOG_S
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    env = _clean_env()
-    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
-    env["TRAIN_MODULE"] = "early_death"
     t0 = time.monotonic()
-    result = _launch("mpirun.sh", str(tmp_path / "config.json"), *TRAIN_ARGS, timeout=150, env=env)
+    result = _mpi_rank_failure("before_init", str(tmp_path / "config.json"), tmp_path)
     assert result.returncode != 0, result.stdout[-3000:]
-    assert "Timeout (0:00:08)!" in result.stdout and "mpi_discovery_within_acco_timeout_s" in result.stdout, \
-        result.stdout[-3000:]
+    assert f"Timeout (0:00:{WATCHDOG_S:02d})!" in result.stdout, result.stdout[-3000:]
+    assert "mpi_discovery_within_acco_timeout_s" in result.stdout, result.stdout[-3000:]
     assert time.monotonic() - t0 < 100  # without it, forever
     assert not SUMMARY.search(result.stdout)
 
@@ -247,6 +245,7 @@ FSDP_SUMMARY = re.compile(r"\[train_lm_fsdp\] done: steps (\d+) \| ranks (\d+) \
 
 
 def test_fsdp_example_under_mpiexec():
+    """examples.train_lm_fsdp finds its ranks through MPI discovery under mpiexec (its only launch)."""
     result = _launch("fsdp_mpirun.sh", os.path.join(CONFIGS, "fsdp_acco.json"), "--steps", "3", "--seq-len", "64")
     assert result.returncode == 0, result.stdout[-4000:]
     found = FSDP_SUMMARY.findall(result.stdout)
@@ -258,6 +257,7 @@ def test_fsdp_example_under_mpiexec():
 @pytest.mark.parametrize("launcher", ["deepspeed_local.sh", "torchrun.sh", "mpirun.sh", "fsdp_torchrun.sh",
                                       "fsdp_mpirun.sh", "slurm.sbatch"])
 def test_launcher_help(launcher):
+    """Each script's usage text, and exit status 2 without a config: what bash does with the script itself."""
     result = subprocess.run(["bash", os.path.join(LAUNCHERS, launcher), "-h"], capture_output=True, text=True,
                             timeout=30)
     assert result.returncode == 0 and "usage:" in result.stdout, result.stdout + result.stderr
@@ -270,6 +270,7 @@ def test_launcher_help(launcher):
 
 
 def test_shell_scripts_parse():
+    """bash -n on every script: a syntax error in a branch no launch takes fails here."""
     for path in glob.glob(os.path.join(LAUNCHERS, "*.sh")) + [os.path.join(LAUNCHERS, "slurm.sbatch")]:
         result = subprocess.run(["bash", "-n", path], capture_output=True, text=True, timeout=30)
         assert result.returncode == 0, f"{path}: {result.stderr}"
@@ -285,7 +286,8 @@ FAKE_SLURM = {
 
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
 def test_slurm_template_dry_run(launcher, tmp_path):
-    """slurm.sbatch against stub srun/scontrol/torchrun/deepspeed: the command it would run."""
+    """slurm.sbatch against stub srun/scontrol/torchrun/deepspeed: the command it would run (bash runs the
+    template; no Slurm here)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in FAKE_SLURM.items():
@@ -395,6 +397,27 @@ def test_model_size_choices_match_models():
     sizes = next(node.value for node in tree.body if isinstance(node, ast.Assign)
                  and any(getattr(t, "id", None) == "SIZES" for t in node.targets))
     assert tuple(train_lm.MODEL_SIZES) == tuple(ast.literal_eval(k) for k in sizes.keys)
+
+
+def test_deepspeed_arguments_match_deepspeeds():
+    """train_lm writes out deepspeed.add_config_arguments (importing deepspeed means importing torch, seconds on
+    every rank before argparse could reject a typo): the same group, the same arguments."""
+    import argparse
+
+    import deepspeed
+
+    from examples import train_lm
+
+    def described(parser):
+        group = next(g for g in parser._action_groups if g.title == "DeepSpeed")
+        return group.description, [(a.option_strings, a.dest, a.default, a.type, a.const, a.nargs, a.help)
+                                   for a in group._group_actions]
+
+    ours, theirs = argparse.ArgumentParser(), argparse.ArgumentParser()
+    train_lm.add_deepspeed_arguments(ours)
+    deepspeed.add_config_arguments(theirs)
+    assert described(ours) == described(theirs)
+    assert len(described(ours)[1]) == 4
 
 
 def test_train_lm_rejects_bad_arguments():

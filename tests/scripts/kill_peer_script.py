@@ -20,7 +20,7 @@ def on_stage(index, name):
 
 
 model = W.make_model()
-engine = plain.build(W.param_groups(model), config={"mode": "acco", "timeout_s": 5}, gradient_accumulation_steps=4,
+engine = plain.build(W.param_groups(model), config={"mode": "acco", "timeout_s": 2}, gradient_accumulation_steps=4,
                      on_stage=on_stage)
 for k in range(100_000):
     x, y = W.batch(rank, k)

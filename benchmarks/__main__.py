@@ -110,9 +110,10 @@ def main(argv=None) -> int:
 
     from benchmarks.cluster.system import missing_requirements
     from benchmarks.report.plots import plot_all
+    from benchmarks.sweep.commands import launch_command, prepare_run
     from benchmarks.sweep.load_gate import LoadGate
     from benchmarks.sweep.plans import build_sweep
-    from benchmarks.sweep.runner import launch_command, prepare_run, run_sweep
+    from benchmarks.sweep.runner import run_sweep
 
     netns = not args.no_netns
     if netns and missing_requirements(netns=True):
@@ -130,6 +131,12 @@ def main(argv=None) -> int:
         return 2
     print(f"[bench] {sweep.description}", file=sys.stderr)
     if args.dry_run:
+        if sweep.shared_launches:
+            from benchmarks.sweep.shared_launch import groups, prepare_group
+
+            for group in groups(sweep.runs):
+                print(" ".join(prepare_group(group, args.out, netns=netns, timeout_s=sweep.timeout_s)[1]))
+            return 0
         for spec in sweep.runs:
             run_dir, cfg = prepare_run(spec, args.out)
             print(" ".join(launch_command(spec, run_dir, cfg, netns=netns, timeout_s=sweep.timeout_s)))

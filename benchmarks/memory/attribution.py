@@ -201,7 +201,7 @@ def worker(out_dir: str, train_argv: list[str], interval_s: float) -> int:
 def run(configs: list[str], out_dir: str, interval_ms: float, timeout_s: float = 600.0) -> dict:
     """One memory-benchmark workload per config on two local ranks; returns ``{config: [rank records]}``."""
     from benchmarks.sweep import configs as cfgs
-    from benchmarks.sweep.runner import LAUNCHER, train_args
+    from benchmarks.sweep.commands import LAUNCHER, train_args
     from benchmarks.sweep.specs import Workload
 
     wl = Workload(model_size="medium", seq_len=32, micro_batch=1, grad_accum=4, steps=4, warmup_steps=1,

@@ -51,14 +51,16 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
         raise ValueError(f"only: unknown part(s) {sorted(unknown)}; allowed: {', '.join(PARTS)}")
     runs: list[RunSpec] = []
 
-    if smoke:
+    if smoke:  # validation every step's worth of tokens in every part (H = P = 4 for streaming: see there)
         bw = Workload(model_size="tiny", seq_len=32, micro_batch=2, grad_accum=2, steps=3, warmup_steps=1,
-                      eval_batches=2)
+                      eval_batches=2, eval_every_tokens=SMOKE_TOKENS_PER_STEP, streaming_sync_every=4)
         bw_configs = [c for c in configs if c in ("zero1", "acco_adaptive")] or configs[:2]
         bw_rates = list(rates) if rates else [None]
         slow_cfgs = [c for c in bw_configs if c != "zero1"] or bw_configs[:1]
         slow_wl = small_wl = bw
         root = False  # a CPU quota would slow the throttled host's imports too: use the delay fallback
+        # 10x the full sweep's: on a loaded 2-core machine the other host's micro-batch can take 50 ms
+        delay_ms = 200
         memory_wl = None
         conv = None
         timeout = 240.0
@@ -80,6 +82,7 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
         conv = Workload(model_size="small", seq_len=128, micro_batch=4, grad_accum=4, steps=steps or 150,
                         warmup_steps=2, eval_every=25, eval_batches=16, max_micro_batches_per_round=16)
         timeout = 900.0
+        delay_ms = 20
 
     if "bandwidth" in parts:
         for rate in bw_rates:
@@ -96,7 +99,7 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
             slow, note = wl, suffix
         else:  # no cgroups: rank 1 sleeps longer per micro-batch instead
             quota = ()
-            slow = dataclasses.replace(wl, compute_delay_ms="0,20")
+            slow = dataclasses.replace(wl, compute_delay_ms=f"0,{delay_ms}")
             note = "-".join(filter(None, [suffix, "delay"]))
         for c in cfg_list:
             runs.append(RunSpec(part, c, slow, cpu_quota=quota, cpus=_pins(2, pin), note=note))
@@ -106,7 +109,7 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
             runs.append(RunSpec("alone" + suffix, "zero1", slow, hosts=1, cpu_quota=((0, 50.0),),
                                 cpus=_pins(1, pin, 1), note="-".join(filter(None, [suffix, "host1"]))))
         else:
-            runs.append(RunSpec("alone" + suffix, "zero1", dataclasses.replace(slow, compute_delay_ms="20"),
+            runs.append(RunSpec("alone" + suffix, "zero1", dataclasses.replace(slow, compute_delay_ms=str(delay_ms)),
                                 hosts=1, cpus=_pins(1, pin, 1), note="-".join(filter(None, [suffix, "host1"]))))
     if "memory" in parts and memory_wl is not None:
         for c in configs:
@@ -115,13 +118,15 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
         for c in [c for c in ("zero1", "acco_fixed", "acco_adaptive", "dpu") if c in configs]:
             runs.append(RunSpec("convergence", c, conv, cpus=_pins(2, pin)))
     if "streaming" in parts:
-        runs.extend(_streaming_runs(smoke, streaming_configs, rates, steps, netns, pin))
+        runs.extend(_streaming_runs(smoke, streaming_configs, rates, steps, netns, pin, bw))
     if "time_to_loss" in parts:
-        runs.extend(_time_to_loss_runs(smoke, only_configs, rates, steps, netns, pin))
+        runs.extend(_time_to_loss_runs(smoke, only_configs, rates, steps, netns, pin, bw))
     if parts & {"time_to_loss_real", "time_to_loss_real_slow_host"}:
         runs.extend(_real_compute_runs(smoke, only_configs, rates, steps, netns, root, pin, parts))
     if parts & {"fsdp", "fsdp_slow_host"}:
         runs.extend(_fsdp_runs(smoke, only_configs, rates, steps, netns, root, pin, parts))
+    if smoke:
+        runs = share_runs(runs)
     if mtu is not None:
         if not netns:
             raise ValueError(f"mtu: got {mtu}; an MTU needs network namespaces (this run is on loopback)")
@@ -134,12 +139,43 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
                                                    "loopback (no namespaces: unshaped only)")
     desc += f", MTU {mtu}" if mtu else ""
     desc += f", seed {seed}" if seed is not None else ""
-    return Sweep(name, desc, runs, timeout_s=timeout)
+    desc += ", one launch per link (a forked process per run)" if smoke else ""
+    return Sweep(name, desc, runs, timeout_s=timeout, shared_launches=smoke)
 
 
 SWEEP_NAMES = ("smoke", "full")
+SMOKE_TOKENS_PER_STEP = 2 * 2 * 32 * 2
+"""Micro-batch x accumulation x sequence x 2 hosts: the smoke workload's tokens per optimizer step."""
+
+
+def _as_run(spec: RunSpec) -> tuple:
+    """What a stock (constant-batch) run does: its cluster, config, and workload with the budget in steps and
+    the knobs only ds_acco reads (adaptive cap, streaming period) dropped."""
+    wl = spec.workload
+    per_step = wl.micro_batch * wl.grad_accum * wl.seq_len * spec.hosts
+    steps = min(wl.steps, -(-wl.max_tokens // per_step)) if wl.max_tokens else wl.steps
+    wl = dataclasses.replace(wl, steps=steps, max_tokens=0, max_micro_batches_per_round=None,
+                             streaming_sync_every=None)
+    return spec.config, spec.hosts, spec.rate, spec.cpu_quota, spec.cpus, spec.note, spec.mtu, wl
+
+
+def share_runs(runs: list[RunSpec]) -> list[RunSpec]:
+    """One run where parts ask for the same one: a stock config whose runs in several parts would train the same
+    steps on the same tokens, validating at the same points, on the same cluster (the smoke sweep's ZeRO-1 run
+    of bandwidth, streaming and time to loss). The run kept is the one with a token budget (time to loss reads
+    it); its row is repeated for the others' parts (:attr:`RunSpec.also`)."""
+    same: dict = {}
+    for spec in runs:
+        same.setdefault(_as_run(spec) if spec.config in cfgs.STOCK else spec.run_id, []).append(spec)
+    out = []
+    for group in same.values():
+        primary = next((s for s in group if s.workload.max_tokens), group[0])
+        out.append(dataclasses.replace(primary, also=tuple(s.scenario for s in group if s is not primary)))
+    return out
+
+
 def _streaming_runs(smoke: bool, configs: Sequence[str], rates: Optional[Sequence[str]], steps: Optional[int],
-                    netns: bool, pin: bool) -> list[RunSpec]:
+                    netns: bool, pin: bool, smoke_wl: Workload) -> list[RunSpec]:
     """Streaming DiLoCo against ZeRO-1 (fp32 and bf16) and acco on one slow link, with loss curves.
 
     Every config sees the same tokens per optimizer (inner) step; the tiny model's four
@@ -147,9 +183,8 @@ def _streaming_runs(smoke: bool, configs: Sequence[str], rates: Optional[Sequenc
     """
     wanted = [c for c in cfgs.STREAMING_COMPARISON if c in configs]
     if smoke:  # H = P = 4: a fragment round at every step
-        wl = Workload(model_size="tiny", seq_len=32, micro_batch=2, grad_accum=2, steps=3, warmup_steps=1,
-                      eval_batches=2, streaming_sync_every=4)
-        return [RunSpec("streaming", c, wl, cpus=_pins(2, pin)) for c in wanted if c in ("zero1", "streaming_int8")]
+        return [RunSpec("streaming", c, smoke_wl, cpus=_pins(2, pin)) for c in wanted
+                if c in ("zero1", "streaming_int8")]
     wl = Workload(model_size="tiny", seq_len=128, micro_batch=4, grad_accum=4, steps=steps or 200, warmup_steps=2,
                   compute_delay_ms="30", eval_every=25, eval_batches=16)
     rate = (list(rates) if rates else ["25mbit"])[0] if netns else None
@@ -157,17 +192,16 @@ def _streaming_runs(smoke: bool, configs: Sequence[str], rates: Optional[Sequenc
 
 
 def _time_to_loss_runs(smoke: bool, configs: Optional[Sequence[str]], rates: Optional[Sequence[str]],
-                       steps: Optional[int], netns: bool, pin: bool) -> list[RunSpec]:
+                       steps: Optional[int], netns: bool, pin: bool, smoke_wl: Workload) -> list[RunSpec]:
     """Every config trains the same token budget on the same link; see :mod:`benchmarks.report.time_to_loss`.
 
     On the slow links (25 and 10 Mbit/s) every config of :data:`~benchmarks.sweep.configs.TIME_TO_LOSS`
     runs; on the fast ones the ones whose rounds can matter there (ZeRO-1 fp32/bf16, sync low-bit,
     acco adaptive and both low-bit acco policies), to keep the part under an hour.
     """
-    if smoke:
-        wl = Workload(model_size="tiny", seq_len=32, micro_batch=2, grad_accum=2, steps=1000, warmup_steps=1,
-                      eval_batches=2, max_tokens=3 * 2 * 2 * 32 * 2, eval_every_tokens=2 * 2 * 32 * 2,
-                      max_micro_batches_per_round=4)
+    if smoke:  # a budget of 3 steps' tokens
+        wl = dataclasses.replace(smoke_wl, steps=1000, max_tokens=3 * SMOKE_TOKENS_PER_STEP,
+                                 max_micro_batches_per_round=4)
         return [RunSpec("time_to_loss", c, wl, cpus=_pins(2, pin)) for c in (configs or ("zero1", "acco_lowbit_adaptive"))]
     nominal = 4 * 4 * 128 * 2  # micro-batch x accumulation x seq x 2 hosts: tokens per optimizer step
     wl = Workload(model_size="tiny", seq_len=128, micro_batch=4, grad_accum=4, steps=100_000, warmup_steps=2,

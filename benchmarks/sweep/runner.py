@@ -28,6 +28,7 @@ skew (a rank that reaches the loop first waits for the other in its first step).
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import math
@@ -39,16 +40,13 @@ import time
 from typing import Optional
 
 from benchmarks.cluster.system import netns_available
-from benchmarks.cluster.units import parse_rate
 
-from . import configs as cfgs
+from .commands import REPO, launch_command, prepare_run
 from .load_gate import LoadGate, foreign_runnable, loadavg
 from .parse import parse_run, read_json
 from .parse_fsdp import parse_fsdp_run
-from .specs import RunSpec, Sweep, Workload, spec_of
-
-REPO = cfgs.REPO
-LAUNCHER = os.path.join(REPO, "launchers", "local_cluster.py")
+from .shared_launch import execute_group, groups
+from .specs import RunSpec, Sweep, spec_of
 
 
 def parse_any(spec: RunSpec, run_dir: str, rc: int, wall_s: float, load: Optional[dict]) -> dict:
@@ -57,61 +55,10 @@ def parse_any(spec: RunSpec, run_dir: str, rc: int, wall_s: float, load: Optiona
     return parse(spec, run_dir, rc, wall_s, load)
 
 
-def fsdp_args(wl: Workload, config_path: str, run_dir: str) -> list[str]:
-    return ["--config", config_path, "--shard-blocks", "--model-size", wl.model_size, "--steps", str(wl.steps),
-            "--seq-len", str(wl.seq_len), "--eval-every", str(wl.eval_every), "--eval-batches", str(wl.eval_batches),
-            "--seed", str(wl.seed), "--compute-delay-ms", wl.compute_delay_ms, "--log-every", "0",
-            "--metrics-out", run_dir]
-
-
-def train_args(wl: Workload, config_path: str, run_dir: str) -> list[str]:
-    return ["--deepspeed_config", config_path, "--model-size", wl.model_size, "--seq-len", str(wl.seq_len),
-            "--steps", str(wl.steps), "--eval-every", str(wl.eval_every), "--eval-batches", str(wl.eval_batches),
-            "--seed", str(wl.seed), "--compute-delay-ms", wl.compute_delay_ms,
-            "--max-tokens", str(wl.max_tokens), "--eval-every-tokens", str(wl.eval_every_tokens),
-            "--log-jsonl", os.path.join(run_dir, "train.jsonl"), "--no-progress"]
-
-
-def launch_command(spec: RunSpec, run_dir: str, config_path: str, *, netns: bool, timeout_s: float,
-                   python: str = sys.executable) -> list[str]:
-    cmd = [python, LAUNCHER, "--hosts", str(spec.hosts), "--quiet", "--log-dir", run_dir,
-           "--stats-json", os.path.join(run_dir, "cluster.json"), "--timeout", str(int(timeout_s))]
-    if not netns:
-        cmd.append("--no-netns")
-    if spec.rate and parse_rate(spec.rate) is not None:
-        cmd += ["--rate", spec.rate]
-    if spec.mtu:
-        cmd += ["--mtu", str(spec.mtu)]
-    for i, q in spec.cpu_quota:
-        cmd += ["--cpu-quota", f"host{i}={q:g}"]
-    for i, cpus in spec.cpus:
-        cmd += ["--cpus", f"host{i}={':'.join(map(str, cpus))}"]
-    if spec.workload.frontend == "fsdp":
-        return cmd + ["--", python, "-m", "examples.train_lm_fsdp"] + fsdp_args(spec.workload, config_path, run_dir)
-    cmd += ["--", python, "-m", "benchmarks.sweep.worker", "--out", run_dir, "--"]
-    return cmd + train_args(spec.workload, config_path, run_dir)
-
-
-def prepare_run(spec: RunSpec, out_dir: str) -> tuple[str, str]:
-    run_dir = os.path.join(os.path.abspath(out_dir), "runs", spec.run_id)
-    os.makedirs(run_dir, exist_ok=True)
-    for name in os.listdir(run_dir):  # a re-run starts clean (jsonl files append)
-        path = os.path.join(run_dir, name)
-        if os.path.isfile(path):
-            os.remove(path)
-    wl = spec.workload
-    if wl.frontend == "fsdp":
-        cfg = cfgs.make_fsdp_config(spec.config)
-    else:
-        cfg = cfgs.make_config(spec.config, micro_batch=wl.micro_batch, grad_accum=wl.grad_accum,
-                               warmup_steps=wl.warmup_steps, telemetry_jsonl=os.path.join(run_dir, "telemetry.jsonl"),
-                               max_micro_batches_per_round=wl.max_micro_batches_per_round,
-                               streaming_sync_every=wl.streaming_sync_every)
-        cfgs.validate(cfg)
-    config_path = os.path.join(run_dir, "config.json")
-    with open(config_path, "w", encoding="utf-8") as f:
-        json.dump(cfg, f, indent=1)
-    return run_dir, config_path
+def rows_of(spec: RunSpec, row: dict) -> list[dict]:
+    """A run's row, then the same row under each part the run also stands for (``RunSpec.also``)."""
+    return [row] + [dict(copy.deepcopy(row), id=a.run_id, scenario=a.scenario, run_of=row["id"])
+                    for a in spec.aliases()]
 
 
 def execute(spec: RunSpec, out_dir: str, *, netns: bool, timeout_s: float) -> tuple[str, int, float]:
@@ -154,7 +101,8 @@ CSV_FIELDS = ("id", "scenario", "config", "rate", "hosts", "cpu_quota", "ok", "s
               "steps_per_s", "comm_hidden_pct", "wait_s", "wait_frac", "comm_frac", "final_train_loss", "val_loss",
               "peak_rss_mb", "train_rss_mb", "iface_tx_bytes_per_step", "iface_tx_peak_bytes_per_step",
               "ring_bytes_sent_per_step", "peak_round_bytes",
-              "steady_step_s", "mean_counts_per_commit", "qdisc_drops", "wall_s", "load1", "foreign_runnable")
+              "steady_step_s", "mean_counts_per_commit", "qdisc_drops", "wall_s", "load1", "foreign_runnable",
+              "run_of")
 
 
 def _rounded(obj, digits: int = 5):
@@ -193,12 +141,10 @@ def write_outputs(result: dict, out_dir: str) -> tuple[str, str]:
 
 def machine_info() -> dict:
     info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
-    try:
-        import deepspeed
-        import torch
-        import transformers
+    try:  # the installed versions, without importing the libraries (seconds of CPU) in the sweep's process
+        from importlib.metadata import version
 
-        info.update(torch=torch.__version__, deepspeed=deepspeed.__version__, transformers=transformers.__version__)
+        info.update({name: version(name) for name in ("torch", "deepspeed", "transformers")})
     except Exception:  # noqa: BLE001 - informational only
         pass
     try:
@@ -218,7 +164,8 @@ def run_sweep(sweep: Sweep, out_dir: str, *, netns: bool, gate: LoadGate, progre
     waiting budget lasts; every attempt's load is kept in the row's ``attempts``.
 
     ``jobs > 1`` runs that many launches at once, with no load gate: only for the
-    smoke sweep, whose numbers are not measurements.
+    smoke sweep, whose numbers are not measurements. A sweep with ``shared_launches``
+    (the smoke sweep) goes that way whatever ``jobs``: one launch per link.
     """
     from tqdm import tqdm
 
@@ -231,13 +178,13 @@ def run_sweep(sweep: Sweep, out_dir: str, *, netns: bool, gate: LoadGate, progre
     else:
         done = {}
     t_sweep = time.monotonic()
-    if jobs > 1:
+    if jobs > 1 or sweep.shared_launches:
         return _run_parallel(sweep, out_dir, netns=netns, jobs=jobs, result=result, done=done, t_sweep=t_sweep)
     bar = tqdm(sweep.runs, unit="run", disable=not progress, dynamic_ncols=True, file=sys.stderr)
     for spec in bar:
         bar.set_postfix_str(spec.run_id, refresh=True)
         if spec.run_id in done:
-            result["runs"].append(done[spec.run_id])
+            result["runs"].extend(rows_of(spec, done[spec.run_id]))
             continue
         attempts = []
         for attempt in range(1 + max(0, retries)):
@@ -254,7 +201,7 @@ def run_sweep(sweep: Sweep, out_dir: str, *, netns: bool, gate: LoadGate, progre
                       f"(mean {load['foreign_during_mean']}); measuring it again")
         row = parse_any(spec, run_dir, rc, wall, load)
         row["attempts"] = attempts
-        result["runs"].append(row)
+        result["runs"].extend(rows_of(spec, row))
         tps = row.get("tokens_per_s")
         bar.write(f"[bench] {spec.run_id}: exit {rc}, {wall:.0f}s, tokens/s "
                   f"{'-' if tps is None else f'{tps:.0f}'}, load {load['loadavg'][0]:.2f}")
@@ -287,8 +234,19 @@ def _run_parallel(sweep: Sweep, out_dir: str, *, netns: bool, jobs: int, result:
         run_dir, rc, wall = execute(spec, out_dir, netns=netns, timeout_s=sweep.timeout_s)
         return parse_any(spec, run_dir, rc, wall, load)
 
+    def shared(specs: list[RunSpec]) -> list[dict]:
+        load = {"loadavg": list(loadavg()), "foreign_runnable": None, "quiet": None, "waited_s": 0.0,
+                "parallel_jobs": jobs, "shared_launch": specs[0].run_id}
+        done_here = execute_group(specs, out_dir, netns=netns, timeout_s=sweep.timeout_s)
+        return [parse_any(spec, run_dir, rc, wall, load) for spec, (run_dir, rc, wall) in zip(specs, done_here)]
+
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        result["runs"] = list(pool.map(one, sweep.runs))
+        if sweep.shared_launches:  # the smoke sweep: one launch per link (benchmarks.sweep.shared_launch)
+            rows = {r["id"]: r for part in pool.map(shared, groups([s for s in sweep.runs if s.run_id not in done]))
+                    for r in part}
+            result["runs"] = [r for s in sweep.runs for r in rows_of(s, done.get(s.run_id) or rows[s.run_id])]
+        else:
+            result["runs"] = [r for s, row in zip(sweep.runs, pool.map(one, sweep.runs)) for r in rows_of(s, row)]
     result["analysis"] = analyse(result["runs"])
     result["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     result["sweep_wall_s"] = round(time.monotonic() - t_sweep, 1)
@@ -310,9 +268,11 @@ def reparse(out_dir: str) -> dict:
     rows = []
     for row in result["runs"]:
         spec = spec_of(row)
-        run_dir = os.path.join(os.path.abspath(out_dir), "runs", spec.run_id)
+        run_dir = os.path.join(os.path.abspath(out_dir), "runs", row.get("run_of") or spec.run_id)
         new = parse_any(spec, run_dir, row["exit_code"], row["wall_s"], row.get("load"))
         new["pinned"] = row.get("pinned", False)
+        if row.get("run_of"):
+            new["run_of"] = row["run_of"]
         rows.append(new)
     result["runs"] = rows
     result["analysis"] = analyse(rows)

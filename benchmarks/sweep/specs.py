@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from benchmarks.cluster.units import format_rate, parse_rate
@@ -50,6 +50,13 @@ class RunSpec:
     note: str = ""
     mtu: Optional[int] = None
     """Every link's MTU (None: 1500); set sweep-wide by ``python -m benchmarks run --mtu``."""
+    also: tuple = ()
+    """Other scenarios (parts) this run stands for: the same run, its row repeated under each with ``run_of``
+    naming this one (:func:`benchmarks.sweep.plans.share_runs`)."""
+
+    def aliases(self) -> list["RunSpec"]:
+        """This run as each part of :attr:`also` names it."""
+        return [replace(self, scenario=s, also=()) for s in self.also]
 
     @property
     def run_id(self) -> str:
@@ -68,6 +75,9 @@ class Sweep:
     description: str
     runs: list[RunSpec] = field(default_factory=list)
     timeout_s: float = 600.0
+    shared_launches: bool = False
+    """Runs on the same links share one launch, a forked process per run (:mod:`benchmarks.sweep.shared_launch`):
+    for the smoke sweep, whose figures are not measurements."""
 
 
 def spec_of(row: dict) -> RunSpec:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 
 import pytest
@@ -14,6 +15,7 @@ import torch.distributed as dist
 import ds_acco
 from ds_acco import AccoConfigError
 from tests import workloads as W
+from tests.clean_exit_checks import abort_in, busy_loop
 from tests.dist_harness import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,36 +102,87 @@ def _result(out: str) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def _launch(cmd: list[str], timeout: int = 240) -> dict:
+def _launch(cmd: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
+    """Run a launcher; past ``timeout`` its whole process group (the ranks too) is killed and the test fails."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return _result(proc.stdout)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{cmd[0]} launch did not finish within {timeout}s:\n{out[-3000:]}{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _finished_cleanly(proc: subprocess.CompletedProcess) -> None:
+    out = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, out
+    assert abort_in(proc.stdout + proc.stderr) is None, out
 
 
 def test_unmodified_deepspeed_script_under_deepspeed_launcher(tmp_path):
+    """A launch: an unmodified script under the ``deepspeed`` launcher, routed by ``ds_acco.run``, to exit 0, with
+    a busy loop on one core (a finished job's teardown must not abort when the CPU is contended)."""
     cfg = tmp_path / "acco.json"
     cfg.write_text(json.dumps({**BASE, "acco": {"mode": "acco", "policy": "fixed"}}))
-    res = _launch(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "--module", "ds_acco.run",
-                   "tests/scripts/plain_ds_script.py", "--steps", "3", "--deepspeed", "--deepspeed_config", str(cfg)])
+    with busy_loop():
+        proc = _launch(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "--module", "ds_acco.run",
+                        "tests/scripts/plain_ds_script.py", "--steps", "3", "--deepspeed", "--deepspeed_config",
+                        str(cfg)])
+    _finished_cleanly(proc)
+    res = _result(proc.stdout)
     assert res["engine"] == "AccoDeepSpeedEngine" and res["world"] == 2
     assert res["global_steps"] == 3
     assert res["telemetry"]["rounds"] >= 6 and res["telemetry"]["bytes_sent"] > 0
     assert res["last_loss"] < res["first_loss"]
 
 
+HF_STEPS = {"fixed": 5, "adaptive": 5, "streaming": 6, "auto_streaming": 10}
+
+
+@pytest.fixture(scope="module")
+def hf_runs(tmp_path_factory):
+    """One ``torchrun`` launch of tests/scripts/hf_trainer_script.py: the four Trainers below, one after another,
+    each torn down before the next; the process, and the folder where each wrote ``<name>/result.json``."""
+    tmp = tmp_path_factory.mktemp("hf")
+    acco = json.load(open(os.path.join(ROOT, "ds_configs", "hf_trainer_acco.json")))
+    # adaptive: a fast link, made deterministic: one micro-batch per rank per round
+    adaptive = dict(acco, acco=dict(acco["acco"], policy="adaptive", max_micro_batches_per_round=1))
+    auto = dict(acco, acco={"mode": "fastest", "warmup_steps": 1, "auto": {"measure_steps": 3, "streaming": True},
+                            "streaming": {"fragments": 2, "sync_every": 4, "overlap_steps": 1}})
+    for name, block in (("adaptive", adaptive), ("auto_streaming", auto)):
+        (tmp / f"{name}.json").write_text(json.dumps(block))
+    plan = [{"name": "fixed", "deepspeed_config": os.path.join(ROOT, "ds_configs", "hf_trainer_acco.json"),
+             "check_export": True},
+            {"name": "adaptive", "deepspeed_config": str(tmp / "adaptive.json"), "check_export": True},
+            {"name": "streaming", "deepspeed_config": os.path.join(ROOT, "ds_configs", "hf_trainer_streaming.json"),
+             "fp32": True},
+            {"name": "auto_streaming", "deepspeed_config": str(tmp / "auto_streaming.json"), "fp32": True,
+             "check_export": True, "force_streaming": True}]
+    (tmp / "plan.json").write_text(json.dumps([dict(case, steps=HF_STEPS[case["name"]]) for case in plan]))
+    with busy_loop():  # as the clean-exit benchmark's HF case: teardown under a contended CPU exits 0
+        proc = _launch(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "ds_acco.run",
+                        "tests/scripts/hf_trainer_script.py", "--plan", str(tmp / "plan.json"), "--output-dir",
+                        str(tmp)], timeout=400)
+    return proc, tmp
+
+
+def _hf_result(hf_runs, name: str) -> dict:
+    proc, tmp = hf_runs
+    _finished_cleanly(proc)
+    res = json.loads((tmp / name / "result.json").read_text())
+    # its teardown closed every ds_acco engine it started, on every rank, before the next Trainer
+    assert res["engines_started"] >= 2 and res["engines_left_open"] == 0, res
+    return res
+
+
 @pytest.mark.parametrize("policy", ["fixed", "adaptive"])
-def test_hf_trainer_gets_acco_from_its_deepspeed_config_and_saves_the_committed_model(tmp_path, policy):
-    config = os.path.join(ROOT, "ds_configs", "hf_trainer_acco.json")
-    if policy == "adaptive":  # a fast link, made deterministic: one micro-batch per rank per round
-        block = json.load(open(config))
-        block["acco"].update(policy="adaptive", max_micro_batches_per_round=1)
-        config = str(tmp_path / "adaptive.json")
-        json.dump(block, open(config, "w"))
-    steps = 5
-    res = _launch(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "ds_acco.run",
-                   "tests/scripts/hf_trainer_script.py", "--deepspeed-config", config,
-                   "--output-dir", str(tmp_path), "--steps", str(steps), "--check-export"])
+def test_hf_trainer_gets_acco_from_its_deepspeed_config_and_saves_the_committed_model(hf_runs, policy):
+    """A launch (shared): HF Trainer run as users run it, under ``torchrun`` and ``ds_acco.run``, to exit 0."""
+    res = _hf_result(hf_runs, policy)
+    steps = HF_STEPS[policy]
     assert res["engine"] == "AccoDeepSpeedEngine"
     assert res["telemetry"]["rounds"] >= 8
     losses = res["losses"]
@@ -145,10 +198,9 @@ def test_hf_trainer_gets_acco_from_its_deepspeed_config_and_saves_the_committed_
     assert export["commits"] == (steps if policy == "fixed" else 2 * steps - 1)
 
 
-def test_hf_trainer_runs_streaming_from_its_deepspeed_config(tmp_path):
-    res = _launch(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "ds_acco.run",
-                   "tests/scripts/hf_trainer_script.py", "--deepspeed-config", "ds_configs/hf_trainer_streaming.json",
-                   "--output-dir", str(tmp_path), "--steps", "6", "--fp32"])
+def test_hf_trainer_runs_streaming_from_its_deepspeed_config(hf_runs):
+    """A launch (shared): HF Trainer run as users run it, under ``torchrun`` and ``ds_acco.run``, to exit 0."""
+    res = _hf_result(hf_runs, "streaming")
     assert res["engine"] == "StreamingDeepSpeedEngine" and res["mode"] == "streaming"
     assert res["global_steps"] == 6
     # fragments launch at inner steps 2, 4, 6 (H = 4, P = 2) and merge one step later; the end of train()
@@ -159,18 +211,12 @@ def test_hf_trainer_runs_streaming_from_its_deepspeed_config(tmp_path):
     assert losses[-1] < losses[0] - 0.2
 
 
-def test_hf_trainer_runs_auto_into_streaming_and_saves_the_global_model(tmp_path):
+def test_hf_trainer_runs_auto_into_streaming_and_saves_the_global_model(hf_runs):
     """``mode: auto`` with ``auto.streaming`` under HF Trainer: the switch happens inside train(), HF's schedule runs
-    to its end, and save_model() writes the global model, which the masters also hold after train()."""
-    block = json.load(open(os.path.join(ROOT, "ds_configs", "hf_trainer_acco.json")))
-    block["acco"] = {"mode": "fastest", "warmup_steps": 1, "auto": {"measure_steps": 3, "streaming": True},
-                     "streaming": {"fragments": 2, "sync_every": 4, "overlap_steps": 1}}
-    config = str(tmp_path / "auto_streaming.json")
-    json.dump(block, open(config, "w"))
-    steps = 10
-    res = _launch(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "ds_acco.run",
-                   "tests/scripts/hf_trainer_script.py", "--deepspeed-config", config, "--output-dir", str(tmp_path),
-                   "--steps", str(steps), "--fp32", "--check-export", "--force-streaming"])
+    to its end, and save_model() writes the global model, which the masters also hold after train(). A launch
+    (shared): HF Trainer run as users run it, under ``torchrun`` and ``ds_acco.run``, to exit 0."""
+    res = _hf_result(hf_runs, "auto_streaming")
+    steps = HF_STEPS["auto_streaming"]
     assert res["engine"] == "AccoDeepSpeedEngine" and res["mode"] == "auto" and res["running"] == "streaming"
     assert res["global_steps"] == steps
     losses = res["losses"]
@@ -180,14 +226,22 @@ def test_hf_trainer_runs_auto_into_streaming_and_saves_the_global_model(tmp_path
     assert export["scheduler_steps"] == steps and export["final_lr"] == 0.0
 
 
+@pytest.fixture(scope="module")
+def exit_mid_round():
+    """One ``torchrun`` launch of tests/scripts/exit_mid_round_script.py (an acco and a streaming engine, each with
+    a round in flight when the script ends), while a busy loop takes a core."""
+    with busy_loop():
+        return _launch(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()),
+                        "tests/scripts/exit_mid_round_script.py"], timeout=120)
+
+
 @pytest.mark.parametrize("mode", ["acco", "streaming"])
-def test_round_in_flight_at_interpreter_exit_is_finished_on_every_rank(mode):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    proc = subprocess.run(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()),
-                           "tests/scripts/exit_mid_round_script.py", mode], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    exits = [json.loads(m) for m in re.findall(r"EXIT (\{[^}]*\})", proc.stdout)]  # ranks' lines may interleave
+def test_round_in_flight_at_interpreter_exit_is_finished_on_every_rank(exit_mid_round, mode):
+    """A launch: interpreter exit, where only the exit hook can finish the round, and the exit status 0 it leaves
+    (no abort at teardown) under a contended CPU."""
+    _finished_cleanly(exit_mid_round)
+    exits = [json.loads(m) for m in re.findall(r"EXIT (\{[^}]*\})", exit_mid_round.stdout)]  # lines may interleave
+    exits = [e for e in exits if e["mode"] == mode]
     assert sorted(e["rank"] for e in exits) == [0, 1]
     for e in exits:
         assert e["in_flight_before"] and e["closed"] and e["rounds"] >= 1, e

@@ -7,6 +7,9 @@
     python -m benchmarks run --sweep full --out bench_results
     python -m benchmarks plot bench_results/results.json
     python -m benchmarks report bench_results/results.json
+
+    # every table of README.md and BENCHMARKS.md, from the raw files bench_results/sets.json names
+    python -m benchmarks report            # rewrite them;  --check: exit 1 if a page differs
     python -m benchmarks memory --params 25.6e6 --world-size 2
 
     # time to loss over repeated sweeps (one out folder per repeat): medians, spread, ratios, targets
@@ -63,8 +66,10 @@ def main(argv=None) -> int:
     pl = sub.add_parser("plot", help="write the PNG plots of a results.json (next to it unless --out)")
     pl.add_argument("results")
     pl.add_argument("--out", default=None)
-    rp = sub.add_parser("report", help="print the tables and targets of a results.json")
-    rp.add_argument("results")
+    rp = sub.add_parser("report", help="print the tables and targets of a results.json; without one, rewrite the "
+                        "tables of README.md and BENCHMARKS.md from bench_results/ (sets.json)")
+    rp.add_argument("results", nargs="?", default=None)
+    rp.add_argument("--check", action="store_true", help="without RESULTS: exit 1 when a page's tables differ")
     rr = sub.add_parser("reparse", help="re-read OUT/runs/* with the current parsing code; rewrite results.*")
     rr.add_argument("out")
     rep = sub.add_parser("repeats", help="time to loss over repeated sweeps: median, spread, ratios, targets")
@@ -81,6 +86,10 @@ def main(argv=None) -> int:
 
         repeats(args.outs, args.dest)
         return 0
+    if args.cmd == "report" and args.results is None:
+        from benchmarks.report.pages.write import main as pages
+
+        return pages(check=args.check)
     if args.cmd == "memory":
         print_memory_model(args.params, args.world_size, args.fsdp)
         return 0

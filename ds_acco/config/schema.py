@@ -48,7 +48,7 @@ class AccoConfig(_Block):
     ``adaptive``: a round ends when its communication ends; workers contribute
     however many micro-batches they finished meanwhile. ``auto`` (with ``mode: "auto"``):
     auto chooses the policy too, pricing the adaptive policy's smaller batches with the
-    gradient noise scale it measures (``ds_acco.rounds.noise_scale``)."""
+    gradient noise scale it measures (``ds_acco.rounds.noise_scale``); ``"fastest"`` is the same."""
     warmup_steps: int = Field(default=0, ge=0)
     """Optimizer steps run in ``sync`` mode before overlapped rounds start. ``"scheduler"`` (DeepSpeed
     front end): as many as the config's scheduler warms the learning rate up for, resolved before this
@@ -61,11 +61,12 @@ class AccoConfig(_Block):
     grad_accum_dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Dtype micro-batch gradients accumulate in (``auto``: the parameters' dtype)."""
     timeout_s: float = 600.0
-    """Limit for one collective and for the training thread's wait on a round; under
-    ``ds_acco.initialize`` also for every rank to arrive when it creates the process group
+    """Seconds, 1 to 604800 (7 days): the limit for one collective and for the training thread's wait on a
+    round; under ``ds_acco.initialize`` also for every rank to arrive when it creates the process group
     (unless ``DEEPSPEED_TIMEOUT`` is set), so a rank that died before start-up ends its peers too."""
     max_micro_batches_per_round: Optional[int] = Field(default=None, ge=1)
-    """Adaptive policy only: a worker stops to wait for the round after this many."""
+    """Adaptive policy only (or ``policy: "auto"``): a worker stops to wait for the round after this many
+    micro-batches. None: no cap."""
     check_finite: bool = True
     """Skip a commit on every rank when any rank's gradients hold inf/NaN."""
     comm_quantization: Literal["none", "int8"] = "none"
@@ -96,8 +97,11 @@ class AccoConfig(_Block):
     auto: AutoConfig = Field(default_factory=AutoConfig)
     """Options of ``mode: "auto"`` (ignored by the other modes)."""
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    """Per-round measurements and their log line (local to a rank: may differ between ranks)."""
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """How checkpoints are written and verified (local to a rank: may differ between ranks)."""
     preemption: PreemptionConfig = Field(default_factory=PreemptionConfig)
+    """What a SIGTERM does (local to a rank: may differ between ranks)."""
 
     @field_validator("mode", "policy", mode="before")
     @classmethod

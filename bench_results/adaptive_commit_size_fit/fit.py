@@ -6,7 +6,7 @@ count in record X+1. x = round X's wire time (round_s less its count all-gather)
 compute per micro-batch with a round in flight. Prints, per run, rank and round kind, the mean count
 against x + 0.5 (ds_acco.rounds.auto_mode.LANDING) and against rounding x up.
 
-    python bench_results/issue27_landing/fit.py bench_results/issue27_landing/*/
+    python bench_results/adaptive_commit_size_fit/fit.py bench_results/adaptive_commit_size_fit/*/
 """
 import glob
 import json

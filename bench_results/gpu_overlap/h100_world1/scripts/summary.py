@@ -2,7 +2,7 @@
 (medians over the round records, the first two of each kind left out, as benchmarks/gpu_overlap.py),
 the forward gate's wait per overlapped round, and seconds per step after warm-up.
 
-    python bench_results/gpu_overlap/h100_session21/scripts/summary.py
+    python bench_results/gpu_overlap/h100_world1/scripts/summary.py
 """
 import glob
 import json

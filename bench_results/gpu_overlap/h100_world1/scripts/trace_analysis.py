@@ -2,7 +2,7 @@
 fixed on an H100): the round's operations and launches and the compute stream's busy share, as
 benchmarks/report/round_trace.py reads them, then the training thread's slow calls while a round ran.
 
-    python bench_results/gpu_overlap/h100_session21/scripts/trace_analysis.py
+    python bench_results/gpu_overlap/h100_world1/scripts/trace_analysis.py
 """
 import gzip
 import json

@@ -2,7 +2,7 @@
 priced as in ds_acco.rounds.auto_mode.choose) over a step's bare compute priced for a full batch (G = 4, N = 2).
 Lines printed before the ratio joined the figures, so it is recomputed from the printed numbers.
 
-    python bench_results/issue27_streaming/hint_ratios.py
+    python bench_results/ttl_streaming_vs_auto_seeds1-4/hint_ratios.py
 """
 import os
 import re

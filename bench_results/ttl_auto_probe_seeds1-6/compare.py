@@ -4,7 +4,7 @@ same machine (``r25_<seed>/``). Each run's seconds to the loss come from ``repea
 repeats``: sync low-bit's early target, the same rule as BENCHMARKS.md's tables); then the validations at the
 same step (35) and the seconds per step between steps 5 and 35, and how far auto trails streaming by hand at step 5.
 
-    python bench_results/issue27_first_look/compare.py [FOLDER]   (default: this folder)
+    python bench_results/ttl_auto_probe_seeds1-6/compare.py [FOLDER]   (default: this folder)
 """
 import json
 import os

@@ -5,7 +5,7 @@ rank's clock). Streaming by hand: step2/r25_<seed> (seeds 1-4), step1/r25_<seed>
 streaming: step1/r25_<seed>. Then each run's seconds per step between the validations at steps 5 and 35,
 and how far auto trails streaming by hand at those two validations.
 
-    python bench_results/issue27_first_choice/crossing.py
+    python bench_results/ttl_auto_first_choice_seeds1-6/crossing.py
 """
 import json
 import os

@@ -3,7 +3,7 @@ auto_lowbit_int4_streaming at 88ed44e (no look; the first round probes at its he
 alternating on one machine, seeds 1 and 2 (``ab_old_<seed>``, ``ab_new_<seed>``); seconds to sync low-bit's loss
 at 75% of the budget in ``r100_<seed>`` (same seed, same session), the slowest rank's clock at steps 1, 3 and 5.
 
-    python bench_results/issue27_first_look/ab100.py
+    python bench_results/ttl_auto_probe_seeds1-6/ab100.py
 """
 import json
 import os

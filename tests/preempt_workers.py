@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ds_acco.comm.stop_signal import STOP, AccoPreempted
-from ds_acco.rounds import auto_mode
+from ds_acco.rounds.auto import choice as auto_choice, mode as auto_mode
 from tests import ds_workloads as D
 from tests import fsdp_workloads as F
 from tests import workloads as W
@@ -54,14 +54,14 @@ def config(front: str, out: str) -> dict:
 def forced_switch(front: str):
     """auto_streaming: auto must switch at its first choice, whatever this machine measures (and not before the
     first round, which with any rate a probe gives it would); put back after, for a pooled worker's next job."""
-    hint, look_first = auto_mode.STREAMING_HINT, auto_mode.AutoMode.__dict__["look_first"]
+    hint, look_first = auto_choice.STREAMING_HINT, auto_mode.AutoMode.__dict__["look_first"]
     if front == "auto_streaming":
-        auto_mode.STREAMING_HINT = 0.0
+        auto_choice.STREAMING_HINT = 0.0
         auto_mode.AutoMode.look_first = lambda self: False
     try:
         yield
     finally:
-        auto_mode.STREAMING_HINT, auto_mode.AutoMode.look_first = hint, look_first
+        auto_choice.STREAMING_HINT, auto_mode.AutoMode.look_first = hint, look_first
 
 
 # ------------------------------------------------------------------ the scenarios (scripts and pooled jobs)

@@ -17,7 +17,8 @@ import torch
 
 from ds_acco.config import parse_acco_config
 from ds_acco.errors import AccoConfigError
-from ds_acco.rounds.auto_mode import AutoMode, StepTimer, choose
+from ds_acco.rounds.auto.choice import choose
+from ds_acco.rounds.auto.mode import AutoMode, StepTimer
 from tests.auto_workers import auto_reference, train_auto
 from tests.dist_harness import run_distributed
 from tests.helpers import assert_trajectories_equal
@@ -87,19 +88,27 @@ def test_the_first_choice_comes_after_one_step_without_its_start_up():
 
 
 def test_adaptive_policy_switches_too_and_commits_what_workers_computed():
+    """Where the policy may change the batch, sync at half the accumulation is a candidate too (the adaptive
+    policy's honest control): on the free link it costs nothing extra and buys more loss per sample, so auto runs
+    it; once a round takes 100 ms it pays that twice per step and acco adaptive, which hides it, wins."""
     got = run(link=[(6, 0.1)], steps=16, policy="adaptive")
-    # the adaptive policy's smaller batches are priced with the noise scale measured in the sync rounds
-    # (tests/test_auto_policy.py), so acco may win on the fast link already: it runs when it is cheaper to a
-    # loss than sync by the switch margin
+    # the smaller batches are priced with the noise scale measured in the sync rounds (tests/test_auto_policy.py):
+    # each choice runs the candidate cheapest to a loss where it beats the running one by the switch margin
     first, cands = got["choices"][0], got["choices"][0]["candidates"]
     assert first["noise_scale"] is not None and cands["acco adaptive"]["batch"] < 8, first
-    assert (first["runs"] == "acco") == (cands["acco adaptive"]["score_ms"] < 0.95 * cands["sync"]["score_ms"]), first
-    assert "acco" in got["modes"] and got["modes"][0] == "sync"
-    # an adaptive round ends at the first micro-batch boundary after its link time: with none, after one
-    # micro-batch on each rank; from step 6 on (100 ms), after two
-    acco_counts = got["counts"][3:]
-    assert acco_counts[0] == [2, 2] and set(map(tuple, acco_counts[1:])) <= {(1, 1), (2, 2)}, got["counts"]
-    assert acco_counts[-1] == [2, 2], got["counts"]
+    assert cands["sync half"]["batch"] == 4 and cands["sync half"]["step_ms"] == cands["sync"]["step_ms"], cands
+    best = min(cands, key=lambda c: cands[c]["score_ms"])
+    assert best == "sync half" and cands[best]["score_ms"] < 0.95 * cands["sync"]["score_ms"], cands
+    assert first["runs"] == "sync" and first["sync_half"], first
+    to_acco = next(c for c in got["choices"] if c["runs"] == "acco")
+    assert to_acco["step"] > 6 and to_acco["candidates"]["sync half"]["step_ms"] == pytest.approx(400.0), to_acco
+    assert "runs acco (was sync at half the batch)" in got["lines"][got["choices"].index(to_acco)]
+    assert got["modes"][0] == "sync" and "acco" in got["modes"]
+    # 3 full sync commits, then sync at half the batch (2 micro-batches per rank) until acco; an adaptive round ends
+    # at the first micro-batch boundary after its link time: from step 6 on (100 ms), after two
+    half = got["modes"].index("acco") - 3
+    assert got["counts"][:3] == [[4, 4]] * 3 and got["counts"][3:3 + half] == [[2, 2]] * half, got["counts"]
+    assert set(map(tuple, got["counts"][3 + half:])) == {(2, 2)}, got["counts"]
     assert_trajectories_equal(got["trajectory"], auto_reference(got["modes"], counts=got["counts"]))
 
 
@@ -197,10 +206,10 @@ def test_the_timer_measures_the_wire_factor_across_a_switch():
 def test_a_choice_without_figures_is_tried_again_the_next_step():
     """A choice point whose figures do not suffice (no step measured yet, as after a resume just before it) is
     tried again at the next step, not ``check_every`` steps later."""
-    from types import SimpleNamespace
+    from ds_acco.rounds.state import RoundState
 
     auto = AutoMode(parse_acco_config(dict(AUTO, auto={"measure_steps": 3, "check_every": 20})), G, 2, 0)
-    state = SimpleNamespace(mode="sync", policy="fixed")
+    state = RoundState(mode="sync", policy="fixed")
     assert auto.due(3) and not auto.due(4)
     nothing_yet = [[0] * 5, [0] * 5]  # what every rank sends before it has measured a step
     assert auto.decide(nothing_yet, state, 3) == "sync" and auto.choices == []

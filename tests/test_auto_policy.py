@@ -9,8 +9,9 @@ import torch
 
 from ds_acco.config import parse_acco_config
 from ds_acco.errors import AccoConfigError
-from ds_acco.rounds.auto_mode import choose
-from ds_acco.rounds.noise_scale import NoiseScale
+from ds_acco.rounds.auto.choice import choose
+from ds_acco.rounds.auto import noise_scale
+from ds_acco.rounds.auto.noise_scale import NoiseScale
 from tests.auto_workers import auto_reference, train_auto
 from tests.dist_harness import run_distributed
 from tests.helpers import assert_trajectories_equal
@@ -90,7 +91,10 @@ def test_the_noise_scale_decides_between_full_and_smaller_batches():
     assert cands["acco adaptive"]["step_ms"] == pytest.approx(400)
     assert cands["acco adaptive"]["batch"] == pytest.approx(5.2)
     assert cands["acco adaptive"]["score_ms"] == pytest.approx(400 * (1 + 5.2 / 4))  # x2.3 against fixed's x5
-    assert "gradient noise scale 4.0 micro-batches" in low.line and low.line.endswith("runs acco adaptive (was sync)")
+    assert "gradient noise scale 4.0 micro-batches" in low.line and "runs acco adaptive (was sync)" in low.line
+    # sync at half the batch: 8 x 50 ms + two 40 ms rounds per 16 micro-batches, 8 per commit: 480 x 3 = 1440 ms
+    assert cands["sync half"]["score_ms"] == pytest.approx(480 * (1 + 8 / 4))
+    assert low.line.endswith("; the next best, sync at half the batch, would take 1.57x its time to a loss"), low.line
     # a large noise scale: a sample buys as much at any batch, fixed and adaptive cost the same per sample,
     # and acco's 400 ms against sync's 440 ms is within nothing of the margin: fixed is kept as the first listed
     high = choose(figures([50, 50], 40, sync_ms), "sync", cfg, 8, step=3, noise=1e9)
@@ -169,7 +173,64 @@ def test_a_slow_worker_makes_auto_choose_the_adaptive_policy_and_the_run_follows
     assert any("runs acco adaptive (was sync)" in line and "gradient noise scale" in line for line in got["lines"])
     # a checkpoint keeps the policy auto chose, and a resume runs under it
     last = got["choices"][-1]
-    assert got["roundtrip"] == {"saved": (last["runs"], last["policy"]), "loaded": (last["runs"], last["policy"])}
+    assert got["roundtrip"] == {"saved": (last["runs"], last["policy"]), "loaded": (last["runs"], last["policy"]),
+                                "sync_quota": (0, 0)}
+
+
+def test_sync_at_half_the_batch_commits_half_and_a_checkpoint_keeps_it():
+    """Equal workers on a free link, policy auto: sync at half the accumulation buys more loss per sample at the
+    same seconds, so auto runs it from its first choice; every sync commit after it holds G/2 micro-batches per
+    worker, the learning-rate clock counts tokens, the trajectory is the reference's with those counts, and a
+    checkpoint saves and restores the half accumulation."""
+    results = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=0.05, link=[(0, 0.0)], steps=9,
+                              config=AUTO, roundtrip=True)
+    got = results[0]
+    assert results[1]["choices"] == got["choices"]
+    first = got["choices"][0]
+    assert first["step"] == 3 and first["runs"] == "sync" and first["sync_half"], first
+    assert "runs sync at half the batch (was sync)" in got["lines"][0], got["lines"][0]
+    assert got["modes"] == ["sync"] * 9 and got["counts"] == [[4, 4]] * 3 + [[2, 2]] * 6, got["counts"]
+    assert_trajectories_equal(got["trajectory"], auto_reference(got["modes"], counts=got["counts"]))
+    assert got["roundtrip"]["sync_quota"] == (2, 2), got["roundtrip"]
+
+
+def test_an_unresolved_noise_scale_is_priced_at_its_upper_end_not_at_zero():
+    """Early in training the rounds' tr(Σ) estimates scatter around a small mean: one that lands at or below zero
+    must not price every smaller batch as free. Resolved (the interval excludes zero) it is used as measured."""
+    est = NoiseScale()
+    for local, glob in [([5.0, 5.2], 1.5), ([4.0, 4.1], 1.1), ([4.4, 4.6], 1.05)]:  # counts 2 and 2, B = 4
+        est.add(local, [2, 2], glob)
+    s = est.summary()
+    assert s["rounds"] == 3 and not s["resolved"] and s["measured"] < s["high"], s
+    assert est.value() == pytest.approx(max(s["high"], noise_scale.FLOOR)) and est.value() > s["measured"], s
+    # the old reading: the mean's ratio clamped at zero, which priced every batch per committed step
+    assert s["measured"] < 0.5 * est.value(), s
+    steady = NoiseScale()
+    for _ in range(10):
+        steady.add([4.0, 4.0], [2, 2], 0.75)  # the same round ten times: no spread, a resolved estimate
+    r = steady.summary()
+    assert r["resolved"] and r["low"] == pytest.approx(r["high"]) and steady.value() == pytest.approx(r["measured"])
+    assert steady.value() == pytest.approx(1.0 / 0.5)  # tr(Σ) = (1 - 0.75) / (1/2 - 1/4) = 1, |g|² = 0.75 - 1/4
+
+
+def test_acco_s_delay_penalty_falls_with_a_decayed_learning_rate():
+    """The one-step delay costs in proportion to the step: the penalty is the configured one while the rate climbs
+    or holds, and the configured one times lr / peak as a schedule decays it; a choice it tips says so."""
+    from ds_acco.rounds.auto.mode import AutoMode
+    from ds_acco.rounds.state import RoundState
+
+    cfg = dict(AUTO, policy="fixed", auto={"acco_step_penalty": 0.4, "switch_margin": 0.05, "measure_steps": 3})
+    auto = AutoMode(parse_acco_config(cfg), 8, 2, 0)
+    assert auto.penalty(1e-4) == (0.4, "") and auto.penalty(1e-3) == (0.4, "")  # warm-up: the rate climbs
+    penalty, note = auto.penalty(2.5e-4)  # decayed to a quarter of its peak
+    assert penalty == pytest.approx(0.1) and "0.25 of its peak" in note
+    # 50 ms micro-batches, 150 ms rounds: sync 550 ms, acco fixed 2 x max(200, 150) = 400 ms a step; charged 40%,
+    # acco costs 560 ms: sync; at the decayed 10%, 440 ms: acco
+    state = RoundState(mode="sync", policy="fixed")
+    assert auto.decide(figures([50, 50], 150, 550), state, 3, lr=1e-3) == "sync"
+    assert auto.decide(figures([50, 50], 150, 550), state, 3, lr=2.5e-4) == "acco"
+    assert auto.choices[-1]["penalty"] == pytest.approx(0.1) and auto.choices[-1]["acco_charged_ms"] == \
+        pytest.approx(440)
 
 
 def test_fastest_is_auto_and_passes_hf_trainers_accelerate():

@@ -17,7 +17,7 @@ import torch
 from ds_acco.config import parse_acco_config
 from ds_acco.errors import AccoConfigError
 from ds_acco.reference import ReferenceRun, reference_schedule
-from ds_acco.rounds.auto_mode import STREAMING_HINT
+from ds_acco.rounds.auto.choice import STREAMING_HINT
 from tests import workloads as W
 from tests.auto_streaming_workers import (COMPUTE_S, CONFIG, G, STREAM, SWITCH,
                                           assert_state_within_one_byte_bounds, phase_state, reference)
@@ -200,15 +200,15 @@ def _ds_job(rank, world, **kw):
     """``D.train_ds`` with auto always preferring streaming (the tiny model's ratio sits near the threshold), from
     the first choice after ``measure_steps`` (the look before the first round, which would take any probed rate,
     has its own test)."""
-    from ds_acco.rounds import auto_mode
+    from ds_acco.rounds.auto import choice as auto_choice, mode as auto_mode
     from tests import ds_workloads as D
 
-    hint, auto_mode.STREAMING_HINT = auto_mode.STREAMING_HINT, 0.0
+    hint, auto_choice.STREAMING_HINT = auto_choice.STREAMING_HINT, 0.0
     look, auto_mode.AutoMode.look_first = auto_mode.AutoMode.look_first, lambda self: False
     try:
         return D.train_ds(rank, world, **kw)
     finally:
-        auto_mode.STREAMING_HINT, auto_mode.AutoMode.look_first = hint, look
+        auto_choice.STREAMING_HINT, auto_mode.AutoMode.look_first = hint, look
 
 
 def test_deepspeed_switches_to_streaming_follows_the_reference_and_resumes(tmp_path):

@@ -86,7 +86,7 @@ class PreemptionConfig(_Block):
 
 class AutoConfig(_Block):
     """How ``mode: "auto"`` chooses between ``sync`` and ``acco`` (and, with ``policy: "auto"``, acco's policy; see
-    ``ds_acco.rounds.auto_mode``).
+    ``ds_acco.rounds.auto.mode``).
 
     Why a model and not a trial of each mode: a trial of ``acco`` costs little, but a trial's loss
     says nothing after a few steps; the time a step takes does. The choice compares seconds per
@@ -113,7 +113,7 @@ class AutoConfig(_Block):
     between two modes that cost the same)."""
     streaming: bool = False
     """Let auto switch the job to Streaming DiLoCo (configured by the ``streaming`` block) where the best
-    gradient mode costs at least 1.35x a step's bare compute to a loss (``ds_acco.rounds.auto_mode.STREAMING_HINT``):
+    gradient mode costs at least 1.35x a step's bare compute to a loss (``ds_acco.rounds.auto.choice.STREAMING_HINT``):
     there no gradient round hides, and streaming's fragment rounds do. Off unless set, because from the switch
     on every rank keeps a full copy of the optimizer state (ZeRO stage 0's memory). Needs fp32 parameters, and
     DeepSpeed ZeRO-1 or ``ds_acco.plain.build(..., model=)``. One-way: auto does not choose again after it.

@@ -48,7 +48,7 @@ class AccoConfig(_Block):
     ``adaptive``: a round ends when its communication ends; workers contribute
     however many micro-batches they finished meanwhile. ``auto`` (with ``mode: "auto"``):
     auto chooses the policy too, pricing the adaptive policy's smaller batches with the
-    gradient noise scale it measures (``ds_acco.rounds.noise_scale``); ``"fastest"`` is the same."""
+    gradient noise scale it measures (``ds_acco.rounds.auto.noise_scale``); ``"fastest"`` is the same."""
     warmup_steps: int = Field(default=0, ge=0)
     """Optimizer steps run in ``sync`` mode before overlapped rounds start. ``"scheduler"`` (DeepSpeed
     front end): as many as the config's scheduler warms the learning rate up for, resolved before this

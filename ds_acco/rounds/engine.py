@@ -33,7 +33,7 @@ from . import describe
 from . import state as round_state
 from . import streaming_switch as switch
 from .alignment import RoundAlignment
-from .auto_mode import ACCO, SYNC, AutoMode
+from .auto.mode import ACCO, SYNC, AutoMode
 from .group_buffers import build_group_buffers, round_bytes
 from .landing import Landing
 from .round_work import COMMIT, ESTIMATE, RoundOutcome, RoundWork
@@ -111,7 +111,7 @@ class RoundEngine(EngineLifecycle):
         estimate, commit = round_bytes(self.buffers, self.groups, self.world_size, comm)
         self.auto = AutoMode(self.config, self.G, self.world_size, self.rank, estimate / commit if commit else 1.0,
                              commit, clock=self.clock.now) if self.config.mode == "auto" else None
-        """``mode: "auto"``'s timer and choices (:mod:`ds_acco.rounds.auto_mode`); None in the other modes."""
+        """``mode: "auto"``'s timer and choices (:mod:`ds_acco.rounds.auto.mode`); None in the other modes."""
         self.state = RoundState(mode=SYNC if self.auto else self.config.mode, active_scale=self._current_scale(),
                                 policy="fixed" if self.config.policy == "auto" else self.config.policy)
         self.state.next_kind = self._first_kind()
@@ -151,7 +151,11 @@ class RoundEngine(EngineLifecycle):
 
     @property
     def quota(self) -> int:
-        return self.G // 2 if self.overlapping and self.mode == "acco" else self.G
+        """Micro-batches per worker before a round launches: ``G/2`` in acco, ``G`` in sync (or ``G/2`` where auto
+        runs sync at half the accumulation)."""
+        if self.overlapping and self.mode == "acco":
+            return self.G // 2
+        return self.state.sync_quota if self.mode == SYNC and self.state.sync_quota else self.G
 
     def _first_kind(self) -> str:
         return ESTIMATE if self.mode == "acco" else COMMIT
@@ -175,14 +179,15 @@ class RoundEngine(EngineLifecycle):
         if self.auto:
             self.auto.timer.micro_batch()
         if not self.overlapping:
-            if s.n < self.G:
+            if s.n < self.quota:
                 switch.probe_if_due(self)
                 return False
             if not switch.look_before_first_round(self):
                 self._launch(COMMIT, "sync")
                 self._complete()
                 if self.auto and self.auto.due(s.commits):
-                    self.auto.decide(self.auto.gathered(self._submit, self.coll, self.device), s, s.commits)
+                    self.auto.decide(self.auto.gathered(self._submit, self.coll, self.device), s, s.commits,
+                                     lr=self.shard_optimizer.lr)
                     switch.enter_if_chosen(self)
                 if self.overlapping:
                     s.next_kind = self._first_kind()
@@ -197,7 +202,7 @@ class RoundEngine(EngineLifecycle):
         landed = self._inflight.kind
         self._complete()
         if landed == ESTIMATE and self.auto and self.auto.due(s.commits + 1) and \
-                self.auto.decide(self._figures, s, s.commits + 1) != ACCO:  # (it set the mode to run next)
+                self.auto.decide(self._figures, s, s.commits + 1, lr=self.shard_optimizer.lr) != ACCO:  # (sets it)
             self._launch(COMMIT, "acco")  # the commit of this step, waited for: sync or streaming runs from θ_{t+1}
             self._complete()
             s.next_kind = COMMIT

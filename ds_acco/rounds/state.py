@@ -50,6 +50,9 @@ class RoundState:
     """The mode rounds run in: the configured one, or what ``mode: "auto"`` chose last."""
     policy: str = "fixed"
     """The acco policy rounds run under: the configured one, or what ``policy: "auto"`` chose last."""
+    sync_quota: int = 0
+    """Micro-batches per worker a sync round commits (0: ``G``); ``mode: "auto"`` sets ``G/2`` when it runs sync at
+    half the accumulation (where the policy may change the batch)."""
 
 
 @dataclass
@@ -124,6 +127,7 @@ def snapshot(state: RoundState, *, identity: dict, round_index: int, grads: Grad
         "compute_committed": state.compute_committed,
         "mode": state.mode,
         "policy": state.policy,
+        "sync_quota": state.sync_quota,
     }
 
 
@@ -139,7 +143,8 @@ def restore(saved: dict, *, identity: dict, grads: GradBuffers, buffers: Sequenc
     state = RoundState(commits=saved["commits"], micro_batches=saved["micro_batches"], n=saved["n"],
                        next_kind=saved["next_kind"], active_scale=saved["active_scale"],
                        compute_committed=saved.get("compute_committed", True),
-                       mode=saved.get("mode", mode), policy=saved.get("policy", policy))
+                       mode=saved.get("mode", mode), policy=saved.get("policy", policy),
+                       sync_quota=saved.get("sync_quota", 0))
     lr_clock.load_state_dict(saved.get("lr_clock"), state.commits)  # absent in older checkpoints
     reset_buffers(grads, buffers)  # what the state does not hold starts from zero
     for buf, kept in zip(grads.active_buffers(), saved["active_grads"] or []):

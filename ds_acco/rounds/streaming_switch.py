@@ -23,7 +23,7 @@ import torch
 from ds_acco.errors import AccoConfigError
 from ds_acco.telemetry.records import RoundRecord
 
-from .auto_mode import STREAMING, SYNC
+from .auto.mode import STREAMING, SYNC
 from .round_work import COMMIT
 
 logger = logging.getLogger("ds_acco")

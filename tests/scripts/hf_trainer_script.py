@@ -23,7 +23,7 @@ from transformers import Trainer, TrainingArguments
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
 from ds_acco.comm.engine_lifecycle import EXIT_ORDER
-from ds_acco.rounds import auto_mode
+from ds_acco.rounds.auto import choice as auto_choice, mode as auto_mode
 from examples.models import build_gpt
 from examples.shakespeare import ShakespeareWindows
 from tests.ds_workloads import full_masters
@@ -34,14 +34,14 @@ def forced_streaming(on: bool):
     """mode auto with auto.streaming switches at its first choice, whatever this machine measures (at the first
     choice after measure_steps: not before the first round, where it would hang on whether loopback's probe gave a
     rate); put back for the runs after."""
-    hint, look_first = auto_mode.STREAMING_HINT, auto_mode.AutoMode.__dict__["look_first"]
+    hint, look_first = auto_choice.STREAMING_HINT, auto_mode.AutoMode.__dict__["look_first"]
     if on:
-        auto_mode.STREAMING_HINT = 0.0
+        auto_choice.STREAMING_HINT = 0.0
         auto_mode.AutoMode.look_first = lambda self: False
     try:
         yield
     finally:
-        auto_mode.STREAMING_HINT, auto_mode.AutoMode.look_first = hint, look_first
+        auto_choice.STREAMING_HINT, auto_mode.AutoMode.look_first = hint, look_first
 
 
 def check_export(trainer, engine, output_dir: str):

@@ -1,6 +1,6 @@
 """The projection table: what the step model ``mode: auto`` uses predicts, against a round's length.
 
-Why the library's own model (:func:`ds_acco.rounds.auto_mode.choose`) and not a formula written here: the
+Why the library's own model (:func:`ds_acco.rounds.auto.choice.choose`) and not a formula written here: the
 table then says what auto would do, and a change to the model changes the table (and fails the docs test
 until the page is regenerated). Inputs, per row: a step's compute ``C`` (1), a commit round's time ``x·C``
 on the wire, an estimate round at int4's share of a commit's bytes, and the compute slowdown ``k`` while a
@@ -16,7 +16,7 @@ import json
 import os
 
 from ds_acco.config import AccoConfig
-from ds_acco.rounds.auto_mode import STREAMING_HINT, choose
+from ds_acco.rounds.auto.choice import STREAMING_HINT, choose
 
 from . import sets as rs
 from .cells import bed_name, md_table

@@ -20,6 +20,17 @@ One round's estimate is noisy (two ranks are two samples), so the numerator and 
 denominator are averaged separately over the last rounds, as the paper does. Units are
 micro-batches: ``B_noise`` is in micro-batches too. Every rank holds the same gathered
 and all-reduced values, so every rank computes the same figure.
+
+Noise must not read as a small noise scale. Early in training the per-round ``tr(Σ)``
+estimates scatter around a small mean, and a mean that happens to fall near or below zero
+would price every smaller batch as free (the estimate clamped at zero: benchmark logs read 0.0
+and 0.05 micro-batches, and auto then preferred the smallest commits whatever they cost).
+So the mean ``tr(Σ)`` carries its confidence interval (:data:`Z` standard errors of the
+window's rounds): where the interval excludes zero the estimate is used as measured (0.1
+micro-batches was measured, and resolved, early in the benchmark runs); where it does not,
+``B_noise`` is not resolved from zero and is priced at the interval's *upper* end, the
+largest scale the rounds allow, which credits a smaller batch only with what the
+measurement supports; and never below :data:`FLOOR`.
 """
 
 from __future__ import annotations
@@ -29,6 +40,12 @@ from typing import Optional, Sequence
 
 WINDOW = 30
 """Rounds averaged: the noise scale grows as the loss falls, so old rounds are dropped."""
+Z = 2.0
+"""Standard errors either side of the mean ``tr(Σ)``: about a 95% interval."""
+FLOOR = 0.1
+"""The smallest ``B_noise`` (micro-batches) an unresolved estimate is priced at: the smallest scale the benchmark
+runs resolved. Below it the price of a batch ``B`` of 4-16 micro-batches, ``1 + B/B_noise``, is proportional to ``B``
+within 3%: pricing the limit per committed step would choose the same."""
 
 
 class NoiseScale:
@@ -55,11 +72,27 @@ class NoiseScale:
         self._signal.append(global_sq - trace * inv_big)
 
     def value(self) -> Optional[float]:
-        """``B_noise`` in micro-batches; ``inf`` when the true gradient is lost in the noise (every batch
-        size buys the same per sample); None before two rounds were measured."""
-        if len(self._trace) < 2:
+        """``B_noise`` in micro-batches, as priced (see the module docstring: the measured estimate where it is
+        resolved from zero, else its interval's upper end, at least :data:`FLOOR`); ``inf`` when the true gradient
+        is lost in the noise (every batch size buys the same per sample); None before two rounds were measured."""
+        summary = self.summary()
+        return None if summary is None else summary["value"]
+
+    def summary(self) -> Optional[dict]:
+        """The estimate with its confidence: ``value`` (as priced), ``measured`` (the mean's ratio, clamped at
+        zero), ``low``/``high`` (the interval's ends, in micro-batches), ``rounds`` and ``resolved`` (the interval
+        excludes zero); None before two rounds were measured."""
+        n = len(self._trace)
+        if n < 2:
             return None
-        signal, trace = sum(self._signal), sum(self._trace)
+        signal, trace = sum(self._signal) / n, sum(self._trace) / n
         if signal <= 0:
-            return float("inf")
-        return max(trace, 0.0) / signal
+            inf = float("inf")
+            return {"value": inf, "measured": inf, "low": inf, "high": inf, "rounds": n, "resolved": True}
+        spread = (sum((t - trace) ** 2 for t in self._trace) / (n - 1)) ** 0.5 * Z / n ** 0.5
+        low, high = (trace - spread) / signal, (trace + spread) / signal
+        measured = max(trace, 0.0) / signal
+        resolved = low > 0
+        value = measured if resolved else max(high, FLOOR)
+        return {"value": value, "measured": measured, "low": max(low, 0.0), "high": max(high, 0.0), "rounds": n,
+                "resolved": resolved}

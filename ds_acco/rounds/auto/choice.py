@@ -37,31 +37,23 @@ With ``policy: "auto"`` both acco policies are candidates. The adaptive policy c
 micro-batches per step, and a smaller batch may buy as much loss per step: each candidate's
 time to a loss is its seconds per ``G·N`` micro-batches times ``1 + B/B_noise``, with ``B`` its
 micro-batches per committed step and ``B_noise`` the gradient noise scale measured from the
-rounds (:mod:`ds_acco.rounds.noise_scale`; per sample alone before it is measured; per committed
+rounds (:mod:`ds_acco.rounds.auto.noise_scale`; per sample alone before it is measured; per committed
 step when it measures 0, the model's limit: a larger batch is not free there). While
 acco runs, its measured step calibrates the other policy's prediction (the model's error is
 shared), and a near tie goes to the fixed policy, which is deterministic. ``policy:
 "adaptive"`` prices sync's full batches against adaptive's the same way.
 """
-
 from __future__ import annotations
 
-import logging
-import statistics
-import time
-from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
-
-import torch
+from typing import Optional, Sequence
 
 from ds_acco.config import AccoConfig
 
-from .noise_scale import NoiseScale
-
-logger = logging.getLogger("ds_acco")
-
 SYNC, ACCO, STREAMING = "sync", "acco", "streaming"
+HALF = "half"
+"""Sync at half the accumulation: a candidate wherever the policy may change the batch (the adaptive policy's
+commits are about half of ``G·N`` micro-batches on a fast link, so sync at that batch is its honest control)."""
 FIGURES = 5
 """Integers each rank adds to a round's all-gather: µs per micro-batch without and with a round in
 flight, µs per round on the wire in the running mode, µs per nominal step measured in the running mode,
@@ -77,7 +69,6 @@ to a loss as the candidates are: delay penalty and batch in), no gradient round 
 rounds do, is the faster mode: with ``acco.auto.streaming`` the job switches to it, otherwise the line points to it.
 Between the ratios where streaming won (1.39-1.79 at 25 Mbit/s) and lost (0.71-1.30 at 100 Mbit/s; BENCHMARKS.md,
 "Streaming against auto, four seeds")."""
-_WINDOW = 3  # medians of the last few samples: one slow step (a checkpoint, a GC pause) does not decide
 
 
 @dataclass
@@ -87,105 +78,30 @@ class Choice:
     line: str
     policy: Optional[str] = None
     """The acco policy to run (or the one priced best, when ``mode`` is sync)."""
-
-
-class StepTimer:
-    """This rank's figures, fed by the engine at every swap (training thread only); ``clock`` stamps the ends of
-    micro-batches (the engine's)."""
-
-    def __init__(self, G: int, world_size: int, clock: Callable[[], float] = time.perf_counter):
-        self.per_step = G * world_size
-        self._clock = clock
-        self.compute = {SYNC: deque(maxlen=_WINDOW), ACCO: deque(maxlen=_WINDOW)}
-        self.rounds, self.steps, self.batches = (deque(maxlen=_WINDOW) for _ in range(3))
-        self.wire_factor = 0.0
-        """The module docstring's wire factor (0: not measured): measured across a switch (the old mode's last
-        window against the new mode's first), then kept: a link that changes later moves both modes' rounds alike."""
-        self._across: Optional[float] = None
-        """The old mode's median round just before a switch, until the new mode's first window fills."""
-        self._mode = SYNC
-        self._mb_since_swap = 0
-        self._skip = 0
-        self._first: Optional[list] = []
-        """The job's first interval: the ends of its micro-batches (None once it is over). Its first micro-batch
-        holds start-up (first forward, allocations; +13% on the real-compute bed), so that interval's compute is
-        timed from the end of the first micro-batch to the end of the last."""
-        self._last_commit: Optional[tuple[float, int]] = None
-
-    def micro_batch(self) -> None:
-        self._mb_since_swap += 1
-        if self._first is not None:
-            self._first.append(self._clock())
-
-    def enter(self, mode: str) -> None:
-        """A new mode (or acco policy) runs from now: its round and step figures start afresh (not its compute;
-        the wire factor is measured across a change of mode only)."""
-        if self.rounds and mode != self._mode:
-            self._across = statistics.median(self.rounds)
-        self._mode = mode
-        for window in (self.rounds, self.steps, self.batches):
-            window.clear()
-        self._skip = 1
-        self._last_commit = None
-
-    def swap(self, *, compute_s: float, round_s: float, committed: Optional[int], now: float) -> None:
-        """One swap: ``compute_s`` since the previous swap; ``committed`` is the total of micro-batches
-        committed so far when this swap was a commit (None for an estimate)."""
-        mbs, self._mb_since_swap = self._mb_since_swap, 0
-        if self._first is not None:
-            ends, self._first = self._first, None
-            mbs, compute_s = len(ends) - 1, (ends[-1] - ends[0] if ends else 0.0)
-        if self._skip:
-            self._skip -= 1
-        else:
-            if mbs > 0:
-                self.compute[self._mode].append(compute_s / mbs)
-            self.rounds.append(round_s)
-            if self._across is not None and len(self.rounds) == _WINDOW:
-                before, now_s = self._across, statistics.median(self.rounds)
-                if before > 0 and now_s > 0:
-                    self.wire_factor = now_s / before if self._mode == ACCO else before / now_s
-                self._across = None
-        if committed is None:
-            return
-        if self._last_commit is not None:
-            t, done = self._last_commit
-            if committed > done:
-                self.steps.append((now - t) * self.per_step / (committed - done))
-                self.batches.append(committed - done)
-        self._last_commit = (now, committed)
-
-    def first_compute(self) -> Optional[float]:
-        """Seconds per micro-batch in the job's first interval so far, its first micro-batch left out (None
-        before two micro-batches ended, or once the interval is over)."""
-        ends = self._first
-        return (ends[-1] - ends[0]) / (len(ends) - 1) if ends and len(ends) > 1 else None
-
-    def batch(self) -> Optional[float]:
-        """Micro-batches committed per step in the running mode (the same on every rank: counts are gathered)."""
-        return float(statistics.median(self.batches)) if self.batches else None
-
-    def local(self) -> list[int]:
-        def us(xs) -> int:
-            return int(round(statistics.median(xs) * 1e6)) if xs else 0
-        return [us(self.compute[SYNC]), us(self.compute[ACCO]), us(self.rounds), us(self.steps),
-                int(round(self.wire_factor * 1000))]
+    sync_half: bool = False
+    """Sync runs at half the accumulation (commits of ``G/2`` micro-batches per worker)."""
 
 
 def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G: int, step: int,
            policy: Optional[str] = None, noise: Optional[float] = None,
            batch: Optional[float] = None, estimate_fraction: float = 1.0, streaming: bool = False,
-           noise_measured: bool = True) -> Optional[Choice]:
+           noise_measured: bool = True, penalty: Optional[float] = None,
+           sync_half: Optional[bool] = None, penalty_note: str = "", noise_note: str = "") -> Optional[Choice]:
     """The mode to run from ``figures`` (one row of :data:`FIGURES` per rank); None while they do not suffice.
 
-    ``policy``: the acco policy running (``current == "acco"``); ``noise``: the gradient noise scale in
-    micro-batches (:mod:`ds_acco.rounds.noise_scale`; None: not measured, or ``inf``: batches are then priced per
+    ``policy``: the acco policy running (``current == "acco"``), or :data:`HALF` where sync runs at half the
+    accumulation; ``noise``: the gradient noise scale in
+    micro-batches (:mod:`ds_acco.rounds.auto.noise_scale`; None: not measured, or ``inf``: batches are then priced per
     sample; 0: below what the rounds resolve, priced per committed step, the model's limit);
     ``batch``: micro-batches per step measured in the running mode (the adaptive policy's varies);
     ``estimate_fraction``: an estimate round's bytes over a commit's (``acco.estimate_quantization``); round
     times are commit rounds' (the timer scales estimates up by it); ``streaming``: ``acco.auto.streaming``, the
     job may switch to streaming where the chosen gradient mode costs :data:`STREAMING_HINT` or more;
-    ``noise_measured``: False where ``noise`` is the small-noise limit taken before two rounds measured it."""
+    ``noise_measured``: False where ``noise`` is the small-noise limit taken before two rounds measured it;
+    ``penalty``: acco's delay penalty now (None: ``acco.auto.acco_step_penalty``; :meth:`AutoMode.penalty`);
+    ``sync_half``: whether sync at half the accumulation is a candidate (None: where the policy may change the
+    batch, as the adaptive policy does, and ``G`` is even); ``penalty_note``/``noise_note``: how the penalty and the
+    noise scale were taken, for the line."""
     N = len(figures)
     # compute per micro-batch with a round in flight over without, from ranks that measured both
     interference = max((r[1] / r[0] for r in figures if r[0] > 0 and r[1] > 0), default=1.0)
@@ -200,10 +116,20 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     if measured <= 0:  # a choice after the first step: one commit, no interval between two yet
         measured = G * max(c_sync_s) + R
     auto, full = config.auto, float(G * N)
-    running = (SYNC, None) if current == SYNC else (ACCO, policy or _policies(config)[0])
-    # seconds per nominal step (G·N micro-batches) and micro-batches per committed step, for each candidate
-    step_s = {(SYNC, None): measured if current == SYNC else G * max(c_sync_s) + R / wire}
+    penalty = auto.acco_step_penalty if penalty is None else penalty
+    if sync_half is None:
+        sync_half = config.policy != "fixed" and G % 2 == 0
+    running = (SYNC, HALF if policy == HALF else None) if current == SYNC else (ACCO, policy or _policies(config)[0])
+    # seconds per nominal step (G·N micro-batches) and micro-batches per committed step, for each candidate; sync at
+    # half the accumulation sends the same round twice per nominal step
+    R_sync = R if current == SYNC else R / wire
+    step_s = {(SYNC, None): G * max(c_sync_s) + R_sync}
     batches = {(SYNC, None): full}
+    if sync_half or running == (SYNC, HALF):
+        step_s[(SYNC, HALF)], batches[(SYNC, HALF)] = G * max(c_sync_s) + 2 * R_sync, full / 2
+    if current == SYNC:
+        step_s[running] = measured
+        batches[running] = batch if running == (SYNC, HALF) and batch else batches[running]
     R_acco = R * wire if current == SYNC else R
     predicted = {p: _predict_acco(c_acco_s, R_acco, G, config, p, estimate_fraction) for p in _policies(config)}
     # in acco, the running policy's measured step calibrates the other's prediction
@@ -221,7 +147,7 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
         return seconds * batch / full  # noise below what the rounds resolve: every batch needs the same steps
 
     def score(c) -> float:
-        return price(step_s[c], batches[c]) * (1.0 + auto.acco_step_penalty if c[0] == ACCO else 1.0)
+        return price(step_s[c], batches[c]) * (1.0 + penalty if c[0] == ACCO else 1.0)
 
     best = min(step_s, key=score)
     if best == (ACCO, "adaptive") and (ACCO, "fixed") in step_s and \
@@ -234,15 +160,17 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     runs = STREAMING if streaming and ratio >= STREAMING_HINT else chosen[0]
     figs = {"step": step, "compute_ms": 1e3 * max(c_sync_s), "in_flight_factor": k, "round_ms": 1e3 * R,
             "wire_factor": wire, "sync_step_ms": 1e3 * step_s[(SYNC, None)], "acco_step_ms": 1e3 * step_s[acco_c],
-            "acco_charged_ms": 1e3 * step_s[acco_c] * (1.0 + auto.acco_step_penalty),
+            "acco_charged_ms": 1e3 * step_s[acco_c] * (1.0 + penalty), "penalty": penalty,
+            "sync_half": chosen == (SYNC, HALF), "switch_margin": auto.switch_margin, "penalty_scaled": penalty_note,
+            "noise_note": noise_note,
             "was": current, "runs": runs, "policy": acco_c[1], "world_size": N,
             "noise_scale": noise, "noise_measured": noise_measured, "streaming_ratio": ratio,
             "candidates": {f"{m} {p}" if p else m: {
                 "step_ms": 1e3 * step_s[c], "batch": batches[c], "score_ms": 1e3 * score(c)}
                 for c in step_s for m, p in [c]}}
-    line = _line(figs, G, current, running, chosen, step_s, batches, score, auto.acco_step_penalty,
+    line = _line(figs, G, current, running, chosen, step_s, batches, score, penalty,
                  several=len(predicted) > 1, streaming=streaming)
-    return Choice(runs, figs, line, acco_c[1])
+    return Choice(runs, figs, line, acco_c[1], sync_half=chosen == (SYNC, HALF))
 
 
 def _policies(config: AccoConfig) -> tuple:
@@ -256,17 +184,27 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
     how = {c: "measured" if c == running and not first else "predicted" for c in step_s}
     wire, noise = figs["wire_factor"], figs["noise_scale"]
     acco = ", ".join(f"acco {c[1]} {1e3 * step_s[c]:.1f} ms ({how[c]}; {1e3 * step_s[c] * (1 + penalty):.1f} ms "
-                     f"with the {penalty:.0%} delay penalty)" for c in step_s if c[0] == ACCO)
-    name = lambda c: f"{c[0]} {c[1]}" if c[1] and several else c[0]  # noqa: E731
+                     f"with the {percent(penalty)} delay penalty)" for c in step_s if c[0] == ACCO)
+    half = (SYNC, HALF)
+    sync = f"sync {figs['sync_step_ms']:.1f} ms ({how[(SYNC, None)]})" + (
+        f", sync at half the batch {1e3 * step_s[half]:.1f} ms ({how[half]})" if half in step_s else "")
+
+    def name(c) -> str:
+        if c == half:
+            return "sync at half the batch"
+        return f"{c[0]} {c[1]}" if c[1] and several else c[0]
     when, where = ("before the first round", "predicted from a probe of the link") if first else \
         (f"at step {figs['step']}", f"in {current}")
     line = (f"ds_acco auto {when}: compute {figs['compute_ms']:.1f} ms per micro-batch "
             f"(x{figs['in_flight_factor']:.2f} with a round in flight), round {figs['round_ms']:.1f} ms {where} "
             f"({f'x{wire:.2f} in acco' if current == SYNC else f'x{1 / wire:.2f} in sync'}); "
-            f"per step of {G} micro-batches: sync {figs['sync_step_ms']:.1f} ms ({how[(SYNC, None)]}), {acco}")
+            f"per step of {G} micro-batches: {sync}, {acco}")
+    if figs.get("penalty_scaled"):
+        line += f"; delay penalty {percent(penalty)}: {figs['penalty_scaled']}"
     if noise is not None:
         shown = f"{noise:.1f}" if noise >= 1 or noise == 0 or noise != noise else f"{noise:.2g}"  # 0.04 is not 0
         scale = f"{shown} micro-batches" if figs["noise_measured"] else "not measured yet, taken as small"
+        scale += f" ({figs['noise_note']})" if figs.get("noise_note") else ""
         line += f"; gradient noise scale {scale}, so per step to a loss (delay penalty in) " + \
             ", ".join(f"{name(c) if c[0] == SYNC else f'{c[0]} {c[1]}'} {batches[c]:.1f} micro-batches per step: "
                       f"{1e3 * score(c):.1f} ms" for c in step_s)
@@ -274,6 +212,14 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
         line += f": runs streaming (was {name(running)}; {name(chosen)} is the best gradient mode)"
     else:
         line += f": runs {name(chosen)}" + ("" if chosen == running else f" (was {name(running)})")
+        best = min(step_s, key=score)
+        if best != chosen:  # what staying gives up
+            line += (f"; {name(best)} would take {score(best) / score(chosen):.2f}x its time to a loss, inside the "
+                     f"{percent(figs['switch_margin'])} switch margin")
+        else:
+            alt = min((c for c in step_s if c != chosen), key=score, default=None)
+            if alt is not None:
+                line += f"; the next best, {name(alt)}, would take {score(alt) / score(chosen):.2f}x its time to a loss"
     if figs["streaming_ratio"] >= STREAMING_HINT:
         compute_ms, sync_round_ms = G * figs["compute_ms"], figs["round_ms"] / (1.0 if current == SYNC else wire)
         why = (f"a round is {sync_round_ms / compute_ms:.1f}x a step's compute, more than any gradient round can hide"
@@ -287,6 +233,10 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
                      "sooner on this link (set acco.auto.streaming to let auto switch to it; it keeps a full copy "
                      "of the optimizer state per rank)")
     return line
+
+
+def percent(x: float) -> str:
+    return f"{100 * x:.3g}%"
 
 
 def _predict_acco(c: Sequence[float], R: float, G: int, config: AccoConfig, policy: str,
@@ -307,102 +257,3 @@ def _predict_acco(c: Sequence[float], R: float, G: int, config: AccoConfig, poli
         seconds += T
         made += sum(min(max(1.0, T / ci), cap) for ci in c)
     return seconds * full / made, made
-
-
-class AutoMode:
-    """The engine's side of ``mode: "auto"``: its timer, the noise scale, when a choice is due, the choices made."""
-
-    def __init__(self, config: AccoConfig, G: int, world_size: int, rank: int, estimate_fraction: float = 1.0,
-                 commit_bytes: int = 0, clock: Callable[[], float] = time.perf_counter):
-        self.config, self.G, self.rank = config, G, rank
-        self.estimate_fraction = estimate_fraction
-        """An estimate round's bytes over a commit's: below 1 with ``acco.estimate_quantization: "int4"``."""
-        self.commit_bytes = commit_bytes
-        """Bytes this rank sends in a commit round: with the probed link rate, a round's time before one ran."""
-        self.probe = None
-        """The link probe running behind step 1's compute (:meth:`look_first`), then None."""
-        self.timer = StepTimer(G, world_size, clock)
-        self.noise = NoiseScale() if config.policy != "fixed" else None
-        """The gradient noise scale, where a policy with smaller batches is a candidate (None otherwise)."""
-        self.first = max(config.warmup_steps, config.auto.measure_steps)
-        self.early = config.auto.measure_steps if config.auto.streaming and config.auto.measure_steps < self.first \
-            else None
-        """With ``auto.streaming``, a look after ``measure_steps`` inside the warm-up: the warm-up keeps acco's
-        one-step delay away from the first steps, but streaming has none and may start at once where no gradient
-        round hides. Such a look switches to streaming or leaves the job in sync until the first choice. Before the
-        noise scale has had its two rounds, the look takes it as small (the bench measured 0-3 micro-batches against
-        batches of 4-16): priced per sample, adaptive's large commits on a slow link would look free and no look
-        could ever start streaming."""
-        self.choices: list[dict] = []
-        """Every choice's figures, in order (for telemetry, tests and benchmarks)."""
-        self._retry = False
-        self.streaming_refused = False
-        """Set when a switch to streaming found too little memory on some rank: streaming is not offered again."""
-
-    def look_first(self) -> bool:
-        """Whether to probe the link behind step 1's compute and look before the first round
-        (:func:`ds_acco.rounds.streaming_switch.look_before_first_round`): with ``auto.streaming`` only (the look
-        starts streaming or nothing) and ``G >= 2`` (compute is timed from the end of the first micro-batch)."""
-        return self.config.auto.streaming and self.G >= 2 and not self.streaming_refused
-
-    def first_figures(self, rate: Optional[float]) -> list[int]:
-        """This rank's figures before the first round (:data:`FIGURES`): step 1's compute per micro-batch and a
-        commit round's bytes at the probed ``rate`` (zeros without one: the link was too fast to time; a choice
-        then waits for measured figures). The rate is the agreed pieces' own, headers and per-call costs in; a
-        round's quantisation and sums are left out (at 25 Mbit/s: 1.19-1.32 s for rounds of 1.24 s; BENCHMARKS.md)."""
-        c = self.timer.first_compute()
-        if not rate or not c:
-            return [0] * FIGURES
-        return [int(round(c * 1e6)), 0, int(round(self.commit_bytes / rate * 1e6)), 0, 0]
-
-    def due(self, step: int) -> bool:
-        """Whether the step that ends with commit ``step`` is one where the mode is chosen: on schedule, or
-        the step after one whose figures did not suffice (a resume just before a check has not measured a step
-        yet), rather than ``check_every`` steps later."""
-        return self._retry or step == self.early or \
-            (step >= self.first and (step - self.first) % self.config.auto.check_every == 0)
-
-    def gathered(self, submit, coll, device, figures: Optional[list[int]] = None) -> list:
-        """Every rank's figures now (``figures``, by default the timer's), one row per rank, in one tiny all-gather on
-        the communication thread: a choice in sync comes after its round (see the module docstring)."""
-        local = torch.tensor(self.timer.local() if figures is None else figures, dtype=torch.int64, device=device)
-        return submit("auto figures", lambda handle: coll.all_gather_small(local).cpu().tolist()).wait()
-
-    def after_round(self, record, outcome, *, now: float, committed: Optional[int]) -> None:
-        """Feed one swapped-in round: its times to the timer, its norms to the noise scale."""
-        # the count all-gather is where a round waits for the slowest peer: not the link's time
-        wire_s = outcome.round_s - record.stage_s.get("count all-gather", 0.0)
-        if record.kind == "estimate":
-            wire_s /= self.estimate_fraction  # the commit round it stands for
-        self.timer.swap(compute_s=record.compute_s, round_s=wire_s, now=now, committed=committed)
-        if self.noise is not None and outcome.noise is not None and not outcome.skipped:
-            self.noise.add(outcome.noise[0], outcome.counts, outcome.noise[1])
-
-    def decide(self, figures: Optional[list], state, step: int) -> str:
-        """The mode (and, under ``policy: "auto"``, the acco policy) to run after ``step``: sets them on the engine's
-        ``state`` and returns the mode (unchanged while the figures do not suffice); logs the figures."""
-        running = state.policy if state.mode == ACCO else None
-        noise = self.noise.value() if self.noise else None
-        assumed = noise is None and self.noise is not None and step < self.first
-        if assumed:  # a look inside the warm-up, before two rounds measured it: its small limit (see self.early)
-            noise = 0.0
-        choice = choose(figures, state.mode, self.config, self.G, step, policy=running, noise=noise,
-                        batch=self.timer.batch(), estimate_fraction=self.estimate_fraction,
-                        streaming=self.config.auto.streaming and not self.streaming_refused,
-                        noise_measured=not assumed) if figures else None
-        self._retry = choice is None and step > 0  # (the look before the first round is not retried)
-        if choice is None:
-            return state.mode
-        if step < self.first and choice.mode != STREAMING:  # a look inside the warm-up: sync until it ends
-            logger.debug("%s (inside the warm-up: only streaming may start before step %d)", choice.line, self.first)
-            return state.mode
-        self.choices.append(choice.figures)
-        if self.rank == 0:
-            logger.info(choice.line)
-        if choice.mode != STREAMING and (choice.mode != state.mode or (choice.mode == ACCO and
-                                                                       choice.policy != state.policy)):
-            self.timer.enter(choice.mode)  # (streaming's steps are not timed: auto does not choose after it)
-        state.mode = choice.mode
-        if choice.mode == ACCO:
-            state.policy = choice.policy
-        return choice.mode

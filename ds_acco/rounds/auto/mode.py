@@ -1,0 +1,242 @@
+"""``mode: "auto"``, the engine's side: the step timer, when a choice is due, and applying the choice.
+
+What auto chooses and why (the model of a step, the candidates, their prices to a loss) is
+:mod:`ds_acco.rounds.auto.choice`; this module feeds it this job's figures (measured on the engine's clock),
+the gradient noise scale (:mod:`ds_acco.rounds.auto.noise_scale`) and acco's delay penalty now
+(:meth:`AutoMode.penalty`), and sets what it chose on the engine's round state.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import deque
+from typing import Callable, Optional
+
+import torch
+
+from ds_acco.config import AccoConfig
+
+from .choice import ACCO, FIGURES, HALF, STREAMING, SYNC, choose, percent
+from .noise_scale import NoiseScale
+
+logger = logging.getLogger("ds_acco")
+
+_WINDOW = 3  # medians of the last few samples: one slow step (a checkpoint, a GC pause) does not decide
+
+
+class StepTimer:
+    """This rank's figures, fed by the engine at every swap (training thread only); ``clock`` stamps the ends of
+    micro-batches (the engine's)."""
+
+    def __init__(self, G: int, world_size: int, clock: Callable[[], float] = time.perf_counter):
+        self.per_step = G * world_size
+        self._clock = clock
+        self.compute = {SYNC: deque(maxlen=_WINDOW), ACCO: deque(maxlen=_WINDOW)}
+        self.rounds, self.steps, self.batches = (deque(maxlen=_WINDOW) for _ in range(3))
+        self.wire_factor = 0.0
+        """The module docstring's wire factor (0: not measured): measured across a switch (the old mode's last
+        window against the new mode's first), then kept: a link that changes later moves both modes' rounds alike."""
+        self._across: Optional[float] = None
+        """The old mode's median round just before a switch, until the new mode's first window fills."""
+        self._mode = SYNC
+        self._mb_since_swap = 0
+        self._skip = 0
+        self._first: Optional[list] = []
+        """The job's first interval: the ends of its micro-batches (None once it is over). Its first micro-batch
+        holds start-up (first forward, allocations; +13% on the real-compute bed), so that interval's compute is
+        timed from the end of the first micro-batch to the end of the last."""
+        self._last_commit: Optional[tuple[float, int]] = None
+
+    def micro_batch(self) -> None:
+        self._mb_since_swap += 1
+        if self._first is not None:
+            self._first.append(self._clock())
+
+    def enter(self, mode: str) -> None:
+        """A new mode (or acco policy) runs from now: its round and step figures start afresh (not its compute;
+        the wire factor is measured across a change of mode only)."""
+        if self.rounds and mode != self._mode:
+            self._across = statistics.median(self.rounds)
+        self._mode = mode
+        for window in (self.rounds, self.steps, self.batches):
+            window.clear()
+        self._skip = 1
+        self._last_commit = None
+
+    def swap(self, *, compute_s: float, round_s: float, committed: Optional[int], now: float) -> None:
+        """One swap: ``compute_s`` since the previous swap; ``committed`` is the total of micro-batches
+        committed so far when this swap was a commit (None for an estimate)."""
+        mbs, self._mb_since_swap = self._mb_since_swap, 0
+        if self._first is not None:
+            ends, self._first = self._first, None
+            mbs, compute_s = len(ends) - 1, (ends[-1] - ends[0] if ends else 0.0)
+        if self._skip:
+            self._skip -= 1
+        else:
+            if mbs > 0:
+                self.compute[self._mode].append(compute_s / mbs)
+            self.rounds.append(round_s)
+            if self._across is not None and len(self.rounds) == _WINDOW:
+                before, now_s = self._across, statistics.median(self.rounds)
+                if before > 0 and now_s > 0:
+                    self.wire_factor = now_s / before if self._mode == ACCO else before / now_s
+                self._across = None
+        if committed is None:
+            return
+        if self._last_commit is not None:
+            t, done = self._last_commit
+            if committed > done:
+                self.steps.append((now - t) * self.per_step / (committed - done))
+                self.batches.append(committed - done)
+        self._last_commit = (now, committed)
+
+    def first_compute(self) -> Optional[float]:
+        """Seconds per micro-batch in the job's first interval so far, its first micro-batch left out (None
+        before two micro-batches ended, or once the interval is over)."""
+        ends = self._first
+        return (ends[-1] - ends[0]) / (len(ends) - 1) if ends and len(ends) > 1 else None
+
+    def batch(self) -> Optional[float]:
+        """Micro-batches committed per step in the running mode (the same on every rank: counts are gathered)."""
+        return float(statistics.median(self.batches)) if self.batches else None
+
+    def local(self) -> list[int]:
+        def us(xs) -> int:
+            return int(round(statistics.median(xs) * 1e6)) if xs else 0
+        return [us(self.compute[SYNC]), us(self.compute[ACCO]), us(self.rounds), us(self.steps),
+                int(round(self.wire_factor * 1000))]
+
+
+class AutoMode:
+    """The engine's side of ``mode: "auto"``: its timer, the noise scale, when a choice is due, the choices made."""
+
+    def __init__(self, config: AccoConfig, G: int, world_size: int, rank: int, estimate_fraction: float = 1.0,
+                 commit_bytes: int = 0, clock: Callable[[], float] = time.perf_counter):
+        self.config, self.G, self.rank = config, G, rank
+        self.estimate_fraction = estimate_fraction
+        """An estimate round's bytes over a commit's: below 1 with ``acco.estimate_quantization: "int4"``."""
+        self.commit_bytes = commit_bytes
+        """Bytes this rank sends in a commit round: with the probed link rate, a round's time before one ran."""
+        self.probe = None
+        """The link probe running behind step 1's compute (:meth:`look_first`), then None."""
+        self.timer = StepTimer(G, world_size, clock)
+        self.noise = NoiseScale() if config.policy != "fixed" else None
+        """The gradient noise scale, where a policy with smaller batches is a candidate (None otherwise)."""
+        self.first = max(config.warmup_steps, config.auto.measure_steps)
+        self.early = config.auto.measure_steps if config.auto.streaming and config.auto.measure_steps < self.first \
+            else None
+        """With ``auto.streaming``, a look after ``measure_steps`` inside the warm-up: the warm-up keeps acco's
+        one-step delay away from the first steps, but streaming has none and may start at once where no gradient
+        round hides. Such a look switches to streaming or leaves the job in sync until the first choice. Before the
+        noise scale has had its two rounds, the look takes it as small (the bench measured 0-3 micro-batches against
+        batches of 4-16): priced per sample, adaptive's large commits on a slow link would look free and no look
+        could ever start streaming."""
+        self.choices: list[dict] = []
+        """Every choice's figures, in order (for telemetry, tests and benchmarks)."""
+        self._retry = False
+        self._peak_lr = 0.0
+        self.streaming_refused = False
+        """Set when a switch to streaming found too little memory on some rank: streaming is not offered again."""
+
+    def look_first(self) -> bool:
+        """Whether to probe the link behind step 1's compute and look before the first round
+        (:func:`ds_acco.rounds.streaming_switch.look_before_first_round`): with ``auto.streaming`` only (the look
+        starts streaming or nothing) and ``G >= 2`` (compute is timed from the end of the first micro-batch)."""
+        return self.config.auto.streaming and self.G >= 2 and not self.streaming_refused
+
+    def first_figures(self, rate: Optional[float]) -> list[int]:
+        """This rank's figures before the first round (:data:`FIGURES`): step 1's compute per micro-batch and a
+        commit round's bytes at the probed ``rate`` (zeros without one: the link was too fast to time; a choice
+        then waits for measured figures). The rate is the agreed pieces' own, headers and per-call costs in; a
+        round's quantisation and sums are left out (at 25 Mbit/s: 1.19-1.32 s for rounds of 1.24 s; BENCHMARKS.md)."""
+        c = self.timer.first_compute()
+        if not rate or not c:
+            return [0] * FIGURES
+        return [int(round(c * 1e6)), 0, int(round(self.commit_bytes / rate * 1e6)), 0, 0]
+
+    def due(self, step: int) -> bool:
+        """Whether the step that ends with commit ``step`` is one where the mode is chosen: on schedule, or
+        the step after one whose figures did not suffice (a resume just before a check has not measured a step
+        yet), rather than ``check_every`` steps later."""
+        return self._retry or step == self.early or \
+            (step >= self.first and (step - self.first) % self.config.auto.check_every == 0)
+
+    def gathered(self, submit, coll, device, figures: Optional[list[int]] = None) -> list:
+        """Every rank's figures now (``figures``, by default the timer's), one row per rank, in one tiny all-gather on
+        the communication thread: a choice in sync comes after its round (see the module docstring)."""
+        local = torch.tensor(self.timer.local() if figures is None else figures, dtype=torch.int64, device=device)
+        return submit("auto figures", lambda handle: coll.all_gather_small(local).cpu().tolist()).wait()
+
+    def after_round(self, record, outcome, *, now: float, committed: Optional[int]) -> None:
+        """Feed one swapped-in round: its times to the timer, its norms to the noise scale."""
+        # the count all-gather is where a round waits for the slowest peer: not the link's time
+        wire_s = outcome.round_s - record.stage_s.get("count all-gather", 0.0)
+        if record.kind == "estimate":
+            wire_s /= self.estimate_fraction  # the commit round it stands for
+        self.timer.swap(compute_s=record.compute_s, round_s=wire_s, now=now, committed=committed)
+        if self.noise is not None and outcome.noise is not None and not outcome.skipped:
+            self.noise.add(outcome.noise[0], outcome.counts, outcome.noise[1])
+
+    def penalty(self, lr: Optional[float]) -> tuple[float, str]:
+        """Acco's delay penalty now, and how it was taken (for the line): ``acco.auto.acco_step_penalty`` times the
+        learning rate over the highest it has been. The one-step delay applies each update to parameters one step
+        older; what that costs is the change of the gradient over one step, which scales with the step's size. So
+        while the rate climbs or holds (warm-up, a constant rate) the penalty is the configured one, and as a
+        schedule decays the rate to a fraction of its peak the penalty falls with it (None: no rate known)."""
+        base = self.config.auto.acco_step_penalty
+        if lr is None or lr != lr or lr < 0:
+            return base, ""
+        self._peak_lr = max(self._peak_lr, lr)
+        if self._peak_lr <= 0 or lr >= self._peak_lr:
+            return base, ""
+        factor = lr / self._peak_lr
+        return base * factor, (f"acco.auto.acco_step_penalty {percent(base)} x the learning rate at {factor:.2f} of "
+                               "its peak (the one-step delay costs in proportion to the step)")
+
+    def decide(self, figures: Optional[list], state, step: int, lr: Optional[float] = None) -> str:
+        """The mode (and, under ``policy: "auto"``, the acco policy; in sync, the full or half accumulation) to run
+        after ``step``: sets them on the engine's ``state`` and returns the mode (unchanged while the figures do not
+        suffice); logs the figures. ``lr``: the learning rate now (:meth:`penalty`)."""
+        running = state.policy if state.mode == ACCO else (HALF if state.sync_quota else None)
+        summary = self.noise.summary() if self.noise else None
+        noise, note = (summary["value"], _noise_note(summary)) if summary else (None, "")
+        assumed = noise is None and self.noise is not None and step < self.first
+        if assumed:  # a look inside the warm-up, before two rounds measured it: its small limit (see self.early)
+            noise = 0.0
+        penalty, penalty_note = self.penalty(lr)
+        choice = choose(figures, state.mode, self.config, self.G, step, policy=running, noise=noise,
+                        batch=self.timer.batch(), estimate_fraction=self.estimate_fraction,
+                        streaming=self.config.auto.streaming and not self.streaming_refused,
+                        noise_measured=not assumed, penalty=penalty, penalty_note=penalty_note,
+                        noise_note=note) if figures else None
+        self._retry = choice is None and step > 0  # (the look before the first round is not retried)
+        if choice is None:
+            return state.mode
+        if step < self.first and choice.mode != STREAMING:  # a look inside the warm-up: sync until it ends
+            logger.debug("%s (inside the warm-up: only streaming may start before step %d)", choice.line, self.first)
+            return state.mode
+        self.choices.append(choice.figures)
+        if self.rank == 0:
+            logger.info(choice.line)
+        quota = self.G // 2 if choice.mode == SYNC and choice.sync_half else 0
+        if choice.mode != STREAMING and (choice.mode != state.mode or (choice.mode == ACCO and choice.policy !=
+                                                                       state.policy) or quota != state.sync_quota):
+            self.timer.enter(choice.mode)  # (streaming's steps are not timed: auto does not choose after it)
+        state.mode = choice.mode
+        if choice.mode == ACCO:
+            state.policy = choice.policy
+        if choice.mode != STREAMING:
+            state.sync_quota = quota
+        return choice.mode
+
+
+def _noise_note(summary: dict) -> str:
+    """How the noise scale was taken, for the line (:mod:`ds_acco.rounds.auto.noise_scale`)."""
+    if summary["value"] == float("inf"):
+        return ""
+    interval = f"{summary['low']:.2g}-{summary['high']:.2g} over {summary['rounds']} rounds"
+    if summary["resolved"]:
+        return f"between {interval}"
+    return f"measured {summary['measured']:.2g}, not resolved from zero ({interval}): priced at the upper end"

@@ -25,6 +25,9 @@ setup(
         "mpi": ["mpi4py>=4", "mpich"],
         "hf": ["transformers>=4.46", "accelerate"],
         "bench": ["matplotlib"],
-        "dev": ["pytest>=8", "pytest-timeout", "hypothesis", "matplotlib"],
+        # The benchmarks' external peer (examples/train_lm_torchft.py); pinned: its DiLoCo API is experimental.
+        # About 3 MB with its OpenTelemetry dependencies; the tests run it, so dev installs it too.
+        "peer": ["torchft==0.2.0"],
+        "dev": ["pytest>=8", "pytest-timeout", "hypothesis", "matplotlib", "torchft==0.2.0"],
     },
 )

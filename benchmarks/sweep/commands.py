@@ -35,6 +35,20 @@ def train_args(wl: Workload, config_path: str, run_dir: str) -> list[str]:
             "--log-jsonl", os.path.join(run_dir, "train.jsonl"), "--no-progress"]
 
 
+def torchft_args(wl: Workload, config_path: str, run_dir: str) -> list[str]:
+    """``examples.train_lm_torchft``: train_lm's workload options, per-rank records in the run folder."""
+    return ["--config", config_path, "--model-size", wl.model_size, "--seq-len", str(wl.seq_len),
+            "--steps", str(wl.steps), "--eval-every", str(wl.eval_every), "--eval-batches", str(wl.eval_batches),
+            "--seed", str(wl.seed), "--compute-delay-ms", wl.compute_delay_ms,
+            "--max-tokens", str(wl.max_tokens), "--eval-every-tokens", str(wl.eval_every_tokens),
+            "--log-jsonl", os.path.join(run_dir, "train.jsonl"), "--metrics-out", run_dir]
+
+
+def is_torchft(spec: RunSpec) -> bool:
+    """The external peer's runs: a torchft config, whatever front end the sweep's shared workload names."""
+    return spec.config in cfgs.TORCHFT_CONFIGS or spec.workload.frontend == "torchft"
+
+
 def launcher_args(spec: RunSpec, log_dir: str, *, netns: bool, timeout_s: float,
                   python: str = sys.executable) -> list[str]:
     """``local_cluster.py`` and its options for ``spec``'s cluster, up to and including ``--``."""
@@ -56,6 +70,8 @@ def launcher_args(spec: RunSpec, log_dir: str, *, netns: bool, timeout_s: float,
 def launch_command(spec: RunSpec, run_dir: str, config_path: str, *, netns: bool, timeout_s: float,
                    python: str = sys.executable) -> list[str]:
     cmd = launcher_args(spec, run_dir, netns=netns, timeout_s=timeout_s, python=python)
+    if is_torchft(spec):
+        return cmd + [python, "-m", "examples.train_lm_torchft"] + torchft_args(spec.workload, config_path, run_dir)
     if spec.workload.frontend == "fsdp":
         return cmd + [python, "-m", "examples.train_lm_fsdp"] + fsdp_args(spec.workload, config_path, run_dir)
     cmd += [python, "-m", "benchmarks.sweep.worker", "--out", run_dir, "--"]
@@ -73,11 +89,15 @@ def prepare_run(spec: RunSpec, out_dir: str) -> tuple[str, str]:
     if wl.frontend == "fsdp":
         cfg = cfgs.make_fsdp_config(spec.config)
     else:
-        cfg = cfgs.make_config(spec.config, micro_batch=wl.micro_batch, grad_accum=wl.grad_accum,
-                               warmup_steps=wl.warmup_steps, telemetry_jsonl=os.path.join(run_dir, "telemetry.jsonl"),
+        cfg = cfgs.make_config("zero1" if is_torchft(spec) else spec.config, micro_batch=wl.micro_batch,
+                               grad_accum=wl.grad_accum, warmup_steps=wl.warmup_steps,
+                               telemetry_jsonl=os.path.join(run_dir, "telemetry.jsonl"),
                                max_micro_batches_per_round=wl.max_micro_batches_per_round,
-                               streaming_sync_every=wl.streaming_sync_every)
+                               streaming_sync_every=wl.streaming_sync_every, lr_schedule=wl.lr_schedule,
+                               lr_total_steps=wl.lr_total_steps or None)
         cfgs.validate(cfg)
+    if is_torchft(spec):  # zero1's optimizer, schedule, clipping and batch around torchft's outer loop
+        cfg = cfgs.make_torchft_config(spec.config, cfg, sync_every=wl.streaming_sync_every)
     config_path = os.path.join(run_dir, "config.json")
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(cfg, f, indent=1)

@@ -129,7 +129,8 @@ def _load(name: str, template_dir: str) -> dict:
 
 def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: Optional[int] = None,
                 telemetry_jsonl: Optional[str] = None, max_micro_batches_per_round: Optional[int] = None,
-                streaming_sync_every: Optional[int] = None, template_dir: str = TEMPLATE_DIR) -> dict:
+                streaming_sync_every: Optional[int] = None, template_dir: str = TEMPLATE_DIR,
+                lr_schedule: Optional[str] = None, lr_total_steps: Optional[int] = None) -> dict:
     """The DeepSpeed config dict of benchmark config ``name`` (one of :data:`CONFIGS`).
 
     Args:
@@ -140,6 +141,9 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
         max_micro_batches_per_round: adaptive cap (None: the template's).
         streaming_sync_every: streaming ``H`` (None: :data:`STREAMING_BLOCK`'s); ``overlap_steps``
             drops to 0 when ``H / P`` leaves no room for it.
+        lr_schedule: None or ``""``: the template's scheduler, untouched; ``decay`` or ``cosine``:
+            :func:`decayed_scheduler` over ``lr_total_steps`` nominal steps (a config at half the batch,
+            ``sync_lowbit_half``, gets twice the steps: the same tokens).
 
     Raises:
         ValueError: unknown name or a bad number.
@@ -154,6 +158,8 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
     cfg["gradient_accumulation_steps"] = grad_accum
     cfg.pop("train_batch_size", None)
     cfg["steps_per_print"] = 10 ** 9  # keep DeepSpeed's periodic prints out of the logs
+    if lr_schedule:
+        cfg["scheduler"] = decayed_scheduler(cfg["scheduler"], lr_schedule, lr_total_steps)
     if name == "zero1_overlap":
         cfg["zero_optimization"] = copy.deepcopy(_load("zero1_overlap.json", template_dir)["zero_optimization"])
     if name in ("zero1_bf16", "acco_bf16", "acco_bf16_fp32acc"):
@@ -183,6 +189,8 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
         if name == "sync_lowbit_half":
             cfg["gradient_accumulation_steps"] = max(1, grad_accum // 2)
             cfg["scheduler"]["params"]["warmup_num_steps"] *= 2  # the same warm-up in tokens
+            if "total_num_steps" in cfg["scheduler"]["params"]:
+                cfg["scheduler"]["params"]["total_num_steps"] *= 2  # and the same decay
         if name == "auto_lowbit":
             acco.update(mode="auto", policy="fixed")
             acco.pop("max_micro_batches_per_round", None)
@@ -211,6 +219,32 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
         acco["telemetry"] = telemetry
         cfg["acco"] = acco
     return cfg
+
+
+LR_SCHEDULES = ("decay", "cosine")
+"""The decayed schedules :func:`make_config` can put in place of the templates' constant rate after warm-up."""
+COSINE_MIN_RATIO = 0.1
+"""Where ``cosine`` ends, as a fraction of the peak rate (LLM pre-training's usual floor); ``decay`` ends at 0."""
+
+
+def decayed_scheduler(scheduler: dict, kind: str, total_steps: Optional[int]) -> dict:
+    """The template's WarmupLR block with the same warm-up, then a decay that ends at ``total_steps``.
+
+    Why here and not in the templates: the comparison must decay every config at once, over the sweep's own
+    budget. DeepSpeed steps it once per optimizer step; ds_acco once per commit, or, under the adaptive and auto
+    policies, by committed tokens (:mod:`ds_acco.optim.lr_schedule`), so it ends at the same token count in every
+    config whose step holds ``grad_accum`` micro-batches per worker.
+    """
+    if kind not in LR_SCHEDULES:
+        raise ValueError(f"lr_schedule: got {kind!r}; allowed: '', {', '.join(LR_SCHEDULES)}")
+    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+        raise ValueError(f"lr_total_steps: got {total_steps!r}; allowed: an integer >= 1 with lr_schedule {kind!r}")
+    p = scheduler["params"]
+    if kind == "decay":
+        return {"type": "WarmupDecayLR", "params": dict(p, total_num_steps=total_steps)}
+    return {"type": "WarmupCosineLR", "params": {  # a ratio of the optimizer's rate, which is warmup_max_lr
+        "total_num_steps": total_steps, "warmup_min_ratio": p["warmup_min_lr"] / p["warmup_max_lr"],
+        "warmup_num_steps": p["warmup_num_steps"], "cos_min_ratio": COSINE_MIN_RATIO, "warmup_type": p["warmup_type"]}}
 
 
 def validate(cfg: dict) -> None:
@@ -245,4 +279,55 @@ def make_fsdp_config(name: str, template_dir: str = TEMPLATE_DIR) -> dict:
         raise ValueError(f"config: got {name!r}; allowed: {', '.join(FSDP_CONFIGS)}")
     cfg = _load("fsdp_acco.json", template_dir)
     cfg["acco"] = block
+    return cfg
+
+
+TORCHFT_CONFIGS = ("torchft_diloco", "torchft_streaming_diloco")
+"""The external peer: torchft 0.2.0's DiLoCo and Streaming DiLoCo (``examples/train_lm_torchft.py``), on zero1's
+model, data, inner optimizer, schedule, clipping and batch, with :data:`STREAMING_BLOCK`'s H, fragments, overlap
+and mixing where torchft has the same knob."""
+TORCHFT_LABELS = {"torchft_diloco": "torchft DiLoCo", "torchft_streaming_diloco": "torchft Streaming DiLoCo"}
+LABELS.update(TORCHFT_LABELS)
+TORCHFT_SOURCES = {
+    "outer_optimizer": "torchft's DiLoCo example and tests (torchft/_test/diloco_trainer.py): SGD lr 0.7, momentum "
+                       "0.9, nesterov; = STREAMING_BLOCK's outer_lr and outer_momentum",
+    "sync_every": "STREAMING_BLOCK sync_every (H); torchft syncs one fragment every H / fragments inner steps",
+    "fragments": "STREAMING_BLOCK fragments (Streaming DiLoCo); 1 for DiLoCo",
+    "fragment_sync_delay": "STREAMING_BLOCK overlap_steps (tau); 0 for DiLoCo, and 0 where tau * fragments >= H, "
+                           "as ds_acco's make_config drops it",
+    "fragment_update_alpha": "STREAMING_BLOCK alpha (theta_i <- alpha theta_i + (1 - alpha) theta_g, torchft's "
+                             "lerp); torchft's default 0.0 (the global model) for DiLoCo",
+    "use_bucketization": "torchft's default (one all-reduce per parameter tensor)",
+    "should_quantize": "torchft's default; its fp8 quantisation needs triton and a GPU, so fp32 travels on CPU",
+    "timeouts": "ours: long enough for a whole-model fp32 all-reduce at 10 Mbit/s and a half-speed host's quorum",
+}
+
+
+def make_torchft_config(name: str, base: dict, sync_every: Optional[int] = None) -> dict:
+    """``base`` (zero1's DeepSpeed config: optimizer, scheduler, clipping, batch) with the ``"torchft"`` block of
+    torchft config ``name`` (one of :data:`TORCHFT_CONFIGS`); ``sync_every``: H instead of STREAMING_BLOCK's.
+
+    Raises:
+        ValueError: unknown name, or an H that the fragments do not divide (torchft requires it).
+    """
+    if name not in TORCHFT_CONFIGS:
+        raise ValueError(f"config: got {name!r}; allowed: {', '.join(TORCHFT_CONFIGS)}")
+    h = STREAMING_BLOCK["sync_every"] if sync_every is None else sync_every
+    streaming = name == "torchft_streaming_diloco"
+    fragments = STREAMING_BLOCK["fragments"] if streaming else 1
+    delay = STREAMING_BLOCK["overlap_steps"] if streaming else 0
+    if isinstance(h, bool) or not isinstance(h, int) or h < fragments or h % fragments:
+        raise ValueError(f"sync_every: got {h!r}; allowed: a multiple of the {fragments} fragment(s) (torchft)")
+    if delay * fragments >= h:
+        delay = 0
+    cfg = copy.deepcopy(base)
+    cfg.pop("acco", None)
+    cfg["torchft"] = {
+        "algorithm": "streaming_diloco" if streaming else "diloco", "sync_every": h, "fragments": fragments,
+        "fragment_sync_delay": delay, "fragment_update_alpha": STREAMING_BLOCK["alpha"] if streaming else 0.0,
+        "outer_optimizer": {"type": "SGD", "lr": STREAMING_BLOCK["outer_lr"],
+                            "momentum": STREAMING_BLOCK["outer_momentum"], "nesterov": True},
+        "use_bucketization": False, "bucket_cap_mb": None, "should_quantize": False,
+        "timeout_s": 600, "quorum_timeout_s": 1800, "join_timeout_ms": 60000, "quorum_tick_ms": 100,
+        "sources": TORCHFT_SOURCES}
     return cfg

@@ -1,6 +1,8 @@
 """The named sweeps and their parts: which configs run on which links, hosts and CPU quotas.
 
-``smoke`` is a seconds-long version of every part for CI; ``full`` is what BENCHMARKS.md reports.
+``smoke`` is a seconds-long version of every part for CI; ``full`` is what BENCHMARKS.md reports. The long-run
+protocol's parts (a decayed rate over long budgets, each bed unshaped too, 4 and 8 workers) are in
+:mod:`benchmarks.protocol.plans`; they run in ``full`` only and are in no default.
 Every part adapts to the machine: without network namespaces only unshaped (loopback) runs are
 possible, and without root a slow host is emulated by a longer per-micro-batch sleep instead of
 a CPU quota.
@@ -15,6 +17,8 @@ from typing import Optional, Sequence
 from benchmarks.cluster.units import parse_rate
 
 from . import configs as cfgs
+from benchmarks.protocol.plans import PARTS as LONG_PARTS
+from benchmarks.protocol.plans import long_runs, torchft_configs
 from .specs import RunSpec, Sweep, Workload
 
 
@@ -41,7 +45,7 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
     only_configs = list(configs) if configs else None
     streaming_configs = list(configs or cfgs.STREAMING_COMPARISON)
     configs = list(configs or cfgs.DEFAULT_CONFIGS)
-    known = cfgs.CONFIGS + cfgs.FSDP_CONFIGS
+    known = cfgs.CONFIGS + cfgs.FSDP_CONFIGS + tuple(c for c in torchft_configs() if c not in cfgs.CONFIGS)
     bad = [c for c in set(configs + streaming_configs) if c not in known]
     if bad:
         raise ValueError(f"configs: unknown {bad}; allowed: {', '.join(known)}")
@@ -125,6 +129,14 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
         runs.extend(_real_compute_runs(smoke, only_configs, rates, steps, netns, root, pin, parts))
     if parts & {"fsdp", "fsdp_slow_host"}:
         runs.extend(_fsdp_runs(smoke, only_configs, rates, steps, netns, root, pin, parts))
+    notes = []
+    if parts & set(LONG_PARTS):  # benchmarks.protocol.plans: a decayed rate over a long budget, each bed unshaped too
+        if smoke:
+            raise ValueError(f"only: the long parts ({', '.join(sorted(parts & set(LONG_PARTS)))}) run in sweep "
+                             "'full' (--steps makes them short)")
+        more, notes = long_runs(parts, only_configs, rates, steps, netns, root, pin)
+        runs.extend(more)
+        timeout = max(timeout, LONG_TIMEOUT_S)
     if smoke:
         runs = share_runs(runs)
     if mtu is not None:
@@ -140,10 +152,13 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
     desc += f", MTU {mtu}" if mtu else ""
     desc += f", seed {seed}" if seed is not None else ""
     desc += ", one launch per link (a forked process per run)" if smoke else ""
+    desc += "".join(f"; {n}" for n in notes)
     return Sweep(name, desc, runs, timeout_s=timeout, shared_launches=smoke)
 
 
 SWEEP_NAMES = ("smoke", "full")
+LONG_TIMEOUT_S = 2400.0
+"""A long part's run may take this long: sync fp32's 100 steps at 25 Mbit/s alone take about 11 minutes."""
 SMOKE_TOKENS_PER_STEP = 2 * 2 * 32 * 2
 """Micro-batch x accumulation x sequence x 2 hosts: the smoke workload's tokens per optimizer step."""
 
@@ -283,5 +298,5 @@ def _fsdp_runs(smoke: bool, configs: Optional[Sequence[str]], rates: Optional[Se
 
 
 PARTS = ("bandwidth", "slow_host", "slow_host_small", "memory", "convergence", "streaming", "time_to_loss",
-         "time_to_loss_real", "time_to_loss_real_slow_host", "fsdp", "fsdp_slow_host")
+         "time_to_loss_real", "time_to_loss_real_slow_host", "fsdp", "fsdp_slow_host") + LONG_PARTS
 DEFAULT_PARTS = ("bandwidth", "slow_host", "memory", "convergence", "streaming", "time_to_loss")

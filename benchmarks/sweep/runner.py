@@ -41,10 +41,11 @@ from typing import Optional
 
 from benchmarks.cluster.system import netns_available
 
-from .commands import REPO, launch_command, prepare_run
+from .commands import REPO, is_torchft, launch_command, prepare_run
 from .load_gate import LoadGate, foreign_runnable, loadavg
 from .parse import parse_run, read_json
 from .parse_fsdp import parse_fsdp_run
+from .parse_torchft import parse_torchft_run
 from .shared_launch import execute_group, groups
 from .specs import RunSpec, Sweep, spec_of
 
@@ -52,6 +53,8 @@ from .specs import RunSpec, Sweep, spec_of
 def parse_any(spec: RunSpec, run_dir: str, rc: int, wall_s: float, load: Optional[dict]) -> dict:
     """The result row of a finished run, by its front end."""
     parse = parse_fsdp_run if spec.workload.frontend == "fsdp" else parse_run
+    if is_torchft(spec):
+        parse = parse_torchft_run
     return parse(spec, run_dir, rc, wall_s, load)
 
 
@@ -242,8 +245,11 @@ def _run_parallel(sweep: Sweep, out_dir: str, *, netns: bool, jobs: int, result:
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         if sweep.shared_launches:  # the smoke sweep: one launch per link (benchmarks.sweep.shared_launch)
-            rows = {r["id"]: r for part in pool.map(shared, groups([s for s in sweep.runs if s.run_id not in done]))
+            todo = [s for s in sweep.runs if s.run_id not in done]
+            rows = {r["id"]: r for part in pool.map(shared, groups([s for s in todo if not is_torchft(s)]))
                     for r in part}
+            peer = [s for s in todo if is_torchft(s)]  # torchft's script is not train_lm: a launch of its own
+            rows.update((s.run_id, row) for s, row in zip(peer, pool.map(one, peer)))
             result["runs"] = [r for s in sweep.runs for r in rows_of(s, done.get(s.run_id) or rows[s.run_id])]
         else:
             result["runs"] = [r for s, row in zip(sweep.runs, pool.map(one, sweep.runs)) for r in rows_of(s, row)]

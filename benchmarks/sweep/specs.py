@@ -33,6 +33,12 @@ class Workload:
     frontend: str = "deepspeed"
     """``deepspeed`` (``examples.train_lm`` under :mod:`benchmarks.sweep.worker`) or ``fsdp``
     (``examples.train_lm_fsdp --shard-blocks``, one ``fully_shard`` unit per block)."""
+    lr_schedule: str = ""
+    """``""``: the templates' WarmupLR (warm-up, then constant); ``decay`` or ``cosine``: warm-up, then decayed to the
+    end of ``lr_total_steps`` (:func:`benchmarks.sweep.configs.make_config`), as a real run's rate is."""
+    lr_total_steps: int = 0
+    """Nominal optimizer steps the decayed schedule spans (the token budget over ``micro_batch x grad_accum x seq_len x
+    hosts``): every config of a sweep ends its schedule at the same token count."""
 
 
 @dataclass(frozen=True)

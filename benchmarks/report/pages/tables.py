@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 from . import sets as rs
 from .cells import BEDS, HAND, bed_name, label, md_table, ratio_of, s, x
+from .long_runs import long_runs
 from .projection import projection_rows
 
 
@@ -262,6 +263,7 @@ def fsdp(path: Optional[str] = None) -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "headline": headline, "which_mode": which_mode, "beds": beds, "decomposition": decomposition,
     "batch_control": batch_control, "probe": probe, "losses": losses, "fsdp": fsdp, "projection": projection_rows,
+    "long_runs": long_runs,
     **{f"bed:{k[0]}:{k[1]}": (lambda k=k: bed_table(k)) for k in BEDS},
 }
 """Every generated table, by the name its markers carry."""

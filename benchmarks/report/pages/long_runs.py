@@ -1,0 +1,171 @@
+"""BENCHMARKS.md's long-run tables (:mod:`benchmarks.report.long_runs` over the ``protocol`` sets of
+``bench_results/sets.json``), or one line saying that no run exists yet.
+
+Why a set that may match nothing: the protocol takes hours on a quiet machine and runs after the code that
+reports it; until its folders exist the page says so instead of showing numbers nobody measured. Its sets live
+under ``protocol``, not ``sets``, because every folder a ``sets`` entry names must exist.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+from benchmarks.protocol import plans as plans_long
+
+from .. import long_runs as lr
+from ..curves import UNSHAPED
+from . import sets as rs
+from .cells import md_table
+
+SET = "long_runs"
+SHORT = {"zero1": "ZeRO-1", "zero1_overlap": "ZeRO-1 overlap_comm", "sync": "sync fp32", "sync_lowbit": "sync low-bit",
+         "sync_lowbit_half": "sync low-bit, half batch", "acco_lowbit_int4_fixed": "acco fixed",
+         "acco_lowbit_int4_adaptive": "acco adaptive", "streaming_int8": "streaming", "auto_lowbit_int4": "auto",
+         "auto_lowbit_int4_streaming": "auto + streaming", "torchft_diloco": "torchft DiLoCo",
+         "torchft_streaming_diloco": "torchft Streaming DiLoCo"}
+BEDS = {"long-real": "real compute", "long-real-host1@50%": "real compute, one host at half speed",
+        "long-real-delay": "real compute, host 1 slowed by a sleep", "long-sleep": "sleep bed",
+        "long-workers": "light sleep bed"}
+NO_RUNS = ("**No runs yet**: `python -m benchmarks.protocol` runs it into `bench_results/long_runs/` (one "
+           "folder per bed and seed); this block then shows each config's seconds to the fair baseline's loss at 50, "
+           "75 and 100% of its budget, the delay penalty along the run, the link's cost, 2 to 8 workers and the "
+           "issue's targets.")
+
+
+def describe() -> str:
+    """What the protocol runs, from its plan's own constants (so the page cannot drift from the code)."""
+    return (f"The protocol (`benchmarks/protocol/plans.py`): the learning rate warms up, then decays to 0 at the end "
+            f"of the budget (WarmupDecayLR; by committed tokens under the adaptive and auto policies, so every config "
+            f"ends it at the same token count); {plans_long.REAL_STEPS} nominal steps on real compute, "
+            f"{plans_long.SLEEP_STEPS} on the sleep bed; every config of the tables above, stock ZeRO-1 with and "
+            "without `overlap_comm`, sync low-bit at half the batch and torchft's DiLoCo and Streaming DiLoCo; each "
+            "bed also on an unshaped link (the link's cost: how much of the link a config hides); 2, 4 and 8 hosts "
+            f"(each keeps its batch) and 4 with one at half speed on a light sleep bed ({plans_long.WORKERS_DELAY_MS} "
+            "ms sleep per micro-batch of 2 x 64 tokens, so that 8 hosts' CPU work fits 2 cores: a target checks it); "
+            "3 seeds or more.")
+
+
+def folders(root: str = rs.ROOT) -> list[str]:
+    """The set's sweep folders that hold a ``results.json`` (none until the protocol has run)."""
+    with open(os.path.join(root, rs.INDEX), encoding="utf-8") as f:
+        patterns = json.load(f).get("protocol", {}).get(SET, {}).get("folders", [])
+    found = []
+    for pattern in patterns:
+        for hit in sorted(glob.glob(os.path.join(root, "bench_results", pattern)), key=rs._natural):
+            if os.path.isfile(os.path.join(hit, "results.json")) and hit not in found:
+                found.append(hit)
+    return found
+
+
+def bed_name(bed: str, rate: str) -> str:
+    hosts = re.search(r"-(\d+)h(-slow)?$", bed)
+    base = BEDS.get(re.sub(r"-\d+h(-slow)?$", "", bed), bed)
+    if hosts:
+        base += f", {hosts.group(1)} hosts" + (", one at half speed" if hosts.group(2) else "")
+    return f"{base}, {'unshaped' if rate == UNSHAPED else rate.replace('mbit', ' Mbit/s')}"
+
+
+def _seconds(fig: dict) -> str:
+    """``median (spread; reached/of)``, ``never`` where no seed reached the loss, ``-`` where the config did not run."""
+    if not fig["of"]:
+        return "-"
+    if not fig["reached"]:
+        return "never"
+    notes = [f"{fig['spread']:.1f}"] if fig["spread"] is not None else []
+    notes += [f"{fig['reached']}/{fig['of']}"] if fig["reached"] < fig["of"] else []
+    return f"{fig['median']:.1f}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _ratio(fig: dict) -> str:
+    return "-" if fig["median"] is None else f"{fig['median']:.2f}x"
+
+
+def _configs(blocks: list[dict]) -> list[str]:
+    seen = {c for b in blocks for c in b["rows"]}
+    return [c for c in lr.ORDER if c in seen] + sorted(seen - set(lr.ORDER))
+
+
+def _two_hosts(summary: dict) -> list[tuple]:
+    return [k for k in lr.shaped(summary) if not re.search(r"-\d+h(-slow)?$", k[0])]
+
+
+def seconds_table(summary: dict) -> str:
+    keys = _two_hosts(summary)
+    configs = _configs([summary[k] for k in keys])
+    rows = []
+    for key in keys:
+        block = summary[key]
+        for f in lr.FRACTIONS:
+            loss = block["targets"][f]
+            cells = [bed_name(*key) if f == lr.FRACTIONS[0] else "",
+                     f"{f:.0%}: {loss:.3f}" if loss is not None else f"{f:.0%}: -"]
+            cells += [_seconds(block["rows"][c]["seconds"][f]) if c in block["rows"] and loss is not None else "-"
+                      for c in configs]  # no baseline in the folders: no target
+            rows.append(cells)
+    return md_table(["bed", "the baseline's loss at"] + [SHORT.get(c, c) for c in configs], rows)
+
+
+def penalty_table(summary: dict) -> str:
+    keys = _two_hosts(summary)
+    configs = [c for c in _configs([summary[k] for k in keys]) if c != lr.REFERENCE]
+    rows = []
+    for key in keys:
+        block = summary[key]
+        rows.append([bed_name(*key)] + [", ".join("-" if (m := block["rows"][c]["penalty"][p]["median"]) is None
+                                                  else f"{m:.3f}" for p in lr.SHOWN)
+                                        if c in block["rows"] else "-" for c in configs])
+    return md_table(["bed"] + [SHORT.get(c, c) for c in configs], rows)
+
+
+def link_table(summary: dict) -> str:
+    keys = lr.shaped(summary)
+    configs = _configs([summary[k] for k in keys])
+    rows = [[bed_name(*key)] + [_ratio(summary[key]["rows"][c]["link_cost"][0.75]) if c in summary[key]["rows"]
+                                else "-" for c in configs] for key in keys]
+    return md_table(["bed"] + [SHORT.get(c, c) for c in configs], rows)
+
+
+def workers_table(summary: dict) -> str:
+    rows = []
+    for w in lr.workers(summary):
+        rows.append([f"{w['hosts']}" + (", one at half speed" if w["slow"] else "")
+                     + ("" if w["sleep"] else ", real compute"), w["rate"]]
+                    + [_seconds(w["block"]["rows"][c]["seconds"][0.75])
+                       if c in w["block"]["rows"] and w["block"]["targets"][0.75] is not None else "-"
+                       for c in plans_long.WORKERS]
+                    + ["-" if w[g] is None else f"{w[g]:.2f}x" for g in ("gain_fixed", "gain_best")]
+                    + ["-" if w["step_compute"] is None else f"{w['step_compute']:.2f} s"])
+    return md_table(["workers", "link"] + [SHORT[c] for c in plans_long.WORKERS]
+                    + ["the overlap's gain: sync low-bit / acco fixed", "sync low-bit / the faster acco",
+                       "a step's compute"], rows)
+
+
+def targets_table(summary: dict) -> str:
+    mark = {True: "met", False: "**not met**", None: "unknown"}
+    rows = [[t["target"], "-" if t["value"] is None else f"{t['value']:.2f}", f"{t['op']} {t['threshold']:g}",
+             mark[t["met"]], t["detail"]] for t in lr.targets(summary)]
+    return md_table(["target", "measured", "limit", "", "detail"], rows)
+
+
+def long_runs(root: str = rs.ROOT) -> str:
+    """Every long-run table, or :data:`NO_RUNS`."""
+    found = folders(root)
+    summary = lr.summarize(lr.collect(found)) if found else {}
+    if not summary:
+        return f"{describe()}\n\n{NO_RUNS}"
+    seeds = ", ".join(map(str, sorted({s for b in summary.values() for r in b["rows"].values() for s in r["seeds"]})))
+    seconds = ("Seconds to the fair baseline's loss at 50, 75 and 100% of its budget: median over seeds "
+               f"{seeds} (spread; how many reached it where not all did)")
+    penalty = ("The delay penalty: tokens to the baseline's loss at 25, 50, 75 and 100% of its budget over sync "
+               "low-bit's (above 1: less loss per token)")
+    link = ("The link's cost: seconds to the 75% loss on the shaped link over seconds to it unshaped (1: the link is "
+            "hidden)")
+    parts = [(seconds, seconds_table(summary)), (penalty, penalty_table(summary)), (link, link_table(summary)),
+             ("More workers (the light sleep bed unless said; each keeps its batch): seconds to the 75% loss",
+              workers_table(summary)),
+             ("The issue's targets", targets_table(summary))]
+    return "\n\n".join([describe()] + [f"**{caption}**: not run yet." if len(table.splitlines()) < 3 else
+                                       f"**{caption}**:\n\n{table}" for caption, table in parts])

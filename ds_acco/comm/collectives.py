@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -84,6 +85,8 @@ class RoundCollectives:
         self.wire = WireBytes()
         self.reduce_scatter_via_all_to_all = dist.get_backend(self.group) == "gloo" and self.world_size > 1
         self._a2a_scratch: dict[tuple, torch.Tensor] = {}
+        self._int_buffers: dict[int, tuple] = {}
+        self._float_buffer: Optional[tuple] = None
         self.pacer = LinkPacer()
         self.piece_bytes: Optional[int] = None
         """Bytes a piece may send from one rank, agreed by every rank (None: only ``MAX_PIECE_NUMEL`` bounds it)."""
@@ -113,10 +116,45 @@ class RoundCollectives:
             detail = "; ".join(fields) + (f" (all compared: {'; '.join(values)})" if fields else "; ".join(values))
             raise AccoConfigError(f"{what} differ across ranks -> {detail}")
 
-    def all_gather_small(self, local: torch.Tensor) -> torch.Tensor:
-        """All-gather a tiny vector (counts, flags); returns ``(world_size, *local.shape)``."""
-        out = torch.empty((self.world_size, *local.shape), dtype=local.dtype, device=local.device)
-        _all_gather(out.view(-1), local.reshape(-1).contiguous(), group=self.group)
+    def all_gather_ints(self, values: list[int], device: torch.device) -> np.ndarray:
+        """All-gather a few int64 ``values`` of each rank (counts, flags, float bits): ``(world_size, len)``.
+        On the CPU through buffers kept per length and read as numpy arrays, so a round's count all-gather is
+        one operation (a new tensor and its reads were a dozen: issue 49)."""
+        if device.type != "cpu":
+            return self.all_gather_small(torch.tensor(values, dtype=torch.int64).to(device)).cpu().numpy()
+        n = len(values)
+        bufs = self._int_buffers.get(n)
+        if bufs is None:
+            local, out = np.zeros(n, dtype=np.int64), np.zeros((self.world_size, n), dtype=np.int64)
+            bufs = self._int_buffers[n] = (local, out, torch.from_numpy(local), torch.from_numpy(out.reshape(-1)))
+        local, out, local_t, out_t = bufs
+        local[:] = values
+        self.all_gather_small(local_t, out=out_t)
+        return out.copy()
+
+    def all_reduce_float(self, value: float, device: torch.device) -> float:
+        """The sum over ranks of one float64 ``value`` of each rank (as :meth:`all_reduce_sum` of a one-element
+        tensor; on the CPU through a buffer kept for it, one operation)."""
+        if device.type != "cpu":
+            return float(self.all_reduce_sum(torch.tensor([value], dtype=torch.float64, device=device)).item())
+        if self._float_buffer is None:
+            local = np.zeros(1, dtype=np.float64)
+            self._float_buffer = (local, torch.from_numpy(local))
+        local, t = self._float_buffer
+        local[0] = value
+        self.all_reduce_sum(t)
+        return float(local[0])
+
+    def all_gather_small(self, local: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """All-gather a tiny vector (counts, flags); returns ``(world_size, *local.shape)``, or ``out`` (a 1-D
+        contiguous buffer of that many elements, filled in rank order) where given."""
+        if out is None:
+            out = torch.empty((self.world_size, *local.shape), dtype=local.dtype, device=local.device)
+            flat = out.view(-1)
+        else:
+            flat = out
+        _all_gather(flat, local if local.dim() == 1 and local.is_contiguous() else local.reshape(-1).contiguous(),
+                    group=self.group)
         self.wire.add(_nbytes(out), self.world_size)
         return out
 
@@ -236,15 +274,14 @@ class RoundCollectives:
             _all_gather(full, shard, group=self.group)
             self.wire.add(_nbytes(full), self.world_size)
             return full
-        rows, flat = full.view(N, S), shard.reshape(-1)
 
         def one(start: int, n: int) -> None:
             if n == S:
                 _all_gather(full, shard, group=self.group)
                 return
             recv = self._scratch("recv", N * n, full)  # piece j of every row is read before it is written
-            _all_gather(recv, flat[start:start + n], group=self.group)
-            rows[:, start:start + n].copy_(recv.view(N, n))
+            _all_gather(recv, shard.reshape(-1)[start:start + n], group=self.group)
+            full.view(N, S)[:, start:start + n].copy_(recv.view(N, n))
 
         pieces = self._paced(S, full.element_size(), one)
         self.wire.add(_nbytes(full), self.world_size, pieces=pieces)
@@ -262,13 +299,12 @@ class RoundCollectives:
             dist.all_to_all_single(out, inp, group=self.group)
             self.wire.add(_nbytes(inp), N)
             return out
-        rows_in, rows_out = inp.view(N, chunk), out.view(N, chunk)
 
         def one(start: int, n: int) -> None:
             if n == chunk:  # straight into the caller's buffer: no scratch
                 dist.all_to_all_single(out, inp, group=self.group)
                 return
-            rows_out[:, start:start + n].copy_(self._exchange_piece(rows_in, start, n))
+            out.view(N, chunk)[:, start:start + n].copy_(self._exchange_piece(inp.view(N, chunk), start, n))
 
         pieces = self._paced(chunk, inp.element_size(), one, cap_numel=chunk)  # no scratch unless paced
         self.wire.add(_nbytes(inp), N, pieces=pieces)

@@ -37,9 +37,10 @@ import torch
 
 from ds_acco.numerics.dtypes import DTYPES
 from ds_acco.numerics.finite import all_finite, count_non_finite
-from ds_acco.numerics.quantization import (DEFAULT_BLOCK_SIZE, QMAX, QMAX_INT4, check_block_size, dequantize_blockwise,
-                                           dequantize_log, num_blocks, pack_int4, quantize_blockwise, quantize_log,
-                                           unpack_int4)
+from ds_acco.numerics.quantization import (DEFAULT_BLOCK_SIZE, QMAX, QMAX_INT4, absmax_into, block_parts,
+                                           check_block_size, dequantize_log, dequantize_parts, inverse_scales,
+                                           num_blocks, quantize_log, quantize_parts, scale_parts)
+from ds_acco.numerics.views import ViewCache
 
 from . import collectives
 from .collectives import RoundCollectives
@@ -53,21 +54,26 @@ thread a dozen kernel launches that hold the Python interpreter while the traini
 own: on an H200, 1 MiB rows (25 pieces for a 25 M-parameter shard) took 13 ms of host time per round."""
 
 
-def default_piece_numel(block_size: int, world_size: int, device: Optional[torch.device]) -> int:
+def default_piece_numel(block_size: int, world_size: int, device: Optional[torch.device], bits: int = 8) -> int:
     """Elements per rank in one delta all-gather piece: as many whole blocks as fit, with their scales, in
-    ``collectives.MAX_PIECE_NUMEL`` bytes, or on an accelerator (any device but the CPU) in
-    ``CUDA_RECV_BYTES / world_size`` if that is more."""
-    row_bytes = collectives.MAX_PIECE_NUMEL
+    ``collectives.MAX_PIECE_NUMEL`` bytes (``bits`` 4: twice as many, in the same bytes), or on an accelerator
+    (any device but the CPU) as many int8 blocks as fit in ``CUDA_RECV_BYTES / world_size`` if that is more
+    (there the fp32 temporaries of a piece, not its bytes, are what bounds it)."""
+    # b blocks: 4 b bytes of scales and b * block_size * bits / 8 of payload, < 4 more to align
+    cpu = (collectives.MAX_PIECE_NUMEL - 4) * 8 // (32 + block_size * bits) * block_size
     if device is not None and torch.device(device).type != "cpu":
-        row_bytes = max(row_bytes, CUDA_RECV_BYTES // world_size)
-    return (row_bytes - 4) // (block_size + 4) * block_size  # b blocks: b * (block_size + 4) bytes, < 4 to align
+        return max(cpu, (CUDA_RECV_BYTES // world_size - 4) // (block_size + 4) * block_size)
+    return cpu
 
 
 class _WireRows:
     """``rows`` packed wire rows (scales, payload, alignment) of ``numel`` elements each; ``bits`` 8 or 4
     (int4: two elements per payload byte, through an int8 scratch of the levels). ``log``: non-negative values as
     :func:`~ds_acco.numerics.quantization.quantize_log` codes (two scales a block), quantised and dequantised
-    :data:`LOG_PIECE` elements at a time: its arithmetic takes several fp32 copies of what it converts."""
+    :data:`LOG_PIECE` elements at a time: its arithmetic takes several fp32 copies of what it converts.
+
+    Every view of the rows that a call needs is cut here, once, and a call works on all rows at once (or one
+    row of them) in a few operations: see the note in :mod:`ds_acco.numerics.quantization`."""
 
     def __init__(self, rows: int, numel: int, block_size: int, device: Optional[torch.device], bits: int = 8,
                  log: bool = False):
@@ -77,17 +83,26 @@ class _WireRows:
         self.payload_bytes = numel if bits == 8 else -(-numel // 2)
         self.row_bytes = self.scale_bytes + -(-self.payload_bytes // 4) * 4  # payload padded to 4 bytes
         self.buffer = torch.zeros(rows, self.row_bytes, dtype=torch.int8, device=device)
+        self.flat = self.buffer.view(-1)
+        self.scales = self.buffer[:, : self.scale_bytes].view(torch.float32)
+        self.payload = self.buffer[:, self.scale_bytes : self.scale_bytes + self.payload_bytes]
         # int4: the levels before packing (an even width: a lone last element pairs with a zero)
         self._levels = torch.zeros(rows, 2 * self.payload_bytes, dtype=torch.int8, device=device) if bits == 4 \
             else None
-
-    @property
-    def scales(self) -> torch.Tensor:
-        return self.buffer[:, : self.scale_bytes].view(torch.float32)
-
-    @property
-    def payload(self) -> torch.Tensor:
-        return self.buffer[:, self.scale_bytes : self.scale_bytes + self.payload_bytes]
+        if log:
+            return
+        levels = self.payload if self._levels is None else self._levels[:, :numel]
+        self._q = block_parts(levels, block_size)  # the levels, block by block
+        self._amax = scale_parts(self.scales, numel, block_size, broadcast=False)
+        # qmax / scale while quantising, then scale / qmax (what a level is worth): one buffer, 4 bytes a block
+        self._inv = self._factor = torch.empty(rows, num_blocks(numel, block_size), dtype=torch.float32,
+                                               device=device)
+        self._inv_parts = self._factor_parts = scale_parts(self._inv, numel, block_size)
+        self._row_q = [[t[r:r + 1] for t in self._q] for r in range(rows)]
+        self._row_factor = [[t[r:r + 1] for t in self._factor_parts] for r in range(rows)]
+        if self._levels is not None:
+            u = self._levels.view(torch.uint8)
+            self._packed, self._even, self._odd = self.payload.view(torch.uint8), u[:, 0::2], u[:, 1::2]
 
     def _log_pieces(self):
         """``(elements, scales)`` slices of whole blocks, :data:`LOG_PIECE` elements at most."""
@@ -96,18 +111,44 @@ class _WireRows:
             b = min(a + step, self.numel)
             yield slice(a, b), slice(2 * a // self.block_size, 2 * num_blocks(b, self.block_size))
 
-    def pack(self, x: torch.Tensor) -> None:
-        """Quantise ``x`` (``(rows, numel)``) into the rows."""
+    def parts(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """``x`` (``(rows, numel)``) cut as the rows are (for :meth:`pack`'s ``x_parts``, made once per buffer)."""
+        return block_parts(x, self.block_size)
+
+    def pack(self, x: torch.Tensor, x_parts: Optional[list[torch.Tensor]] = None) -> None:
+        """Quantise ``x`` (``(rows, numel)``; ``x_parts``: its :meth:`parts`, when the caller keeps them) into
+        the rows."""
         if self.log:
             for elements, scales in self._log_pieces():
                 q = quantize_log(x[:, elements], self.block_size)
                 self.payload[:, elements].view(torch.uint8).copy_(q.payload)
                 self.scales[:, scales].copy_(q.scales)
             return
-        levels = self.payload if self._levels is None else self._levels[:, : self.numel]
-        quantize_blockwise(x, self.block_size, payload=levels, scales=self.scales, qmax=self.qmax)
+        parts = self.parts(x) if x_parts is None else x_parts
+        absmax_into(parts, self._amax)
+        inverse_scales(self.scales, self.qmax, self._inv)
+        quantize_parts(parts, self._inv_parts, self._q, self.qmax)
+        if self._levels is not None:  # pack_int4 on the views cut once
+            torch.add(self._even, self._odd, alpha=16, out=self._packed).add_(136)
+
+    def levels(self) -> None:
+        """Make the levels of received rows readable: int4 unpacks the payload (all rows); int8 reads it as it
+        is. The factors each level is worth are computed here too."""
         if self._levels is not None:
-            pack_int4(self._levels, self.payload.view(torch.uint8))
+            torch.bitwise_and(self._packed, 15, out=self._even)
+            torch.bitwise_right_shift(self._packed, 4, out=self._odd)
+            self._levels.sub_(8)
+        self.factors()
+
+    def factors(self) -> None:
+        """``scale / qmax`` of every block of every row (after :meth:`pack`, or after :meth:`levels`)."""
+        torch.div(self.scales, self.qmax, out=self._factor)
+
+    def dequantize(self, out_parts: list[torch.Tensor], accumulate: bool = False, row: Optional[int] = None) -> None:
+        """``out (+)= level * factor`` for every row (``out_parts``: :meth:`parts` of ``(rows, numel)``) or for
+        ``row`` (of ``(1, numel)``); needs :meth:`levels` (received rows) or :meth:`pack` and :meth:`factors`."""
+        q, f = (self._q, self._factor_parts) if row is None else (self._row_q[row], self._row_factor[row])
+        dequantize_parts(q, f, out_parts, accumulate)
 
     def unpack(self, out: torch.Tensor, accumulate: bool = False, row: Optional[int] = None) -> torch.Tensor:
         """Dequantise the rows (or only ``row``) into ``out`` (``(rows, numel)``, or ``(1, numel)``)."""
@@ -118,12 +159,9 @@ class _WireRows:
                                        self.block_size)
                 out[:, elements].add_(value) if accumulate else out[:, elements].copy_(value)
             return out
-        if self._levels is None:
-            levels = self.payload[rows]
-        else:
-            levels = unpack_int4(self.payload[rows].view(torch.uint8), self._levels[rows])[:, : self.numel]
-        return dequantize_blockwise(levels, self.scales[rows], self.block_size, out=out, accumulate=accumulate,
-                                    qmax=self.qmax)
+        self.levels()
+        self.dequantize(self.parts(out), accumulate, row)
+        return out
 
 
 class Int8ReduceScatter:
@@ -158,6 +196,12 @@ class Int8ReduceScatter:
             torch.zeros(self.padded_numel, dtype=torch.float32, device=device) if error_feedback else None
         )
         self._acc: Optional[torch.Tensor] = None
+        rows = lambda t: self._send.parts(t.view(world_size, self.chunk))  # noqa: E731
+        self._rows = ViewCache(rows)
+        """The block views of a caller's buffer seen as ``(N, chunk)`` rows: the accumulators, made once each."""
+        self._own = {name: rows(t) for name, t in (("work", self._work), ("residual", self.residual)) if t is not None}
+        self._out = ViewCache(lambda t: self._recv.parts(t.view(1, self.chunk)), size=4)
+        self._numel_view = ViewCache(lambda t: t.reshape(-1)[: self.numel], size=4)
 
     @property
     def bytes_per_call(self) -> int:
@@ -182,37 +226,46 @@ class Int8ReduceScatter:
             )
         if coll.world_size != self.world_size:
             raise ValueError(f"Int8ReduceScatter built for {self.world_size} ranks, group has {coll.world_size}")
+        flat = full if full.dim() == 1 else full.reshape(-1)
         if self._work is None:
-            x = full.reshape(self.world_size, self.chunk)
+            x_parts = self._rows(flat)
         else:
-            self._work[: self.numel].copy_(full.reshape(-1))
+            self._numel_view(self._work).copy_(flat)
             if self.residual is not None:
                 self._work.add_(self.residual)
-            x = self._work.view(self.world_size, self.chunk)
-        self._send.pack(x)
+            x_parts = self._own["work"]
+        self._send.pack(None, x_parts)
+        if residual_out is not None or self.residual is not None:
+            self._send.factors()
         if residual_out is not None:
-            lost = residual_out.reshape(-1)
+            lost = residual_out if residual_out.dim() == 1 else residual_out.reshape(-1)
             if lost.numel() != self.numel or self.residual is not None:
                 raise ValueError(f"residual_out: got {lost.numel()} elements for {self.numel}, error feedback "
                                  f"{self.residual is not None}; needs {self.numel} elements and no error feedback")
+            sent = lost
             if self._work is None:
-                self._send.unpack(lost.view(self.world_size, self.chunk))
+                self._send.dequantize(self._rows(lost))
             else:  # padded: the work buffer is free once packed (no error feedback reads it)
-                lost.copy_(self._send.unpack(self._work.view(self.world_size, self.chunk)).view(-1)[: self.numel])
-            lost.neg_().add_(full.reshape(-1))
+                self._send.dequantize(self._own["work"])
+                sent = self._numel_view(self._work)
+                if lost.dtype != torch.float32:
+                    sent = lost.copy_(sent)  # rounded to the residual's dtype before the subtraction, as it was
+            torch.sub(flat, sent, out=lost)  # full - sent: what this rank's quantisation lost
         if self.residual is not None:
-            sent = self._send.unpack(self.residual.view(self.world_size, self.chunk))
-            torch.sub(self._work, sent.view(-1), out=self.residual)
+            self._send.dequantize(self._own["residual"])
+            torch.sub(self._work, self.residual, out=self.residual)
             if not all_finite(self.residual):
                 self.residual.zero_()
-        coll.all_to_all(self._recv.buffer, self._send.buffer)
+        coll.all_to_all(self._recv.flat, self._send.flat)
         direct = out.dtype == torch.float32 and out.is_contiguous()
         if not direct and self._acc is None:
             self._acc = torch.empty(self.chunk, dtype=torch.float32, device=out.device)
-        acc = out.view(-1) if direct else self._acc
+        acc = out if direct else self._acc
+        acc_parts = self._out(acc)
         acc.zero_()
+        self._recv.levels()
         for src in range(self.world_size):  # rank order; O(chunk) temporaries only
-            self._recv.unpack(acc.view(1, -1), accumulate=True, row=src)
+            self._recv.dequantize(acc_parts, accumulate=True, row=src)
         if not direct:
             out.copy_(acc.view(out.shape))
         return out
@@ -327,12 +380,30 @@ class Int8DeltaAllGather:
         check_block_size(block_size)
         self.shard_numel, self.world_size, self.block_size = shard_numel, world_size, block_size
         if piece_numel is None:
-            piece_numel = default_piece_numel(block_size, world_size, device)
+            piece_numel = default_piece_numel(block_size, world_size, device, bits)
         piece = min(shard_numel, max(block_size, piece_numel // block_size * block_size))
         self.pieces = [(start, min(piece, shard_numel - start)) for start in range(0, shard_numel, piece)]
         self._rows = {n: (_WireRows(1, n, block_size, device, bits), _WireRows(world_size, n, block_size, device, bits))
                       for n in {n for _, n in self.pieces}}
         self._delta = torch.empty(shard_numel, dtype=torch.float32, device=device)
+        self._delta_pieces = [self._delta[a:a + n] for a, n in self.pieces]
+        self._delta_parts = [self._rows[n][0].parts(d.view(1, -1))
+                             for d, (_, n) in zip(self._delta_pieces, self.pieces)]
+        self._views = ViewCache(self._cut)
+        """``base`` and ``out`` cut by rank and piece, once per buffer (the compute parameters and accumulators)."""
+
+    @property
+    def scratch(self) -> torch.Tensor:
+        """A ``shard_numel`` fp32 buffer of this all-gather's that nothing reads between calls (a round's shard
+        step borrows it: :mod:`ds_acco.rounds.round_work`)."""
+        return self._delta
+
+    def _cut(self, t: torch.Tensor) -> dict:
+        rows = t.view(self.world_size, self.shard_numel)
+        pieces = [rows[:, a:a + n] for a, n in self.pieces]
+        return {"own": list(rows.unbind(0)), "pieces": pieces,
+                "blocks": [self._rows[n][1].parts(p) for p, (_, n) in zip(pieces, self.pieces)],
+                "row_pieces": [[row[a:a + n] for a, n in self.pieces] for row in rows.unbind(0)]}
 
     @property
     def bytes_per_call(self) -> int:
@@ -355,24 +426,25 @@ class Int8DeltaAllGather:
                              f"new shard {new_shard.numel()}")
         if out.data_ptr() == base.data_ptr():
             raise ValueError("Int8DeltaAllGather: out must not alias base (the delta is taken against base)")
-        base_rows, out_rows = base.view(N, S), out.view(N, S)
-        torch.sub(new_shard.reshape(-1), base_rows[coll.rank], out=self._delta)
+        bv, ov = self._views(base), self._views(out)
+        torch.sub(new_shard if new_shard.dim() == 1 else new_shard.reshape(-1), bv["own"][coll.rank], out=self._delta)
         if not all_finite(self._delta):
             raise ValueError(
                 f"int8 delta all-gather: {count_non_finite(self._delta)} of {S} elements of rank {coll.rank}'s parameter delta are inf/NaN "
                 "(non-finite master parameters); an int8 delta cannot carry them. Set "
                 "acco.all_gather_quantization to 'none' to send exact parameters"
             )
-        for start, n in self.pieces:
+        fp32 = out.dtype == torch.float32 and base.dtype == torch.float32
+        for i, (start, n) in enumerate(self.pieces):
             send, recv = self._rows[n]
-            send.pack(self._delta[start:start + n].view(1, -1))
-            coll.all_gather(recv.buffer.view(-1), send.buffer.view(-1))
-            for r in range(N):  # rank order on every rank; O(piece) scratch
-                delta = self._delta[start:start + n]  # this rank's own delta is packed already: reuse the memory
-                recv.unpack(delta.view(1, -1), row=r)
-                dst, src = out_rows[r, start:start + n], base_rows[r, start:start + n]
-                if out.dtype == torch.float32 and base.dtype == torch.float32:
-                    torch.add(src, delta, out=dst)
-                else:
-                    dst.copy_(delta.add_(src))
+            send.pack(None, self._delta_parts[i])
+            coll.all_gather(recv.flat, send.flat)
+            recv.levels()
+            if fp32:  # every row at once, straight into out: dequant(row) + base, as base + dequant(row)
+                recv.dequantize(ov["blocks"][i])
+                ov["pieces"][i].add_(bv["pieces"][i])
+                continue
+            for r in range(N):  # rank order; this rank's own delta is packed already: its memory is the scratch
+                recv.dequantize(self._delta_parts[i], row=r)
+                torch.add(self._delta_pieces[i], bv["row_pieces"][r][i], out=ov["row_pieces"][r][i])
         return out

@@ -55,8 +55,8 @@ class ShardedGroup:
         """Copy this rank's master shard into ``out`` (``layout.shard_numel`` elements, any dtype)."""
         if self.packing is not None:
             self.packing.read_masters(out)
-        else:
-            out.copy_(self.master.detach())
+        else:  # a detach is one more operation on a round's thread, needless where autograd records nothing
+            out.copy_(self.master if not torch.is_grad_enabled() else self.master.detach())
 
     def comm_input(self, buf: torch.Tensor, scratch: Optional[torch.Tensor]) -> torch.Tensor:
         """What the reduce-scatter sends for the flat buffer ``buf``: itself, or its copy into ``scratch``

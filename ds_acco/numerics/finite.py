@@ -11,17 +11,21 @@ it first, so 16-bit tensors go straight to the minimum and maximum.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 _SUMMED = (torch.float32, torch.float64)
 
 
 def all_finite(t: torch.Tensor) -> bool:
-    """True when ``t`` holds no inf/NaN (an empty tensor is finite); no temporary of ``t``'s size."""
-    t = t.detach()
+    """True when ``t`` holds no inf/NaN (an empty tensor is finite); no temporary of ``t``'s size. Two operations
+    for a finite fp32 tensor (a round checks its buffers with it)."""
+    if t.requires_grad:
+        t = t.detach()
     if t.numel() == 0:
         return True
-    if t.dtype in _SUMMED and bool(torch.isfinite(t.sum())):
+    if t.dtype in _SUMMED and math.isfinite(t.sum().item()):
         return True
     lo, hi = torch.aminmax(t)
     return bool(torch.isfinite(lo) & torch.isfinite(hi))

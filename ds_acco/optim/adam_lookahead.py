@@ -43,6 +43,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from ds_acco.numerics.views import ViewCache
+
 CHUNK_ELEMS = 1 << 18
 """Elements per chunk on a CPU: the scratch is at most 4 such fp32 buffers (4 MiB), whatever the model size."""
 CUDA_CHUNK_ELEMS = 1 << 22
@@ -92,6 +94,16 @@ def local_flat(t: torch.Tensor) -> torch.Tensor:
     return local.detach().reshape(-1)
 
 
+def _head(t: torch.Tensor, n: int) -> torch.Tensor:
+    return t if t.numel() == n else t[:n]
+
+
+def _whole_rule(h: AdamHyper) -> bool:
+    """Whether :meth:`FunctionalAdam._whole` computes this rule: torch's, with decoupled or no weight decay,
+    without amsgrad or maximize (those need more scratch than one buffer)."""
+    return not (h.deepspeed or h.amsgrad or h.maximize) and (h.weight_decay == 0 or h.decoupled)
+
+
 def _torch_hyper(optimizer: torch.optim.Optimizer, group: dict) -> Optional[AdamHyper]:
     if group.get("capturable") or group.get("differentiable"):
         return None
@@ -136,6 +148,9 @@ class FunctionalAdam:
         self.optimizer = optimizer
         self._hyper_reader = hyper_reader
         self._scratch: dict[str, torch.Tensor] = {}
+        self._flats = ViewCache(lambda t: t.reshape(-1), size=32)
+        """Masters and moments as 1-D views, cut once per tensor."""
+        self._chunk_views: dict[tuple, ViewCache] = {}
 
     @classmethod
     def for_optimizer(cls, optimizer: torch.optim.Optimizer) -> Optional["FunctionalAdam"]:
@@ -148,7 +163,8 @@ class FunctionalAdam:
         if any(self._hyper_reader(opt, group) is None for group in opt.param_groups):
             return False
         state = [opt.state.get(p, {}).get(key) for p in masters for key in _MOMENTS]
-        return all(local_flat(t).dtype == torch.float32 for t in [*masters, *state] if t is not None)
+        # a DTensor's dtype is its local tensor's
+        return all(t.dtype == torch.float32 for t in [*masters, *state] if t is not None)
 
     def _group_of(self, p: torch.Tensor) -> dict:
         for group in self.optimizer.param_groups:
@@ -160,59 +176,106 @@ class FunctionalAdam:
         buf = self._scratch.get(name)
         if buf is None or buf.numel() < n or buf.device != device:
             buf = self._scratch[name] = torch.empty(n, dtype=dtype, device=device)
-        return buf[:n]
+        return buf if buf.numel() == n else buf[:n]
 
     def lookahead(self, masters: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
-                  outs: Sequence[torch.Tensor]) -> None:
+                  outs: Sequence[torch.Tensor], scratch: Optional[Sequence[Optional[torch.Tensor]]] = None) -> None:
         """Write the stepped value of each master (plain tensor or DTensor) into the first ``numel`` elements
         of its ``out`` (1-D, any floating dtype); ``grads``: one 1-D fp32 gradient per master. Both are at
-        least as long as the master's local shard."""
+        least as long as the master's local shard. ``scratch``: per master, an fp32 buffer at least as long
+        (or None): with one, torch's rule runs over the whole shard at once (:meth:`_whole`)."""
         with torch.no_grad():
-            for p, g, out in zip(masters, grads, outs):
+            for i, (p, g, out) in enumerate(zip(masters, grads, outs)):
                 group = self._group_of(p)
                 hyper = self._hyper_reader(self.optimizer, group)
                 state = self.optimizer.state.get(p, {})
                 # the step about to be taken; DeepSpeed's FusedAdam seeds a new state from group["step"]
                 step = _scalar(state["step"] if "step" in state else group.get("step", 0)) + 1
-                flat = local_flat(p)
+                flat, m, v, vmax = (self._flat(t) if t is not None else None for t in
+                                    (p, *(state.get(key) for key in _MOMENTS)))  # moments: absent before a step
                 n = flat.numel()
-                m, v, vmax = (local_flat(state[key]) if key in state else None  # absent before the first step
-                              for key in _MOMENTS)
+                whole = scratch[i] if scratch is not None else None
+                o = out if out.numel() == n else out[:n]
+                if whole is not None and _whole_rule(hyper) and o.dtype == torch.float32 and o.is_contiguous():
+                    self._whole(hyper, step, flat, _head(g, n), m, v, _head(whole, n), o)
+                    continue
                 chunk, size = self._chunk_deepspeed if hyper.deepspeed else self._chunk, chunk_elems(flat.device)
-                for start in range(0, n, size):
-                    piece = slice(start, min(n, start + size))
-                    o = out[piece]  # the chunk steps into fp32 contiguous memory: o itself, or scratch
+                ps, gs, ms, vs, xs, os = (self._pieces(t, n, size) for t in
+                                          (flat, g, m, v, vmax if hyper.amsgrad else None, out))
+                for pc, gc, mc, vc, xc, o in zip(ps, gs, ms, vs, xs, os):
+                    # the chunk steps into fp32 contiguous memory: o itself, or scratch
                     direct = o.dtype == torch.float32 and o.is_contiguous()
                     res = o if direct else self._buf("result", o.numel(), o.device)
-                    chunk(hyper, step, flat[piece], g[piece], m if m is None else m[piece],
-                          v if v is None else v[piece],
-                          vmax[piece] if vmax is not None and hyper.amsgrad else None, res)
+                    chunk(hyper, step, pc, gc, mc, vc, xc, res)
                     if not direct:
                         o.copy_(res)
 
-    def _chunk(self, h: AdamHyper, step: float, p, g, m, v, vmax, res) -> None:
-        """The next step of one chunk into ``res`` (fp32, contiguous), on scratch copies of ``m`` and ``v``."""
-        k, dev = p.numel(), p.device
-        res.copy_(p)
-        m2, v2 = self._buf("exp_avg", k, dev), self._buf("exp_avg_sq", k, dev)
-        m2.zero_() if m is None else m2.copy_(m)
-        v2.zero_() if v is None else v2.copy_(v)
-        # amsgrad: the maximum goes into v2 (the stored maximum is left as it is)
-        self._torch_update(h, step, res, g, m2, v2, vmax, vmax_out=v2, denom=v2)
+    def _pieces(self, t: Optional[torch.Tensor], n: int, size: int) -> list:
+        """The chunks of ``size`` elements of ``t``'s first ``n``, cut once per tensor (None: Nones)."""
+        if t is None:
+            return [None] * -(-n // size)
+        cache = self._chunk_views.get((n, size))
+        if cache is None:
+            cache = self._chunk_views[(n, size)] = ViewCache(
+                lambda x: [x[a:min(n, a + size)] for a in range(0, n, size)], size=64)
+        return cache(t)
 
-    def _torch_update(self, h: AdamHyper, step: float, p, g, m, v, vmax, *, vmax_out, denom) -> None:
-        """torch's ``_single_tensor_adam`` (non-capturable branch), op for op, in place on ``p``, ``m``, ``v``."""
+    def _flat(self, t: torch.Tensor) -> torch.Tensor:
+        """:func:`local_flat`, cut once per plain tensor (a DTensor's local tensor is read every time)."""
+        return local_flat(t) if hasattr(t, "to_local") else self._flats(t)
+
+    def _whole(self, h: AdamHyper, step: float, p, g, m, v, scratch, res) -> None:
+        """torch's rule over a whole shard into ``res`` (fp32, contiguous) in ten operations, with one scratch
+        buffer: :meth:`_chunk`'s arithmetic, op for op, but for its last ``addcdiv``, which is
+        ``res + (value * m) / denom`` and is computed as those two steps (the same roundings)."""
+        if m is None:  # before the first step: zeros, as _chunk starts from
+            scratch.zero_().lerp_(g, 1 - h.beta1)
+        else:
+            torch.lerp(m, g, 1 - h.beta1, out=scratch)
+        if v is None:
+            res.zero_().mul_(h.beta2)
+        else:
+            torch.mul(v, h.beta2, out=res)
+        res.addcmul_(g, g, value=1 - h.beta2)
+        bias_correction1, bias_correction2 = (1 - h.beta1 ** step, 1 - h.beta2 ** step) if h.bias_correction \
+            else (1.0, 1.0)
+        res.sqrt_().div_(bias_correction2 ** 0.5).add_(h.eps)  # the denominator
+        scratch.mul_(-h.lr / bias_correction1).div_(res)
+        if h.weight_decay != 0:
+            torch.mul(p, 1 - h.lr * h.weight_decay, out=res)
+        else:
+            res.copy_(p)
+        res.add_(scratch)
+
+    def _chunk(self, h: AdamHyper, step: float, p, g, m, v, vmax, res) -> None:
+        """The next step of one chunk into ``res`` (fp32, contiguous), on scratch for ``m`` and ``v``."""
         k, dev = p.numel(), p.device
+        m2, v2 = self._buf("exp_avg", k, dev), self._buf("exp_avg_sq", k, dev)
+        # amsgrad: the maximum goes into v2 (the stored maximum is left as it is)
+        self._torch_update(h, step, res, g, m2, v2, vmax, vmax_out=v2, denom=v2, sources=(p, m, v))
+
+    def _torch_update(self, h: AdamHyper, step: float, p, g, m, v, vmax, *, vmax_out, denom,
+                      sources: Optional[tuple] = None) -> None:
+        """torch's ``_single_tensor_adam`` (non-capturable branch), op for op, in place on ``p``, ``m``, ``v``;
+        with ``sources`` (``p``, ``m``, ``v`` to read, a moment None before the first step) into ``p``, ``m``,
+        ``v`` from them, each first operation writing its result out of place (no copy first)."""
+        k, dev = p.numel(), p.device
+        p_src, m_src, v_src = (p, m, v) if sources is None else sources
         grad = g
         if h.maximize:
             grad = torch.neg(g, out=self._buf("grad", k, dev))
-        if h.weight_decay != 0:
-            if h.decoupled:
-                p.mul_(1 - h.lr * h.weight_decay)
-            else:
-                grad = torch.add(grad, p, alpha=h.weight_decay, out=self._buf("grad", k, dev))
-        m.lerp_(grad, 1 - h.beta1)
-        v.mul_(h.beta2).addcmul_(grad, grad, value=1 - h.beta2)
+        if h.weight_decay != 0 and not h.decoupled:
+            grad = torch.add(grad, p_src, alpha=h.weight_decay, out=self._buf("grad", k, dev))
+        if h.weight_decay != 0 and h.decoupled:
+            torch.mul(p_src, 1 - h.lr * h.weight_decay, out=p)
+        elif p_src is not p:
+            p.copy_(p_src)
+        if m_src is None:
+            m.zero_()
+        torch.lerp(m if m_src is None else m_src, grad, 1 - h.beta1, out=m)
+        if v_src is None:
+            v.zero_()
+        torch.mul(v if v_src is None else v_src, h.beta2, out=v).addcmul_(grad, grad, value=1 - h.beta2)
         if h.bias_correction:
             bias_correction1 = 1 - h.beta1 ** step
             bias_correction2 = 1 - h.beta2 ** step
@@ -237,14 +300,16 @@ class FunctionalAdam:
         return (self._hyper_reader is _torch_hyper and self.supports(masters)
                 and not any(g.get("fused") for g in opt.param_groups) and not any(hooks))
 
-    def step(self, masters: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
+    def step(self, masters: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+             scratch: Optional[Sequence[Optional[torch.Tensor]]] = None) -> None:
         """The optimizer's step on ``masters``, chunk by chunk: the same arithmetic as torch's
         single-tensor step (and so its state), with chunk-sized temporaries instead of two
-        shard-sized ones (``sqrt`` and the division of the denominator)."""
+        shard-sized ones (``sqrt`` and the division of the denominator); with a ``scratch`` buffer per master
+        (see :meth:`lookahead`), over the whole shard at once, the denominator in it."""
         from torch.optim.optimizer import _get_scalar_dtype
 
         with torch.no_grad():
-            for p, g in zip(masters, grads):
+            for i, (p, g) in enumerate(zip(masters, grads)):
                 group = self._group_of(p)
                 hyper = self._hyper_reader(self.optimizer, group)
                 state = self.optimizer.state[p]
@@ -254,15 +319,20 @@ class FunctionalAdam:
                         state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
                 step = _scalar(state["step"])
-                flat, m, v = local_flat(p), local_flat(state["exp_avg"]), local_flat(state["exp_avg_sq"])
-                vmax = local_flat(state["max_exp_avg_sq"]) if hyper.amsgrad else None
+                flat, m, v = self._flat(p), self._flat(state["exp_avg"]), self._flat(state["exp_avg_sq"])
+                vmax = self._flat(state["max_exp_avg_sq"]) if hyper.amsgrad else None
+                n = flat.numel()
+                whole = scratch[i] if scratch is not None else None
+                if whole is not None and not hyper.maximize and (hyper.weight_decay == 0 or hyper.decoupled):
+                    # the whole shard at once; the denominator in the caller's scratch (no grad copy needed)
+                    self._torch_update(hyper, step, flat, _head(g, n), m, v, vmax, vmax_out=vmax,
+                                       denom=_head(whole, n))
+                    continue
                 size = chunk_elems(flat.device)
-                for start in range(0, flat.numel(), size):
-                    piece = slice(start, min(flat.numel(), start + size))
-                    chunk_max = vmax[piece] if vmax is not None else None
-                    self._torch_update(hyper, step, flat[piece], g[piece], m[piece], v[piece], chunk_max,
-                                       vmax_out=chunk_max,  # the lookahead's scratch: never in use at once
-                                       denom=self._buf("exp_avg_sq", piece.stop - start, p.device))
+                for pc, gc, mc, vc, xc in zip(*(self._pieces(t, n, size) for t in (flat, g, m, v, vmax))):
+                    self._torch_update(hyper, step, pc, gc, mc, vc, xc, vmax_out=xc,
+                                       denom=self._buf("exp_avg_sq", pc.numel(), p.device))  # the lookahead's
+                    # scratch: never in use at once
         self.optimizer._opt_called = True  # what the LR scheduler's wrapper of optimizer.step() records
 
     def _chunk_deepspeed(self, h: AdamHyper, step: float, p, g, m, v, vmax, res) -> None:

@@ -16,7 +16,7 @@ so tensor identities (which DeepSpeed and user code may hold) never change.
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -106,10 +106,14 @@ class ShardOptimizer:
         for m in self.masters:
             m.grad = None
 
-    def commit(self, grads: Sequence[torch.Tensor], scheduler_steps: int = 1) -> None:
-        """``θ, S ← Opt(θ, S, g)``, then ``scheduler_steps`` scheduler steps (see :mod:`ds_acco.optim.lr_schedule`)."""
+    def commit(self, grads: Sequence[torch.Tensor], scheduler_steps: int = 1,
+               scratch: Optional[Sequence[Optional[torch.Tensor]]] = None) -> None:
+        """``θ, S ← Opt(θ, S, g)``, then ``scheduler_steps`` scheduler steps (see :mod:`ds_acco.optim.lr_schedule`).
+        ``scratch``: per master, an fp32 buffer at least as long as it that the caller does not need now (or
+        None), in which the functional step runs over the whole shard at once instead of chunk by chunk."""
         if self._functional is not None and self._functional.steps_in_place(self.masters):
-            self._functional.step(self.masters, self._master_grads(grads))  # chunk-sized temporaries
+            # chunk-sized temporaries, or none in the caller's scratch
+            self._functional.step(self.masters, self._master_grads(grads), self._master_scratch(scratch))
         else:
             self._set_grads(grads)
             self.optimizer.step()
@@ -123,13 +127,16 @@ class ShardOptimizer:
         """True when the next lookahead needs no snapshot (Adam/AdamW over fp32 shards)."""
         return self._functional is not None and self._functional.supports(self.masters)
 
-    def lookahead(self, grads: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
-        """Write ``Opt_lookahead(θ, S, g)`` of each master into the first ``numel`` elements of its ``out``.
+    def lookahead(self, grads: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+                  scratch: Optional[Sequence[Optional[torch.Tensor]]] = None) -> None:
+        """Write ``Opt_lookahead(θ, S, g)`` of each master into the first ``numel`` elements of its ``out``
+        (``scratch``: as for :meth:`commit`).
 
         ``θ``, ``S``, the parameter groups and the scheduler are left as they were.
         """
         if self.lookahead_is_functional:
-            self._functional.lookahead(self.masters, self._master_grads(grads), self._master_outs(outs))
+            self._functional.lookahead(self.masters, self._master_grads(grads), self._master_outs(outs),
+                                       self._master_scratch(scratch))
             return
         self._snapshot.take(self.optimizer, self.masters)
         try:
@@ -140,6 +147,14 @@ class ShardOptimizer:
                 self._write_masters(outs)
         finally:
             self._snapshot.restore(self.optimizer, self.masters)
+
+    def _master_scratch(self, scratch) -> Optional[list]:
+        """Each master's scratch (None where a buffer is missing or too short), or None: only where the round's
+        buffers map one to one onto the masters (adapters that split a buffer over several masters get none)."""
+        if scratch is None or len(scratch) != len(self.masters) or \
+                type(self)._master_grads is not ShardOptimizer._master_grads:
+            return None
+        return [s if s is not None and s.numel() >= m.numel() else None for s, m in zip(scratch, self.masters)]
 
     def _master_grads(self, grads: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         """Each master's 1-D gradient, in :attr:`masters` order (adapters whose rounds hand one buffer

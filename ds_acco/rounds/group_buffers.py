@@ -59,6 +59,14 @@ class GroupBuffers:
     """Int8-delta all-gathers with any group not in fp32: every group publishes fp32 values (the delta is taken
     from the fp32 result, not from its compute-dtype rounding)."""
 
+    @property
+    def step_scratch(self) -> Optional[torch.Tensor]:
+        """A shard-sized fp32 buffer that nothing reads during the shard step (a delta all-gather's, which it
+        fills only after): the optimizer's lookahead and step run over the whole shard in it, in a few
+        operations, instead of chunk by chunk in scratch of their own. None without a low-bit all-gather."""
+        ag = self.delta_ag if self.delta_ag is not None else self.est_ag
+        return None if ag is None else ag.scratch
+
 
 def build_group_buffers(groups: Sequence[ShardedGroup], config: AccoConfig, accum: torch.dtype, comm: torch.dtype,
                         world_size: int, device: torch.device) -> list[GroupBuffers]:

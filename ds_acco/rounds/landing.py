@@ -33,6 +33,7 @@ import torch
 
 from ds_acco.layout.grad_buffers import GradBuffers
 from ds_acco.layout.sharded_group import ShardedGroup
+from ds_acco.numerics.views import ViewCache
 
 ROTATE, COPY, STAGING = "rotate", "copy", "staging"
 
@@ -53,6 +54,9 @@ class Landing:
             else:
                 self.modes.append(STAGING)
         self.staging = [g.layout.new_buffer(g.flat) if m == STAGING else None for g, m in zip(self.groups, self.modes)]
+        # the accumulator's bytes in the compute dtype, cut once per accumulator (the same view object every round)
+        self._copy_views = [ViewCache(lambda t, g=g: t.view(g.flat.dtype)[: g.layout.padded_numel], size=4)
+                            for g in self.groups]
 
     def round_zeroes(self, i: int) -> bool:
         """Whether a round must zero group ``i``'s accumulator after its reduce-scatter (else the swap does)."""
@@ -61,11 +65,11 @@ class Landing:
     def targets(self, taken: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The all-gather destinations of the round that holds accumulators ``taken``, one per group."""
         out = []
-        for g, mode, buf, staging in zip(self.groups, self.modes, taken, self.staging):
+        for mode, buf, staging, copy_view in zip(self.modes, taken, self.staging, self._copy_views):
             if mode == ROTATE:
                 out.append(buf)
             elif mode == COPY:
-                out.append(buf.view(g.flat.dtype)[: g.layout.padded_numel])
+                out.append(copy_view(buf))
             else:
                 out.append(staging)
         return out

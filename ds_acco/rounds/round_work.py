@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+import numpy as np
 import torch
 
 from ds_acco.comm.collectives import RoundCollectives
@@ -33,6 +34,7 @@ from ds_acco.comm.stop_signal import STOP
 from ds_acco.config import AccoConfig
 from ds_acco.layout.sharded_group import ShardedGroup
 from ds_acco.numerics.finite import all_finite
+from ds_acco.numerics.views import ViewCache
 from ds_acco.optim.lr_schedule import LrScheduleClock
 from ds_acco.optim.shard_optimizer import ShardOptimizer
 
@@ -58,10 +60,10 @@ class RoundOutcome:
     stop: bool = False
     """Some rank was sent SIGTERM before this round (:mod:`ds_acco.comm.stop_signal`): every rank stops here."""
     figures: Optional[list] = None
-    """``mode: "auto"``: every rank's step figures, one row per rank (:mod:`ds_acco.rounds.auto_mode`)."""
+    """``mode: "auto"``: every rank's step figures, one row per rank (:mod:`ds_acco.rounds.auto.mode`)."""
     noise: Optional[tuple] = None
     """``policy: "auto"``/``"adaptive"`` under ``mode: "auto"``: every rank's squared norm of its accumulated sum,
-    and the squared norm of the reduced mean (:mod:`ds_acco.rounds.noise_scale`); None where not measured."""
+    and the squared norm of the reduced mean (:mod:`ds_acco.rounds.auto.noise_scale`); None where not measured."""
 
 
 @dataclass
@@ -88,6 +90,16 @@ class RoundWork:
         self.rank, self.device = coll.rank, groups[0].flat.device
         self.measures_noise = config.mode == "auto" and config.policy != "fixed"
         """Whether rounds measure the gradient noise scale (auto weighs the adaptive policy's batches with it)."""
+        self._own_slice = [ViewCache(lambda t, g=g: g.layout.shard(t, self.rank), size=4) for g in self.groups]
+        """This rank's slice of a landing buffer, per group, cut once per buffer."""
+
+    def _lookahead_writes(self) -> list[bool]:
+        """Per group: whether the lookahead writes every element of its publish buffer (a master as long as its
+        shard, stepped by the plain :class:`ShardOptimizer`), so the masters need not be copied there first."""
+        opt = self.shard_optimizer
+        plain = type(opt) is ShardOptimizer and len(opt.masters) == len(self.groups)
+        return [plain and g.packing is None and opt.masters[i] is g.master and g.master.numel() == g.layout.shard_numel
+                for i, g in enumerate(self.groups)]
 
     def sends_delta(self, kind: str) -> bool:
         """Whether a round of this kind all-gathers a low-bit delta (acco.all_gather_quantization, and
@@ -98,7 +110,16 @@ class RoundWork:
     def run(self, handle: RoundHandle, kind: str, mode: str, grads: list[torch.Tensor], bases: list[torch.Tensor],
             count: int, scale: float, figures: Sequence[int] = ()) -> RoundOutcome:
         """One round over the accumulators ``grads``; ``bases`` are the parameters every rank held at launch;
-        ``figures`` (``mode: "auto"``) ride along in the count all-gather."""
+        ``figures`` (``mode: "auto"``) ride along in the count all-gather. Marked for a profile
+        (benchmarks/report/round_trace.py reads the mark: a round is more than a burst of host work)."""
+        with torch.no_grad():  # nothing here is differentiated: no detach needed anywhere
+            if not getattr(torch.autograd.profiler, "_is_profiler_enabled", True):  # a mark: 14 us, this: 0.1 us
+                return self._run(handle, kind, mode, grads, bases, count, scale, figures)
+            with torch.profiler.record_function(f"ds_acco round {mode} {kind}"):
+                return self._run(handle, kind, mode, grads, bases, count, scale, figures)
+
+    def _run(self, handle: RoundHandle, kind: str, mode: str, grads: list[torch.Tensor], bases: list[torch.Tensor],
+             count: int, scale: float, figures: Sequence[int]) -> RoundOutcome:
         start = handle.clock.now()
         coll, bufs = self.coll, self.buffers
         sent0, recv0 = coll.wire.sent, coll.wire.received
@@ -107,10 +128,10 @@ class RoundWork:
         noise = self.measures_noise and (kind == ESTIMATE or mode == "sync")
         self._enter_stage(handle, "count all-gather")
         flags = int(nonfinite) | STOPPING * int(STOP.requested)  # two flags in one element: the gather's bytes stay
-        local = torch.tensor([count, flags, coll.pacing_vote(), *figures], dtype=torch.int64, device=self.device)
-        if noise:
-            local = torch.cat([local, _float_bits(_squared_norm(grads) / (scale * scale), self.device)])
-        per_rank = coll.all_gather_small(local).cpu()
+        local = [count, flags, coll.pacing_vote(), *figures]
+        if noise:  # a float64 carried bit for bit in an int64 element
+            local.append(int(np.float64(_squared_norm(grads) / (scale * scale)).view(np.int64)))
+        per_rank = coll.all_gather_ints(local, self.device)  # numpy: reading it issues no operation
         coll.adopt_pacing(per_rank[:, 2].tolist())  # piece sizes on gloo (ds_acco.comm.link_pacing)
         counts = per_rank[:, 0].tolist()
         total = sum(counts)
@@ -136,27 +157,24 @@ class RoundWork:
                 buf.zero_()  # "local grads reset"; otherwise the all-gather lands here and the swap zeroes
             if rs_out is not b.shard32:
                 b.shard32.copy_(rs_out)
-            if scale != 1.0:
-                b.shard32.mul_(1.0 / scale)  # unscaled sums, so an estimate and a commit made under
-                # different loss scales add up correctly
+        shards = [b.shard32 for b in bufs]
+        if scale != 1.0:  # unscaled sums, so an estimate and a commit made under different loss scales add up
+            _each("mul_", shards, 1.0 / scale)
         if kind == ESTIMATE:
-            for b in bufs:
-                b.kept.copy_(b.shard32)
+            _each("copy_", [b.kept for b in bufs], shards)
             self.kept = KeptEstimate(total, nonfinite)
         elif mode == "acco":
-            for b in bufs:
-                b.shard32.add_(b.kept)
+            _each("add_", shards, [b.kept for b in bufs])
             total += self.kept.count
             nonfinite = nonfinite or self.kept.nonfinite
 
         self._enter_stage(handle, "shard step")
         delta = self.sends_delta(kind)
         landing = self.landing.targets(grads)
-        shards = [b.shard32 for b in bufs]
         # this rank's new shard goes straight into its slice of the all-gather destination
         publish = [b.publish32 for b in bufs] if delta and bufs[0].publish32 is not None else [
-            b.publish_packed if b.publish_packed is not None else g.layout.shard(full, self.rank)
-            for g, full, b in zip(self.groups, landing, bufs)]
+            b.publish_packed if b.publish_packed is not None else self._own_slice[i](full)
+            for i, (full, b) in enumerate(zip(landing, bufs))]
         skipped = (self.config.check_finite and nonfinite) or total == 0
         grad_norm = float("nan")
         if skipped:
@@ -164,15 +182,18 @@ class RoundWork:
                 self.shard_optimizer.skip()
             self.publish_masters(publish)
         else:
-            for shard in shards:
-                shard.div_(total)
+            _each("div_", shards, total)
             if self.clip > 0 or noise:
                 grad_norm = self._clip_global_norm(shards)
+            scratch = [b.step_scratch for b in bufs]
             if kind == ESTIMATE:
-                self.publish_masters(publish)  # padding beyond a master's own elements comes from here
-                self.shard_optimizer.lookahead(shards, publish)
+                # padding beyond a master's own elements comes from here; the lookahead writes the rest
+                whole = self._lookahead_writes()
+                self.publish_masters([p for p, w in zip(publish, whole) if not w],
+                                     [g for g, w in zip(self.groups, whole) if not w])
+                self.shard_optimizer.lookahead(shards, publish, scratch=scratch)
             else:
-                self.shard_optimizer.commit(shards, scheduler_steps=self.lr_clock.advances(total))
+                self.shard_optimizer.commit(shards, scheduler_steps=self.lr_clock.advances(total), scratch=scratch)
                 self.publish_masters(publish)
 
         self._enter_stage(handle, "all-gather")
@@ -193,7 +214,7 @@ class RoundWork:
             lr=self.shard_optimizer.lr,
             stop=bool((per_rank[:, 1] & STOPPING).any()),
             figures=per_rank[:, 3:3 + len(figures)].tolist() if figures else None,
-            noise=(per_rank[:, -1].contiguous().view(torch.float64).tolist(), grad_norm ** 2) if noise else None,
+            noise=(per_rank[:, -1].copy().view(np.float64).tolist(), grad_norm ** 2) if noise else None,
         )
 
     def _enter_stage(self, handle: RoundHandle, stage: str) -> None:
@@ -201,8 +222,8 @@ class RoundWork:
         if self._on_stage is not None:
             self._on_stage(handle.index, stage)
 
-    def publish_masters(self, publish: list[torch.Tensor]) -> None:
-        for part, g in zip(publish, self.groups):
+    def publish_masters(self, publish: list[torch.Tensor], groups: Optional[list[ShardedGroup]] = None) -> None:
+        for part, g in zip(publish, self.groups if groups is None else groups):
             g.read_master(part)
 
     def all_gather_masters(self, i: int, full: torch.Tensor) -> None:
@@ -224,27 +245,30 @@ class RoundWork:
 
     def _clip_global_norm(self, shards: list[torch.Tensor]) -> float:
         """The norm over every rank's mean gradient shards; clips them in place by it when clipping is on."""
-        sq = _squared_norm(shards, self.device)
-        self.coll.all_reduce_sum(sq)
-        norm = math.sqrt(float(sq.item()))
+        sq = _squared_norm(shards)
+        norm = math.sqrt(self.coll.all_reduce_float(sq, self.device))
         coef = self.clip / (norm + 1e-6)
         if self.clip > 0 and coef < 1.0:
-            for shard in shards:
-                shard.mul_(coef)
+            _each("mul_", shards, coef)
         return norm
 
 
-def _squared_norm(tensors: Sequence[torch.Tensor], device: Optional[torch.device] = None):
-    """Sum of squared norms in fp64: a tensor on ``device`` when given (for an all-reduce), else a float."""
-    sq = torch.zeros(1, dtype=torch.float64, device=device if device is not None else tensors[0].device)
+def _each(op: str, tensors: list[torch.Tensor], other) -> None:
+    """The in-place ``op`` on every tensor, as one ``torch._foreach_*`` operation when there are several (the same
+    per-tensor arithmetic on a CPU); ``other`` is a scalar or one tensor per tensor."""
+    if len(tensors) == 1:
+        getattr(tensors[0], op)(other[0] if isinstance(other, list) else other)
+    else:
+        getattr(torch, f"_foreach_{op}")(tensors, other)
+
+
+def _squared_norm(tensors: Sequence[torch.Tensor]) -> float:
+    """Sum of squared norms in fp64, in the tensors' order: two operations a tensor."""
+    sq = 0.0
     for t in tensors:
         # vector_norm reduces without a full-size temporary (a .double() copy cost 8 B/element); a bf16/fp16
         # accumulator's norm comes back in fp32, not rounded to its own 8 or 11 bits
         wide = t.dtype if t.dtype in (torch.float32, torch.float64) else torch.float32
-        sq += torch.linalg.vector_norm(t, dtype=wide).double() ** 2
-    return sq if device is not None else float(sq.item())
-
-
-def _float_bits(value: float, device: torch.device) -> torch.Tensor:
-    """A float64 carried bit for bit in the count all-gather's int64 elements."""
-    return torch.tensor([value], dtype=torch.float64).view(torch.int64).to(device)
+        norm = torch.linalg.vector_norm(t, dtype=wide).item()
+        sq += norm * norm  # in fp64, as the tensor's ** 2 was
+    return sq

@@ -9,8 +9,9 @@ occupy every core, and each case goes through a real launcher (``deepspeed``, ``
     python -m benchmarks.clean_exit --launches 200 --out clean_exit_results     # BENCHMARKS.md
     python -m benchmarks.clean_exit --launches 3 --cases ds_acco_deepspeed,fsdp_acco_torchrun,hf_streaming_deepspeed
 
-Writes ``launches.jsonl`` (one line per launch: case, rc, seconds, abort seen) and
-``summary.md`` under ``--out``; the exit status is 1 when any launch failed.
+Writes ``launches.jsonl`` (one line per launch: case, rc, seconds, abort seen), each launch's
+output (``launch_<i>.log``) and ``summary.md`` under ``--out``; the exit status is 1 when any
+launch failed.
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ def _env() -> dict:
     return env
 
 
-def launch(case: str, timeout: float) -> dict:
-    """One launch of ``case``; never hangs (the launcher's process group is killed at ``timeout``)."""
-    cmd = CASES[case](_free_port())
+def launch(case: str, timeout: float, extra: tuple = (), log: str | None = None) -> dict:
+    """One launch of ``case`` (``extra``: more arguments for its training script; ``log``: where its whole output
+    goes); never hangs (the launcher's process group is killed at ``timeout``)."""
+    cmd = CASES[case](_free_port()) + list(extra)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -92,6 +94,9 @@ def launch(case: str, timeout: float) -> dict:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         rc = "timeout"
+    if log:
+        with open(log, "w", encoding="utf-8") as f:
+            f.write(out)
     abort = ABORT.search(out)
     return {"case": case, "rc": rc, "seconds": round(time.monotonic() - t0, 2), "abort": abort.group(0) if abort
             else None, "tail": out[-1500:] if rc != 0 or abort else ""}
@@ -117,6 +122,7 @@ def main(argv=None) -> int:
     p.add_argument("--hog", type=int, default=os.cpu_count(), help="busy-loop processes (default: one per core)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per launch before it counts as a hang")
     p.add_argument("--out", default="clean_exit_results")
+    p.add_argument("--extra", default="", help="more arguments for every launch's training script (one string)")
     args = p.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
@@ -130,7 +136,8 @@ def main(argv=None) -> int:
     try:
         with open(os.path.join(args.out, "launches.jsonl"), "w") as f:
             for i in range(args.launches):
-                row = launch(cases[i % len(cases)], args.timeout)
+                row = launch(cases[i % len(cases)], args.timeout, tuple(args.extra.split()),
+                             log=os.path.join(args.out, f"launch_{i + 1}.log"))
                 rows.append(row)
                 f.write(json.dumps(row) + "\n")
                 f.flush()

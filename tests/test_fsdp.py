@@ -11,11 +11,8 @@ one torchrun launch of the example.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -177,29 +174,6 @@ def test_resharded_load_on_one_rank_and_stock_fsdp2_interchange(two, ckpt, tmp_p
     assert refused["unsharded_params"].startswith("AccoConfigError: param_groups: a parameter"), refused
     assert refused["odd_G"].startswith("AccoConfigError: gradient_accumulation_steps: got 3"), refused
     assert refused["bucket_cap"].startswith("AccoConfigError: bucket_cap_mb: got -1; must be"), refused
-
-
-def test_gpt_trains_under_torchrun(tmp_path):
-    # 3 validation batches on 2 ranks: uneven, and under FSDP2 a forward is a collective (it hung before)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "examples.train_lm_fsdp", "--config", os.path.join(REPO, "ds_configs", "fsdp_acco.json"),
-           "--steps", "4", "--seq-len", "32", "--eval-batches", "3", "--save-dir", str(tmp_path / "ck"),
-           "--shard-blocks", "--eval-every", "2", "--compute-delay-ms", "1", "--metrics-out", str(tmp_path / "m")]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("[train_lm_fsdp] done")]
-    assert line, proc.stdout[-3000:]
-    m = re.search(r"final train loss ([\d.]+) .* comm hidden ([\d.]+)%", line[0])
-    assert m, line[0]
-    assert 0 < float(m.group(1)) < 10 and 0 <= float(m.group(2)) <= 100
-    assert os.path.isdir(tmp_path / "ck")
-    # one fully_shard unit per block plus the root, small enough to share one 25 MiB bucket: a
-    # reduce-scatter and an all-gather a round, + counts and clip norm
-    with open(tmp_path / "m" / "fsdp_rank0.json") as f:
-        rec = json.load(f)
-    assert (rec["fsdp_units"], rec["groups"]) == (5, 1) and rec["round_calls"] == rec["rounds"] * (2 * 1 + 2)
-    assert [e["step"] for e in rec["evals"]][0] == 2 and len(rec["evals"]) == 2 and len(rec["steps"]) >= 4
 
 
 # ----------------------------------------------------------------- in-process checks (no processes)

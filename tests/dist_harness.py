@@ -235,3 +235,11 @@ def _run_fresh(fn, world_size: int, *args, timeout: float = 120.0, pg_timeout: f
             path = os.path.join(outdir, f"rank{r}.pt")
             results.append(torch.load(path, weights_only=False) if os.path.exists(path) else None)
         return results
+
+
+def forked(target, *args) -> "mp.Process":
+    """``target(*args)`` in a started process of its own, forked from the forkserver (no process group, nothing
+    joined): for tests of what happens before a process group exists."""
+    proc = _CTX.Process(target=target, args=args, daemon=True)
+    proc.start()
+    return proc

@@ -202,3 +202,21 @@ def streaming_with_fault(rank, world, *, config, victim, sig, when, G=4, max_ste
         observed.update(error=type(exc).__name__, message=str(exc), raised_at=time.time())
     _close_and_watch(engine, config, observed)
     return observed
+
+
+def start_alone(log_path: str, env: dict, code: str) -> None:
+    """A process of its own running ``code`` as a script would (its output to ``log_path``), with ``env`` as its
+    whole environment; forked from the test workers' forkserver, so it starts with torch and DeepSpeed imported."""
+    import os
+    import sys
+
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        exec(compile(code, "<start_alone>", "exec"), {"__name__": "__main__"})
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tests import dist_harness as H
 from tests import fault_workers as F
 from tests.dist_harness import free_port, run_distributed
 
@@ -89,26 +90,29 @@ except AccoTimeoutError as exc:
 
 
 @pytest.fixture(scope="module")
-def alone():
-    """One process of a world of two, started three ways at once (each start imports torch and DeepSpeed): rank 0
-    and rank 1 with nobody on the other side, and rank 0 on a port that is taken. Their output, by case."""
+def alone(tmp_path_factory):
+    """One process of a world of two, started three ways at once: rank 0 and rank 1 with nobody on the other side,
+    and rank 0 on a port that is taken. Processes of their own (forked from the workers' forkserver, torch and
+    DeepSpeed already imported), with no process group: their output and exit code, by case."""
+    out = tmp_path_factory.mktemp("alone")
     env = {k: v for k, v in os.environ.items() if k != "DEEPSPEED_TIMEOUT"}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=ROOT, LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         cases = {0: (0, free_port()), 1: (1, free_port()), "taken": (0, taken.getsockname()[1])}
-        procs = {case: subprocess.Popen([sys.executable, "-c", START_ALONE % TIMEOUT_S], cwd=ROOT,
-                                        env=dict(env, RANK=str(rank), MASTER_PORT=str(port)), stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)
+        procs = {case: H.forked(F.start_alone, str(out / f"{case}.log"),
+                                dict(env, RANK=str(rank), MASTER_PORT=str(port)), START_ALONE % TIMEOUT_S)
                  for case, (rank, port) in cases.items()}
         try:
-            return {case: (p.communicate(timeout=120)[0], p.returncode) for case, p in procs.items()}
+            for p in procs.values():
+                p.join(120)
+            return {case: ((out / f"{case}.log").read_text(), p.exitcode) for case, p in procs.items()}
         finally:
             for p in procs.values():
-                if p.poll() is None:
+                if p.is_alive():
                     p.kill()
-                    p.wait()
+                    p.join()
 
 
 @pytest.mark.parametrize("rank", [0, 1])

@@ -2,8 +2,9 @@
 
 Each is a subclass of the built-in a caller would catch anyway (``ValueError`` for bad
 input, ``RuntimeError`` for a failed round or checkpoint, ``TimeoutError`` for a round
-that outlived ``acco.timeout_s``), so code written for stock DeepSpeed or FSDP keeps
-working; the message always names the field, the value or the file, and what to do.
+that outlived ``acco.timeout_s``, ``SystemExit`` for the stop after a SIGTERM), so code written
+for stock DeepSpeed or FSDP keeps working; the message always names the field, the value or
+the file, and what to do. The modules that raise them re-export them under their old names.
 
 Imports nothing of ds_acco.
 """
@@ -23,3 +24,25 @@ class AccoTimeoutError(AccoRoundError, TimeoutError):
 
 class CheckpointError(RuntimeError):
     """A ds_acco checkpoint failed verification; the message names the files and what to do."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint file names a class a load does not unpickle (:mod:`ds_acco.checkpoint.safe_load`; nothing of it
+    ran); ``type_name`` is the class (None: unknown)."""
+
+    def __init__(self, path: str, type_name: str | None, detail: str = ""):
+        what = f"an object of type {type_name}" if type_name else f"something it cannot unpickle ({detail})"
+        super().__init__(f"ds_acco: {path} holds {what}, which a checkpoint load does not unpickle: loading it "
+                         "would run code the file names. If the file comes from a source you trust, set "
+                         "acco.checkpoint.weights_only: false to load it as torch.load(weights_only=False) would")
+        self.type_name = type_name
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save failed on some rank (a full disk, a write error): every rank raises it with the same message, and the
+    tag was abandoned (:mod:`ds_acco.checkpoint.save_failure`)."""
+
+
+class AccoPreempted(SystemExit):
+    """Every rank stops at the same round boundary after a SIGTERM; the process exits with ``code``
+    (:mod:`ds_acco.comm.stop_signal`)."""

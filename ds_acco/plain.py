@@ -79,19 +79,9 @@ def build(
     optimizer = optimizer_cls(opt_groups, **(optimizer_kwargs or {}))
     scheduler = lr_scheduler(optimizer) if lr_scheduler is not None else None
     shard_opt = ShardOptimizer(optimizer, [g.master for g in groups], scheduler)
-    engine = RoundEngine(
-        groups,
-        shard_opt,
-        config=config,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        clip_grad_norm=clip_grad_norm,
-        process_group=process_group,
-        grad_scale=grad_scale,
-        on_stage=on_stage,
-        on_stop=on_stop,
-        streaming_phase=phase_factory(model, config),
-        clock=clock,
-    )
+    engine = RoundEngine(groups, shard_opt, config=config, gradient_accumulation_steps=gradient_accumulation_steps,
+                         clip_grad_norm=clip_grad_norm, process_group=process_group, grad_scale=grad_scale,
+                         on_stage=on_stage, on_stop=on_stop, streaming_phase=phase_factory(model, config), clock=clock)
     engine.announce(f"plain PyTorch, {len(groups)} group(s)")
     return engine
 

@@ -299,11 +299,11 @@ def agreement_timeout_job(rank, world, *, folder) -> dict:
     group's time-out (1 s), as a CheckpointError in the main thread that names acco.timeout_s."""
     import time
 
-    from ds_acco.checkpoint.gate import PendingVerdict, destroy_verification_group, verification_group
+    from ds_acco.checkpoint.gate import PendingVerdict, VerificationGroup
     from ds_acco.checkpoint.verify import verify_for_load
 
-    owner: dict = {}
-    group = verification_group(owner, None, 1.0)
+    owner = VerificationGroup(None, 1.0)
+    group = owner.get()
     t0, message = time.perf_counter(), None
     if rank == 0:
         pending = PendingVerdict(lambda: verify_for_load(folder, reads=[], ours=True, salvage=False, group=group),
@@ -314,7 +314,7 @@ def agreement_timeout_job(rank, world, *, folder) -> dict:
             message = str(exc)
     seconds = time.perf_counter() - t0
     dist.barrier()
-    destroy_verification_group(owner)
+    owner.destroy()
     return {"message": message, "seconds": seconds}
 
 

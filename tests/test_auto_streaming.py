@@ -281,7 +281,7 @@ def test_the_low_bit_preset_switches_too_and_stays_near_the_exact_run():
 
 
 def _short_of_memory_on_rank1(rank, world, **kw):
-    from ds_acco.rounds import streaming_switch
+    from ds_acco.streaming import phase as streaming_switch  # where the switch checks the memory free
 
     free = streaming_switch.free_bytes
     if rank == 1:

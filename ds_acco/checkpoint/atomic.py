@@ -52,10 +52,8 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str,
             its own writes inside ``with guard(path, obj):``; its return value is returned.
         save_latest: replace ``latest`` with ``tag`` once the tag is complete, unless the save found
             non-finite masters or moments (a load would refuse the tag; ``latest`` keeps the last good one).
-        checkpoint_engine: DeepSpeed's ``engine.checkpoint_engine``; each file it writes is hashed
-            (and flushed) in the background while the next is written.
-        fsync: ``acco.checkpoint.fsync``.
-        claim, key: as for :func:`~ds_acco.checkpoint.manifest.write_manifest`.
+        checkpoint_engine: DeepSpeed's; each file it writes is hashed (and flushed) while the next is written.
+        fsync: ``acco.checkpoint.fsync``; claim, key: as for :func:`~ds_acco.checkpoint.manifest.write_manifest`.
         finite: the finite check of this rank's masters and moments, started before the save
             (it sums while the files are written); its outcome goes into the manifest.
 
@@ -91,17 +89,21 @@ def atomic_save(save_dir: str, tag: str, global_rank: int, write: Callable[[str,
             logger.warning("ds_acco: %s holds non-finite values, so %s still names %s; load the tag explicitly to "
                            "inspect it", final, os.path.join(save_dir, "latest"), latest_tag(save_dir))
         elif save_latest:
-            latest_tmp = os.path.join(save_dir, f"latest.tmp{os.getpid()}")
-            with open(latest_tmp, "w", encoding="utf-8") as f:
-                f.write(tag)
-                if fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(latest_tmp, os.path.join(save_dir, "latest"))
-            if fsync:
-                fsync_path(save_dir)
+            _point_latest_at(save_dir, tag, fsync)
     dist.barrier()
     return result
+
+
+def _point_latest_at(save_dir: str, tag: str, fsync: bool) -> None:
+    latest_tmp = os.path.join(save_dir, f"latest.tmp{os.getpid()}")
+    with open(latest_tmp, "w", encoding="utf-8") as f:
+        f.write(tag)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(latest_tmp, os.path.join(save_dir, "latest"))
+    if fsync:
+        fsync_path(save_dir)
 
 
 def publish(partial: str, final: str, fsync: bool) -> None:

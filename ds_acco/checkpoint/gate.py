@@ -8,7 +8,7 @@ as long as the state dict it returns reaches no module, optimizer or scheduler b
 every rank has verified every file. So:
 
 * the hashes of this rank's files, and the ranks' agreement, run on a background thread,
-  over a process group of their own (:func:`verification_group`): the main thread is inside
+  over a process group of their own (:class:`VerificationGroup`): the main thread is inside
   DeepSpeed's loader meanwhile and may run collectives on the default group, which must
   never interleave with ours;
 * DeepSpeed's ``checkpoint_engine.load`` is wrapped (:meth:`PendingVerdict.gating`): the file
@@ -39,25 +39,29 @@ from .files import replaced
 from .verify import Verdict, in_background
 
 
-def verification_group(owner: dict, group, timeout_s: float):
-    """The process group that background agreements use, created once per engine and kept in ``owner``.
+class VerificationGroup:
+    """The process group background agreements use, created on first use and destroyed with its owner (a front
+    end's checkpointer holds one).
 
-    A collective over the default group the first time: every rank of it must call this at
-    the same point (the front ends call it at the start of ``load_checkpoint``). Its time-out
-    is ``acco.timeout_s``, so an agreement with a dead or stopped peer fails in that time.
+    Created by a collective over ``group`` (None: the default group) the first time: every rank must call
+    :meth:`get` at the same point (the front ends call it at the start of ``load_checkpoint``). Its time-out is
+    ``acco.timeout_s``, so an agreement with a dead or stopped peer fails in that time.
     """
-    if owner.get("_acco_verify_group") is None:
-        ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
-        owner["_acco_verify_group"] = dist.new_group(ranks=ranks, backend="gloo",
-                                                     timeout=timedelta(seconds=timeout_s))
-    return owner["_acco_verify_group"]
 
+    def __init__(self, group, timeout_s: float):
+        self.parent, self.timeout_s, self.group = group, timeout_s, None
 
-def destroy_verification_group(owner: dict) -> None:
-    group = owner.pop("_acco_verify_group", None)
-    if group is not None:
-        with contextlib.suppress(RuntimeError, ValueError):
-            dist.destroy_process_group(group)
+    def get(self):
+        if self.group is None:
+            ranks = dist.get_process_group_ranks(self.parent if self.parent is not None else dist.group.WORLD)
+            self.group = dist.new_group(ranks=ranks, backend="gloo", timeout=timedelta(seconds=self.timeout_s))
+        return self.group
+
+    def destroy(self) -> None:
+        group, self.group = self.group, None
+        if group is not None:
+            with contextlib.suppress(RuntimeError, ValueError):
+                dist.destroy_process_group(group)
 
 
 class PendingVerdict:
@@ -65,7 +69,7 @@ class PendingVerdict:
 
     Args:
         agree: runs the verification (hashes and agreement, collective over the group of
-            :func:`verification_group`); returns the Verdict or raises the agreed CheckpointError.
+            :class:`VerificationGroup`); returns the Verdict or raises the agreed CheckpointError.
         folder, timeout_s: for the message when the agreement fails.
         manifest: the manifest as the caller read it (None: none usable).
         up_front: the load must wait for the verdict before it starts (see the module's docstring).

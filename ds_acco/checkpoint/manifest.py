@@ -28,7 +28,7 @@ import shutil
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, ContextManager, Iterable, Optional, Sequence
+from typing import Callable, ContextManager, Iterable, NamedTuple, Optional, Sequence
 
 import torch.distributed as dist
 
@@ -104,12 +104,22 @@ def entry_ranges(entry: dict) -> tuple[int, list[str]]:
     return max(1, int(entry["size"])), [entry["digest"]]
 
 
-Unit = tuple  # (file name, range index, bytes in the range)
+class Unit(NamedTuple):
+    """What one rank hashes at a time: one range of one file."""
+
+    name: str
+    index: int
+    nbytes: int
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.name, self.index
 
 
 def units_of(name: str, size: int, range_bytes: int) -> list[Unit]:
     """The hashing units of a file: one per range."""
-    return [(name, i, max(0, min(range_bytes, size - i * range_bytes))) for i in range(range_count(size, range_bytes))]
+    return [Unit(name, i, max(0, min(range_bytes, size - i * range_bytes)))
+            for i in range(range_count(size, range_bytes))]
 
 
 def unit_digests(folder: str, units: Sequence[Unit], ranges_of: dict[str, int],
@@ -122,13 +132,13 @@ def unit_digests(folder: str, units: Sequence[Unit], ranges_of: dict[str, int],
     """
     by_file: dict[str, list[Unit]] = {}
     for unit in units:
-        by_file.setdefault(unit[0], []).append(unit)
-    order = sorted(by_file.values(), key=lambda us: -sum(u[2] for u in us))
+        by_file.setdefault(unit.name, []).append(unit)
+    order = sorted(by_file.values(), key=lambda us: -sum(u.nbytes for u in us))
     if not order:
         return {}
 
     def one(file_units: list[Unit]) -> dict[tuple[str, int], str]:
-        name, indices = file_units[0][0], sorted(u[1] for u in file_units)
+        name, indices = file_units[0].name, sorted(u.index for u in file_units)
         found = range_digests(os.path.join(folder, name), indices, algorithm, ranges_of[name])
         return {(name, i): d for i, d in zip(indices, found)}
 
@@ -167,14 +177,14 @@ def share_out(units: Sequence[Unit], claims: Sequence[Iterable[str]], rank: int)
     load = [0] * len(claims)
     owner: dict[tuple[str, int], int] = {}
     for unit in units:
-        if len(claimants.get(unit[0], ())) == 1:
-            owner[unit[:2]] = claimants[unit[0]][0]
-            load[owner[unit[:2]]] += unit[2]
-    for unit in sorted((u for u in units if u[:2] not in owner), key=lambda u: (-u[2], u[0], u[1])):
-        eligible = claimants.get(unit[0]) or range(len(claims))
-        owner[unit[:2]] = min(eligible, key=lambda r: (load[r], r))
-        load[owner[unit[:2]]] += unit[2]
-    return [u for u in units if owner[u[:2]] == rank]
+        if len(claimants.get(unit.name, ())) == 1:
+            owner[unit.key] = claimants[unit.name][0]
+            load[owner[unit.key]] += unit.nbytes
+    for unit in sorted((u for u in units if u.key not in owner), key=lambda u: (-u.nbytes, u.name, u.index)):
+        eligible = claimants.get(unit.name) or range(len(claims))
+        owner[unit.key] = min(eligible, key=lambda r: (load[r], r))
+        load[owner[unit.key]] += unit.nbytes
+    return [u for u in units if owner[u.key] == rank]
 
 
 def fsync_path(path: str) -> None:

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from ds_acco.errors import CheckpointError
+from ds_acco.errors import UnsafeCheckpointError  # (raised here; every exception lives in ds_acco.errors)
 
 SWITCH = "acco.checkpoint.weights_only"
 _TORCH_LOAD = torch.load  # the real one, also while torch_load_restricted() stands in for it
@@ -45,17 +45,6 @@ def _resolve(names: Iterable[str]) -> list:
         except (ImportError, AttributeError):
             continue
     return out
-
-
-class UnsafeCheckpointError(CheckpointError):
-    """A checkpoint file names a class a load does not unpickle; ``type_name`` is the class (None: unknown)."""
-
-    def __init__(self, path: str, type_name: Optional[str], detail: str = ""):
-        what = f"an object of type {type_name}" if type_name else f"something it cannot unpickle ({detail})"
-        super().__init__(f"ds_acco: {path} holds {what}, which a checkpoint load does not unpickle: loading it "
-                         f"would run code the file names. If the file comes from a source you trust, set {SWITCH}: "
-                         "false to load it as torch.load(weights_only=False) would")
-        self.type_name = type_name
 
 
 def refusal(path: str, exc: BaseException) -> UnsafeCheckpointError:

@@ -21,15 +21,11 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.distributed as dist
 
-from ds_acco.errors import CheckpointError
+from ds_acco.errors import CheckpointSaveError  # (raised here; every exception lives in ds_acco.errors)
 
 from .manifest import MANIFEST, gather_objects
 
 logger = logging.getLogger("ds_acco")
-
-
-class CheckpointSaveError(CheckpointError):
-    """A checkpoint save failed on some rank; nothing of it remains and ``latest`` is unchanged."""
 
 
 def nbytes(obj: Any) -> int:

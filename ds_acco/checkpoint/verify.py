@@ -74,7 +74,7 @@ def _check_files(folder: str, manifest: dict, claims: Sequence[Iterable[str]], r
     try:
         found = unit_digests(folder, mine, {name: rb for name, (rb, _) in ranges.items()}, algorithm)
     except ValueError as exc:
-        return dict(problems, **{name: f"cannot verify: {exc}" for name in dict.fromkeys(u[0] for u in mine)})
+        return dict(problems, **{name: f"cannot verify: {exc}" for name in dict.fromkeys(u.name for u in mine)})
     for name, index, nbytes in mine:
         range_bytes, want = ranges[name]
         digest, size = found[(name, index)], manifest["files"][name]["size"]
@@ -108,18 +108,16 @@ def verify_for_load(folder: str, *, reads: Sequence[str], ours: bool, salvage: b
                     droppable: Callable[[str], bool] = lambda name: False, group=None,
                     manifest_read: Optional[tuple[Optional[dict], Optional[str]]] = None,
                     key: Optional[bytes] = None, scan: Optional[Callable[[str], list]] = None) -> Verdict:
-    """Verify ``folder`` before it is loaded; collective over ``group``: when any rank found a problem, every
-    rank raises the same CheckpointError.
+    """Verify ``folder`` before it is loaded (collective over ``group``: every rank raises any rank's problems).
 
     Args:
         reads: files this rank is about to read; it hashes them (files nobody reads are shared out).
         ours: the folder holds ds_acco's own files, so it must have a manifest.
-        droppable: which files the front end can load without (salvage only).
-        manifest_read: what :func:`read_manifest` returned, when the caller already read it.
-        key: the signing key (:mod:`ds_acco.checkpoint.signing`): the manifest must be signed with it,
-            checked before anything else; salvage cannot drop that.
-        scan: the classes a file would unpickle beyond those allowed (:func:`ds_acco.checkpoint.safe_load.
-            classes_beyond`); a file that names any is refused (None: ``acco.checkpoint.weights_only`` off).
+        droppable: which files the front end can load without (salvage only); manifest_read: what
+            :func:`read_manifest` returned, when the caller already read it.
+        key: the signing key (:mod:`.signing`) the manifest must be signed with, checked first (salvage cannot drop it).
+        scan: the classes a file would unpickle beyond those allowed (:func:`.safe_load.classes_beyond`); a file that
+            names any is refused (None: ``acco.checkpoint.weights_only`` off).
     """
     rank = dist.get_rank(group)
     manifest, bad = manifest_read if manifest_read is not None else read_manifest(folder)
@@ -131,15 +129,10 @@ def verify_for_load(folder: str, *, reads: Sequence[str], ours: bool, salvage: b
     elif manifest is None:
         problems = {MANIFEST: f"expected present, found it {bad}"} if ours or bad != "missing" else {}
     else:
-        claims = gather_objects([f for f in reads if f in manifest["files"]], group)
-        problems = _check_files(folder, manifest, claims, rank)
+        problems = _check_files(folder, manifest, gather_objects([f for f in reads if f in manifest["files"]], group),
+                                rank)
     if scan is not None and unsigned is None:
-        for name in reads:
-            path = os.path.join(folder, name)
-            if name not in problems and os.path.isfile(path) and (classes := scan(path)):
-                problems[name] = (f"holds {', '.join(classes)}, which a checkpoint load does not unpickle (it would "
-                                  f"run code the file names); refused before any file was parsed. If the checkpoint "
-                                  f"comes from a source you trust, set {SWITCH}: false")
+        problems.update(_unsafe(folder, [name for name in reads if name not in problems], scan))
     merged = {name: why for part in gather_objects(problems, group) for name, why in part.items()}
     if key is not None and MANIFEST in merged:
         raise CheckpointError(describe(folder, merged, "is not signed with this job's key"))
@@ -153,17 +146,23 @@ def verify_for_load(folder: str, *, reads: Sequence[str], ours: bool, salvage: b
     drops = [droppable(name) for name in merged]
     if salvage and all(drops):
         if rank == 0:
-            logger.warning("%s", describe(folder, merged, "is damaged",
-                                          f"\nacco.checkpoint.salvage is on: dropped {sorted(merged)}; the rest "
-                                          "loads and the rounds bootstrap afresh (the trajectory is not the "
-                                          "uninterrupted one)"))
+            logger.warning("%s", describe(folder, merged, "is damaged", f"\nacco.checkpoint.salvage is on: dropped "
+                                          f"{sorted(merged)}; the rest loads and the rounds bootstrap afresh (the "
+                                          "trajectory is not the uninterrupted one)"))
         return Verdict(dropped=set(merged), manifest=manifest)
-    note = ""
-    if any(drops) and not all(drops):
-        note = "\n(acco.checkpoint.salvage can only drop per-rank round state, not model or optimizer files)"
-    elif all(drops) or MANIFEST in merged:
-        note = "\nor set acco.checkpoint.salvage: true to load it anyway without the failed parts"
+    note = "\n(acco.checkpoint.salvage can only drop per-rank round state, not model or optimizer files)" \
+        if any(drops) and not all(drops) else "\nor set acco.checkpoint.salvage: true to load it anyway without " \
+        "the failed parts" if all(drops) or MANIFEST in merged else ""
     raise CheckpointError(describe(folder, merged, "failed verification", note))
+
+
+def _unsafe(folder: str, names: Sequence[str], scan: Callable[[str], list]) -> dict[str, str]:
+    """The files of ``names`` that would unpickle classes beyond those allowed, with why."""
+    found = {name: classes for name in names if os.path.isfile(os.path.join(folder, name))
+             and (classes := scan(os.path.join(folder, name)))}
+    return {name: f"holds {', '.join(classes)}, which a checkpoint load does not unpickle (it would run code the "
+                  f"file names); refused before any file was parsed. If the checkpoint comes from a source you "
+                  f"trust, set {SWITCH}: false" for name, classes in found.items()}
 
 
 def _non_finite(named: Sequence[tuple[str, torch.Tensor]]) -> list[str]:

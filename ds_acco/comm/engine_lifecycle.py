@@ -25,14 +25,14 @@ import torch
 import torch.distributed as dist
 
 from ds_acco.config import AccoConfig
-from ds_acco.errors import AccoRoundError
+from ds_acco.errors import AccoPreempted, AccoRoundError
 from ds_acco.telemetry.log_lines import announce, ensure_log_output
 from ds_acco.telemetry.records import Telemetry
 
 from .clock import ClockLike, as_clock
 from .collectives import RoundCollectives
 from .comm_thread import CommThread, RoundHandle, record_ready
-from .stop_signal import STOP, AccoPreempted
+from .stop_signal import STOP
 
 logger = logging.getLogger("ds_acco")
 
@@ -41,7 +41,7 @@ class EngineLifecycle:
     """Process group, peer check, telemetry, communication thread, round in flight, drain at exit, close.
 
     Subclasses call :meth:`_start_thread` once their buffers exist, launch rounds with
-    :meth:`_submit`, keep what they need about the round in flight in ``_inflight`` (any
+    :meth:`submit`, keep what they need about the round in flight in ``_inflight`` (any
     object with a ``handle``), and implement :meth:`_drain` (wait for it and apply it),
     :meth:`_release` (anything else they hold) and :meth:`startup_fields`.
 
@@ -62,7 +62,8 @@ class EngineLifecycle:
         self._inflight: Any = None
         self._round_index = 0
         self.stop_agreed, self._stopping = False, False  # a SIGTERM reached every rank / handed over
-        self._on_stop: Callable[[], None] = on_stop or self.preempt
+        self.on_stop: Callable[[], None] = on_stop or self.preempt
+        """What runs where every rank learned of a SIGTERM (the front end's save and exit, or :meth:`preempt`)."""
         self.coll = RoundCollectives(process_group, config.timeout_s)
         self.rank, self.world_size = self.coll.rank, self.coll.world_size
         tcfg = config.telemetry
@@ -87,11 +88,11 @@ class EngineLifecycle:
         """At the boundary where every rank learned of a SIGTERM, hand over to the front end (once)."""
         if self.stop_agreed and not self._stopping:
             self._stopping = True
-            self._on_stop()
+            self.on_stop()
 
     def preempt(self) -> None:
         """Stop after a SIGTERM without saving: the ranks agree on the rounds launched (:meth:`quiesce`),
-        then every rank raises :class:`~ds_acco.comm.stop_signal.AccoPreempted` (exit status
+        then every rank raises :class:`~ds_acco.errors.AccoPreempted` (exit status
         ``acco.preemption.exit_code``)."""
         self.quiesce()
         raise AccoPreempted(self.config.preemption.exit_code)
@@ -128,8 +129,12 @@ class EngineLifecycle:
         if self._inflight is not None:
             raise AccoRoundError(message)
 
+    def submit(self, kind: str, run: Callable[[RoundHandle], Any]) -> RoundHandle:
+        """Queue ``run`` as the next round on the communication thread; returns its handle (every round goes
+        through :meth:`_submit`, which a test's simulated link wraps on the instance)."""
+        return self._submit(kind, run)
+
     def _submit(self, kind: str, run: Callable[[RoundHandle], Any]) -> RoundHandle:
-        """Queue ``run`` as the next round on the communication thread; returns its handle."""
         handle = RoundHandle(self._round_index, kind, self.config.timeout_s, self.clock)
         self._round_index += 1
         self._comm.submit(handle, run, record_ready(self.device))

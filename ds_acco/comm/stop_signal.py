@@ -22,11 +22,9 @@ import signal
 import threading
 from typing import Any, Optional
 
+from ds_acco.errors import AccoPreempted  # noqa: F401 - raised by the engines at the stop; importable from here
+
 logger = logging.getLogger("ds_acco")
-
-
-class AccoPreempted(SystemExit):
-    """Every rank stops at the same round boundary after a SIGTERM; the process exits with ``code``."""
 
 
 class _StopSignal:

@@ -22,7 +22,7 @@ Internals used (DeepSpeed 0.19)
       buffer the model reads, for DeepSpeed's checkpointing), ``loss_scale``, ``loss_scaler``.
     * ``DeepSpeedEngine``: ``enable_backward_allreduce`` (off), ``_global_grad_norm`` and
       ``_step_applied`` (what ``get_global_grad_norm()`` and ``was_step_applied()`` report),
-      ``_config.load_universal_checkpoint`` (set for one load), ``checkpoint_engine`` (its ``load`` and
+      ``_config.load_universal_checkpoint`` (read, and set for one load), ``checkpoint_engine`` (its ``load`` and
       ``save`` wrapped for one call), and the overridden hooks ``_backward_epilogue`` (ACCO: every
       backward ends a micro-batch) and ``_take_model_step`` (streaming: every inner step).
     * ``deepspeed.checkpoint.ds_to_universal.main`` (re-partitioning a checkpoint for another world size),
@@ -133,6 +133,12 @@ def guarded_recovery_script(engine: Any, guard: Any) -> contextlib.AbstractConte
             real(save_path)
 
     return replaced(engine, "_copy_recovery_script", copy)
+
+
+def loads_universal(engine: Any) -> bool:
+    """Whether the config says ``load_checkpoint`` reads universal checkpoints (``"checkpoint": {"load_universal":
+    true}``: a folder ``ds_to_universal`` wrote)."""
+    return bool(engine._config.load_universal_checkpoint)
 
 
 @contextlib.contextmanager

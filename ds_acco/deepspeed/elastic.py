@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable
-
 from deepspeed import comm as ds_dist
+from deepspeed.runtime.engine import DeepSpeedEngine
 
 from ds_acco.checkpoint import safe_load
 
@@ -58,32 +57,35 @@ def convert_to_universal(load_dir: str, tag: str, weights_only: bool = True) -> 
     return root
 
 
-def load_resharded(engine, stock_load: Callable, load_dir: str, tag: str, strict: bool, load_optimizer_states: bool,
-                   load_lr_scheduler_states: bool, saved_dp: int) -> tuple:
-    """Load ``load_dir/tag`` (saved with ``saved_dp`` ranks) into ``engine`` through a universal checkpoint.
+def load_universal(engine: DeepSpeedEngine, load_dir: str, tag: str, options, weights_only: bool) -> tuple:
+    """DeepSpeed's own load of the universal checkpoint ``load_dir/tag`` (re-partitioned for this world; the compute
+    parameters set from the fp32 masters), with every ``torch.load`` restricted (its loader calls
+    ``torch.load(weights_only=False)`` itself). ``options``: a :class:`~ds_acco.deepspeed.checkpoint_io.LoadOptions`.
+    Collective: every rank calls it."""
+    try:
+        with internals.universal_loading(engine), safe_load.torch_load_restricted(internals.CHECKPOINT_CLASSES,
+                                                                                   weights_only):
+            return DeepSpeedEngine.load_checkpoint(engine, load_dir, tag, options.strict, options.optimizer_states,
+                                                   options.lr_scheduler_states)
+    except IndexError as exc:
+        raise RuntimeError(
+            f"DeepSpeed's universal-checkpoint loader could not re-partition {load_dir}/{tag} for "
+            f"dp={engine.dp_world_size}: a parameter group is so small that some rank would own only padding. Load "
+            "with the saved world size, or merge small parameter groups."
+        ) from exc
 
-    ``stock_load`` is DeepSpeed's own ``load_checkpoint`` of the engine. Collective: every rank calls it.
-    """
-    dp = engine._acco_dp()[1]
-    weights_only = engine._acco_config.checkpoint.weights_only
+
+def load_resharded(engine: DeepSpeedEngine, load_dir: str, tag: str, options, saved_dp: int,
+                   weights_only: bool) -> tuple:
+    """Load ``load_dir/tag`` (saved with ``saved_dp`` ranks) into ``engine`` through a universal checkpoint, then the
+    module's parameters as they were saved (an ACCO estimate, possibly). Collective: every rank calls it."""
     if engine.global_rank == 0:
         logger.info("ds_acco: %s/%s was saved with dp=%d; re-partitioning through a universal checkpoint",
                     load_dir, tag, saved_dp)
         convert_to_universal(load_dir, tag, weights_only)
     ds_dist.barrier()
-    try:  # DeepSpeed's universal loader also calls torch.load(weights_only=False) itself
-        with internals.universal_loading(engine), safe_load.torch_load_restricted(internals.CHECKPOINT_CLASSES,
-                                                                                   weights_only):
-            path, client_state = stock_load(universal_dir(load_dir, tag), tag, strict, load_optimizer_states,
-                                            load_lr_scheduler_states)
-    except IndexError as exc:
-        raise RuntimeError(
-            f"DeepSpeed's universal-checkpoint loader could not re-partition {load_dir}/{tag} for dp={dp}: "
-            "a parameter group is so small that some rank would own only padding. Load with the saved "
-            "world size, or merge small parameter groups."
-        ) from exc
+    out = load_universal(engine, universal_dir(load_dir, tag), tag, options, weights_only)
     # The universal loader sets the compute parameters from the fp32 masters; restore the
     # weights the model actually had when it was saved (an ACCO estimate, possibly).
-    engine.module.load_state_dict(_model_states(load_dir, tag, weights_only)["module"], strict=strict)
-    engine.acco.reset_rounds(commits=engine.global_steps, compute_committed=False)  # maybe an estimate
-    return path, client_state
+    engine.module.load_state_dict(_model_states(load_dir, tag, weights_only)["module"], strict=options.strict)
+    return out

@@ -14,8 +14,8 @@ then takes over the gradient path and leaves DeepSpeed's code unforked:
   ``_backward_epilogue``, which both ``engine.backward(loss)`` and a direct
   ``loss.backward()`` reach), so ``step()`` only keeps DeepSpeed's counters;
 * checkpoints keep DeepSpeed's layout, plus one small file per rank,
-  ``acco_round_state_dp_rank_<r>.pt``, holding the round state
-  (:mod:`ds_acco.deepspeed.checkpoint_io`).
+  ``acco_round_state_dp_rank_<r>.pt``, holding the round state (:class:`RoundCheckpoint`, the state part of the
+  :class:`~ds_acco.deepspeed.checkpoint_io.Checkpointer` the engine holds).
 
 Every DeepSpeed internal used here goes through :mod:`ds_acco.deepspeed._internals`.
 """
@@ -24,44 +24,41 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Optional
+import os
+from typing import Any, ContextManager, Optional
 
 import torch
 from deepspeed import comm as ds_dist
-from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
 from ds_acco.checkpoint import safe_load
-from ds_acco.checkpoint.verify import finite_at_save, optimizer_tensors
+from ds_acco.checkpoint.verify import optimizer_tensors
 from ds_acco.config import AccoConfig
+from ds_acco.config.names import Kind
 from ds_acco.errors import AccoConfigError
 from ds_acco.layout.flat_buffer import FlatLayout, rebind_params
 from ds_acco.layout.sharded_group import ShardedGroup
 from ds_acco.optim.shard_optimizer import ShardOptimizer
 from ds_acco.rounds.committed import CommittedStateDict, committed_parameters
 from ds_acco.rounds.engine import RoundEngine
-from ds_acco.rounds.round_work import COMMIT
 from ds_acco.streaming import phase_factory
 from ds_acco.telemetry.records import RoundRecord
 
 from . import _internals as internals
 from . import elastic
-from .checkpoint_io import VerifiedCheckpoints
-from .verify import MODEL_FILE, OPTIM_FILE
+from .checkpoint_io import CheckpointedEngine, Checkpointer
 
 logger = logging.getLogger("ds_acco")
 
 
-class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
+class AccoDeepSpeedEngine(CheckpointedEngine):
     """A ``DeepSpeedEngine`` whose ZeRO-1 reduce/step/all-gather run as background ACCO rounds."""
-
-    STATE_FILE = "acco_round_state_dp_rank_{rank}.pt"
-    RESTART_NOTE = "the rounds bootstrap afresh"
 
     def __init__(self, *args: Any, acco_config: AccoConfig, **kwargs: Any):
         # nn.Module.__setattr__ is not ready yet, and DeepSpeedEngine.__getattr__ forwards
         # unknown names to the model: keep our attributes in __dict__ from the start.
-        self.__dict__.update(acco=None, _acco_config=acco_config, _acco_samples=0, _acco_export=None)
+        self.__dict__.update(acco=None, _acco_config=acco_config, acco_samples=0, acco_export=None,
+                             acco_checkpoints=None)
         super().__init__(*args, **kwargs)
         self._acco_take_over()
 
@@ -77,11 +74,12 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         if getattr(opt, "has_moe_layers", False):
             raise AccoConfigError("model: mixture-of-experts layers are not supported with ACCO")
         internals.check(self, opt)
-        self._acco_read_key()
+        dp_group = internals.dp_group(opt)
+        self.__dict__["acco_checkpoints"] = Checkpointer(self, RoundCheckpoint(self, self._acco_config),
+                                                         self._acco_config, dp_group)
         internals.remove_gradient_hooks(opt)
         self.enable_backward_allreduce = False
 
-        dp_group = internals.dp_group(opt)
         world = ds_dist.get_world_size(group=dp_group)
         groups = []
         for i, (params, offsets, flat, master) in enumerate(internals.zero1_groups(opt)):
@@ -108,12 +106,12 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
             # count the round received gives mean(X), and equals stock ZeRO-1 when counts are G.
             grad_scale=lambda: float(opt.loss_scale if self.fp16_enabled() else 1.0) / G,
             on_swap=self._acco_on_swap,
-            on_stop=self._acco_note_stop,
+            on_stop=self.acco_checkpoints.note_stop,
             streaming_phase=phase_factory(self.module, self._acco_config),
         )
         self.acco.commits = self.global_steps
         # Exports (module.state_dict(), save_16bit_model, HF save_model) give the committed parameters.
-        self._acco_export = CommittedStateDict(self.module, self.acco)
+        self.acco_export = CommittedStateDict(self.module, self.acco)
         self.acco.announce(f"DeepSpeed ZeRO-1, {len(groups)} group(s)")
 
     def _acco_rebinder(self, i: int, params: list, layout: FlatLayout):
@@ -126,12 +124,12 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         return rebind
 
     def _acco_on_swap(self, record: RoundRecord) -> None:
-        self._acco_samples += sum(record.counts) * self.train_micro_batch_size_per_gpu()
-        if record.kind != COMMIT:
+        self.acco_samples += sum(record.counts) * self.train_micro_batch_size_per_gpu()
+        if record.kind != Kind.COMMIT:
             return
         self.global_steps += 1
-        self.global_samples += self._acco_samples
-        self._acco_samples = 0
+        self.global_samples += self.acco_samples
+        self.acco_samples = 0
         internals.record_step(self, record.grad_norm, not record.skipped)
         if record.skipped:
             self.skipped_steps += 1
@@ -151,7 +149,7 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         if lr_kwargs:
             raise ValueError("step(lr_kwargs=...) is not supported with ACCO: the scheduler steps with the commits")
         self.micro_steps += 1
-        self._acco_stop_if_due()  # after a SIGTERM: save if configured, exit
+        self.acco_checkpoints.stop_if_due(self.acco.preempt)  # after a SIGTERM: save if configured, exit
         return None
 
     def is_gradient_accumulation_boundary(self) -> bool:
@@ -176,71 +174,79 @@ class AccoDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         return committed_parameters(self.acco)
 
     def destroy(self) -> None:
-        if self.__dict__.get("_acco_export") is not None:
-            self._acco_export.remove()
-            self.__dict__["_acco_export"] = None
+        if self.__dict__.get("acco_export") is not None:
+            self.acco_export.remove()
+            self.__dict__["acco_export"] = None
         super().destroy()
 
-    # ------------------------------------------------------------ checkpoint hooks (see checkpoint_io)
-    def _acco_dp(self) -> tuple[int, int, Any]:
-        group = internals.dp_group(self.optimizer)
-        return ds_dist.get_rank(group=group), ds_dist.get_world_size(group=group), group
 
-    def _acco_own_state(self) -> dict:
-        return {"rounds": self.acco.state_dict(), "samples": self._acco_samples}  # waits; nothing swapped early
+class RoundCheckpoint:
+    """The round engine's part of an :class:`AccoDeepSpeedEngine`'s checkpoints
+    (:class:`~ds_acco.deepspeed.checkpoint_io.StatePart`): DeepSpeed's files hold the compute parameters, the fp32
+    partitions and the optimizer; the state file holds the round state and the samples not yet counted."""
 
-    def _acco_client_entry(self) -> dict:
-        return {"mode": self.acco.config.mode, "policy": self.acco.config.policy, "commits": self.acco.commits}
+    state_file = "acco_round_state_dp_rank_{rank}.pt"
+    restart_note = "the rounds bootstrap afresh"
 
-    def _acco_claim(self) -> list[str]:
-        dp = self._acco_dp()[0]
-        return [self.STATE_FILE.format(rank=dp), OPTIM_FILE.format(rank=dp)] + [MODEL_FILE] * (dp == 0)
+    def __init__(self, engine: AccoDeepSpeedEngine, config: AccoConfig):
+        self.engine, self.weights_only = engine, config.checkpoint.weights_only
 
-    def _acco_finite_tensors(self) -> list:
+    def state_dict(self) -> dict:
+        e = self.engine
+        return {"rounds": e.acco.state_dict(), "samples": e.acco_samples}  # waits; nothing swapped early
+
+    def client_entry(self) -> dict:
+        acco = self.engine.acco
+        return {"mode": acco.config.mode, "policy": acco.config.policy, "commits": acco.commits}
+
+    def finite_tensors(self) -> list:
         """The fp32 master partitions and their optimizer moments: what a save writes and a load must find finite."""
-        named = [(f"fp32 partition of group {i}", t) for i, t in enumerate(internals.master_partitions(self.optimizer))]
-        return named + optimizer_tensors(self.optimizer.optimizer)
+        opt = self.engine.optimizer
+        return [(f"fp32 partition of group {i}", t) for i, t in enumerate(internals.master_partitions(opt))] + \
+            optimizer_tensors(opt.optimizer)
 
-    def _acco_saving(self):
-        return self._acco_export.suspended()  # the model file holds the compute parameters: exact resume
+    def saving(self) -> ContextManager:
+        return self.engine.acco_export.suspended()  # the model file holds the compute parameters: exact resume
 
-    def _acco_before_load(self) -> None:
-        self.acco.reset_rounds()
+    def before_load(self) -> None:
+        self.engine.acco.reset_rounds()
 
-    def _acco_load_other_world(self, load_dir, tag, manifest, pending, args) -> Optional[tuple]:
-        """Another data-parallel world size: re-partition through a universal checkpoint (:mod:`.elastic`)."""
-        strict, load_optimizer_states, load_lr_scheduler_states, load_module_only, _ = args
+    def load_other_world(self, load_dir, tag, manifest, options) -> Optional[tuple]:
+        """Another data-parallel world size: re-partition through a universal checkpoint (:mod:`.elastic`); the round
+        state is per rank, so the rounds restart from the saved compute parameters (an estimate, possibly)."""
+        e, weights_only = self.engine, self.weights_only
         # the manifest says how many ranks saved; only a checkpoint without one needs its model file read for it
-        saved_dp = manifest["world_size"] if manifest else elastic.saved_dp_world_size(
-            load_dir, tag, self._acco_config.checkpoint.weights_only)
-        if load_module_only or saved_dp == self._acco_dp()[1]:
+        saved_dp = manifest["world_size"] if manifest else elastic.saved_dp_world_size(load_dir, tag, weights_only)
+        if options.module_only or saved_dp == e.dp_world_size:
             return None
-        out = elastic.load_resharded(self, super(VerifiedCheckpoints, self).load_checkpoint, load_dir, tag, strict,
-                                     load_optimizer_states, load_lr_scheduler_states, saved_dp)
-        self._acco_check_finite(load_dir, tag, None, False, args)
+        out = elastic.load_resharded(e, load_dir, tag, options, saved_dp, weights_only)
+        e.acco.reset_rounds(commits=e.global_steps, compute_committed=False)  # maybe an estimate
         return out
 
-    def _acco_load_own_state(self, load_dir, tag, path, strict) -> None:
-        saved = safe_load.load(path, map_location="cpu", weights_only=self._acco_config.checkpoint.weights_only)
-        self._acco_samples = saved["samples"]
-        changed = self.acco.block_changes(saved["rounds"])
+    def load_resharded_state(self, load_dir, tag, options) -> bool:
+        return False  # (load_other_world did it, before DeepSpeed's files)
+
+    def load_state_dict(self, path: str, options) -> None:
+        e = self.engine
+        saved = safe_load.load(path, map_location="cpu", weights_only=self.weights_only)
+        e.acco_samples = saved["samples"]
+        changed = e.acco.block_changes(saved["rounds"])
         if not changed:
-            self.acco.load_state_dict(saved["rounds"])  # refuses, naming the fields, what cannot carry on
+            e.acco.load_state_dict(saved["rounds"])  # refuses, naming the fields, what cannot carry on
             return
         # Another mode, policy, quantisation or error-feedback switch, same world and layout: DeepSpeed has
         # loaded the committed masters (and moments) and made the compute parameters from them, so the
         # rounds restart from the commit; what the old block had in flight is dropped.
-        if self.global_rank == 0:
-            logger.warning("ds_acco: resuming %s/%s under a changed acco block (%s): the round state was rebuilt "
-                           "from the committed parameters at step %d (micro-batches accumulated after that commit, "
-                           "the kept estimate and error-feedback residuals were reset)", load_dir, tag,
-                           "; ".join(changed), self.global_steps)
-        self._acco_reset_own_state()
+        if e.global_rank == 0:
+            logger.warning("ds_acco: resuming %s under a changed acco block (%s): the round state was rebuilt from "
+                           "the committed parameters at step %d (micro-batches accumulated after that commit, the "
+                           "kept estimate and error-feedback residuals were reset)", os.path.dirname(path),
+                           "; ".join(changed), e.global_steps)
+        self.reset()
 
-    def _acco_reset_own_state(self) -> None:
-        self.acco.reset_rounds(commits=self.global_steps)
+    def reset(self) -> None:
+        self.engine.acco.reset_rounds(commits=self.engine.global_steps)
 
-    def _acco_proven_finite(self, manifest, from_state, load_optimizer_states, load_module_only) -> bool:
+    def loaded_are_saved(self, from_state: bool, options) -> bool:
         # the masters and moments just loaded are the saved ones, which the save found finite: nothing to sum
-        return (finite_at_save(manifest) and load_optimizer_states and not load_module_only
-                and self.zero_load_from_fp32_weights())
+        return options.optimizer_states and not options.module_only and self.engine.zero_load_from_fp32_weights()

@@ -18,44 +18,39 @@ makes it a Streaming DiLoCo worker and leaves DeepSpeed's code unforked:
 * checkpoints keep DeepSpeed's layout (its model file holds rank 0's replica) plus
   one file per rank, ``acco_streaming_state_dp_rank_<r>.pt``: that rank's replica,
   inner optimizer and streaming state (global fragment shard, outer momentum,
-  int8 residuals, a round waiting to be merged), written atomically
-  (:mod:`ds_acco.deepspeed.checkpoint_io`).
+  int8 residuals, a round waiting to be merged), written atomically (:class:`StreamingCheckpoint`, the state part
+  of the :class:`~ds_acco.deepspeed.checkpoint_io.Checkpointer` the engine holds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
-from typing import Any, Optional
+from typing import Any, ContextManager, Optional
 
 import torch
 from deepspeed import comm as ds_dist
-from deepspeed.runtime.engine import DeepSpeedEngine
 
 from ds_acco.checkpoint import safe_load
-from ds_acco.checkpoint.verify import finite_at_save, optimizer_tensors
+from ds_acco.checkpoint.verify import optimizer_tensors
 from ds_acco.config import AccoConfig
 from ds_acco.errors import AccoConfigError
 from ds_acco.streaming import StreamingEngine, fragments_of
 
 from . import _internals as internals
-from .checkpoint_io import VerifiedCheckpoints
-from .verify import MODEL_FILE
+from .checkpoint_io import CheckpointedEngine, Checkpointer, LoadOptions
 
 logger = logging.getLogger("ds_acco")
 
 
-class StreamingDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
+class StreamingDeepSpeedEngine(CheckpointedEngine):
     """A stage-0 ``DeepSpeedEngine`` whose ranks train replicas and sync one fragment at a time."""
-
-    STATE_FILE = "acco_streaming_state_dp_rank_{rank}.pt"
-    RESTART_NOTE = "replicas take rank 0's weights and the global fragments restart"
-    FINITE_AFTER_OWN_STATE = True  # the replicas and inner optimizers come from the state files
 
     def __init__(self, *args: Any, acco_config: AccoConfig, **kwargs: Any):
         # DeepSpeedEngine.__getattr__ forwards unknown names to the model: keep ours in __dict__.
-        self.__dict__.update(acco=None, _acco_config=acco_config)
+        self.__dict__.update(acco=None, _acco_config=acco_config, acco_checkpoints=None)
         super().__init__(*args, **kwargs)
         self._streaming_take_over()
 
@@ -73,11 +68,12 @@ class StreamingDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         if self.has_moe_layers:
             raise AccoConfigError("model: mixture-of-experts layers are not supported with acco.mode 'streaming'")
         internals.check(self)
-        self._acco_read_key()
+        self.__dict__["acco_checkpoints"] = Checkpointer(self, StreamingCheckpoint(self, self._acco_config),
+                                                         self._acco_config, self.data_parallel_group)
         self.enable_backward_allreduce = False
         self.acco = StreamingEngine(self.module, self.optimizer, fragments_of(self.module, self._acco_config),
                                     config=self._acco_config, process_group=self.data_parallel_group,
-                                    on_stop=self._acco_note_stop)
+                                    on_stop=self.acco_checkpoints.note_stop)
         self.acco.inner_steps = self.global_steps
         sizes = "/".join(str(f.layout.numel) for f in self.acco.fragments)
         self.acco.announce(f"DeepSpeed stage 0, fragments of {sizes} params")
@@ -92,7 +88,7 @@ class StreamingDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         super()._take_model_step(lr_kwargs)
         if self.acco is not None:
             self.acco.after_inner_step()
-            self._acco_stop_if_due()  # after a SIGTERM: save if configured, exit
+            self.acco_checkpoints.stop_if_due(self.acco.preempt)  # after a SIGTERM: save if configured, exit
 
     def finish(self) -> None:
         """Merge the fragment round in flight now (e.g. before evaluation or export)."""
@@ -104,63 +100,74 @@ class StreamingDeepSpeedEngine(VerifiedCheckpoints, DeepSpeedEngine):
         if self.acco is not None:
             self.acco.consolidate()
 
-    # ------------------------------------------------------------ checkpoint hooks (see checkpoint_io)
-    def _acco_dp(self) -> tuple[int, int, Any]:
-        group = self.data_parallel_group
-        return ds_dist.get_rank(group=group), ds_dist.get_world_size(group=group), group
+class StreamingCheckpoint:
+    """The streaming engine's part of a :class:`StreamingDeepSpeedEngine`'s checkpoints
+    (:class:`~ds_acco.deepspeed.checkpoint_io.StatePart`): each rank's replica, inner optimizer and streaming state
+    (DeepSpeed's model file holds rank 0's replica only)."""
 
-    def _acco_own_state(self) -> dict:
+    state_file = "acco_streaming_state_dp_rank_{rank}.pt"
+    restart_note = "replicas take rank 0's weights and the global fragments restart"
+
+    def __init__(self, engine: StreamingDeepSpeedEngine, config: AccoConfig):
+        self.engine, self.weights_only = engine, config.checkpoint.weights_only
+
+    def state_dict(self) -> dict:
         """A fragment round in flight is waited for but not merged early: saving does not change the trajectory."""
-        return {"streaming": self.acco.state_dict(), "module": self.module.state_dict(),
-                "optimizer": self.optimizer.state_dict()}
+        e = self.engine
+        return {"streaming": e.acco.state_dict(), "module": e.module.state_dict(),
+                "optimizer": e.optimizer.state_dict()}
 
-    def _acco_client_entry(self) -> dict:
-        return {"mode": "streaming", "inner_steps": self.acco.inner_steps, "world_size": self.acco.world_size}
+    def client_entry(self) -> dict:
+        acco = self.engine.acco
+        return {"mode": "streaming", "inner_steps": acco.inner_steps, "world_size": acco.world_size}
 
-    def _acco_claim(self) -> list[str]:
-        dp = self._acco_dp()[0]
-        return [self.STATE_FILE.format(rank=dp)] + [MODEL_FILE] * (dp == 0)
-
-    def _acco_finite_tensors(self) -> list:
+    def finite_tensors(self) -> list:
         """This rank's replica and inner optimizer state: what its streaming state file holds."""
-        return list(self.module.named_parameters()) + optimizer_tensors(self.optimizer)
+        return list(self.engine.module.named_parameters()) + optimizer_tensors(self.engine.optimizer)
 
-    def _acco_before_load(self) -> None:
-        self.acco.finish()  # nothing may be in flight while the buffers are overwritten
+    def saving(self) -> ContextManager:
+        return contextlib.nullcontext()
 
-    def _acco_load_resharded_state(self, load_dir: str, tag: str, strict: bool) -> bool:
+    def before_load(self) -> None:
+        self.engine.acco.finish()  # nothing may be in flight while the buffers are overwritten
+
+    def load_other_world(self, load_dir, tag, manifest, options) -> Optional[tuple]:
+        return None  # stage 0's files load onto any world size; the state files follow (load_resharded_state)
+
+    def load_resharded_state(self, load_dir: str, tag: str, options: LoadOptions) -> bool:
         """Resume a checkpoint of another number of ranks: rank r takes saved rank ``r mod N_saved``'s
         replica and inner optimizer; the global fragments and outer momentum are re-sharded exactly."""
-        saved_world = len(glob.glob(os.path.join(load_dir, tag, self.STATE_FILE.format(rank="*"))))
-        if not saved_world or saved_world == self.acco.world_size:
+        e = self.engine
+        saved_world = len(glob.glob(os.path.join(load_dir, tag, self.state_file.format(rank="*"))))
+        if not saved_world or saved_world == e.acco.world_size:
             return False
-        files = [os.path.join(load_dir, tag, self.STATE_FILE.format(rank=r)) for r in range(saved_world)]
+        files = [os.path.join(load_dir, tag, self.state_file.format(rank=r)) for r in range(saved_world)]
         missing = [f for f in files if not os.path.exists(f)]
         if missing:
             raise AccoConfigError(f"{load_dir}/{tag}: streaming state files missing: {missing}")
-        weights_only = self._acco_config.checkpoint.weights_only
-        saved = [safe_load.load(f, map_location="cpu", weights_only=weights_only, mmap=True) for f in files]
-        mine = saved[self._acco_dp()[0] % saved_world]
-        self.module.load_state_dict(mine["module"], strict=strict)
-        self.optimizer.load_state_dict(mine["optimizer"])
-        self.acco.load_resharded([s["streaming"] for s in saved])
-        if self.global_rank == 0:
+        saved = [safe_load.load(f, map_location="cpu", weights_only=self.weights_only, mmap=True) for f in files]
+        mine = saved[ds_dist.get_rank(group=e.data_parallel_group) % saved_world]
+        e.module.load_state_dict(mine["module"], strict=options.strict)
+        e.optimizer.load_state_dict(mine["optimizer"])
+        e.acco.load_resharded([s["streaming"] for s in saved])
+        if e.global_rank == 0:
             logger.info("ds_acco: %s/%s was saved by %d ranks; streaming state re-sharded for %d (int8 residuals "
                         "restart at zero, a pending merge was applied at load)", load_dir, tag, saved_world,
-                        self.acco.world_size)
+                        e.acco.world_size)
         return True
 
-    def _acco_load_own_state(self, load_dir, tag, path, strict) -> None:
-        saved = safe_load.load(path, map_location=self.device, weights_only=self._acco_config.checkpoint.weights_only)
-        self.module.load_state_dict(saved["module"], strict=strict)  # copies into the fragment views
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.acco.load_state_dict(saved["streaming"])
-        if self.acco.inner_steps != self.global_steps:
-            raise RuntimeError(f"{path}: streaming state at inner step {self.acco.inner_steps}, "
-                               f"DeepSpeed's at global step {self.global_steps}; the checkpoint is inconsistent")
+    def load_state_dict(self, path: str, options: LoadOptions) -> None:
+        e = self.engine
+        saved = safe_load.load(path, map_location=e.device, weights_only=self.weights_only)
+        e.module.load_state_dict(saved["module"], strict=options.strict)  # copies into the fragment views
+        e.optimizer.load_state_dict(saved["optimizer"])
+        e.acco.load_state_dict(saved["streaming"])
+        if e.acco.inner_steps != e.global_steps:
+            raise RuntimeError(f"{path}: streaming state at inner step {e.acco.inner_steps}, "
+                               f"DeepSpeed's at global step {e.global_steps}; the checkpoint is inconsistent")
 
-    def _acco_reset_own_state(self) -> None:
-        self.acco.reset(inner_steps=self.global_steps)
+    def reset(self) -> None:
+        self.engine.acco.reset(inner_steps=self.engine.global_steps)
 
-    def _acco_proven_finite(self, manifest, from_state, load_optimizer_states, load_module_only) -> bool:
-        return from_state and finite_at_save(manifest)  # else: not the saved values, or not found finite then
+    def loaded_are_saved(self, from_state: bool, options: LoadOptions) -> bool:
+        return from_state  # else: not the saved values (and then the manifest's verdict says nothing of them)

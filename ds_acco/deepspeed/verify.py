@@ -35,7 +35,7 @@ OPTIM_FILE = "zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
 def start_verify_tag(load_dir: str, tag: str, *, state_file: str, dp_rank: int, dp_world: int, salvage: bool,
                      group, timeout_s: float, key: Optional[bytes] = None, weights_only: bool = True) -> PendingVerdict:
     """Start verifying ``load_dir/tag`` in the background (see :mod:`ds_acco.checkpoint.gate`); collective
-    over ``group`` (from :func:`~ds_acco.checkpoint.gate.verification_group`), on a background thread.
+    over ``group`` (a :class:`~ds_acco.checkpoint.gate.VerificationGroup`'s), on a background thread.
 
     The manifest is read and every file's size checked here, on the calling thread: that is
     cheap, and tells whether the load may run while the hashes do (``pending.up_front``

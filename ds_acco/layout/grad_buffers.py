@@ -94,6 +94,28 @@ class GradBuffers:
     def active_buffers(self) -> list[torch.Tensor]:
         return self.buffers[self.active]
 
+    @property
+    def inactive(self) -> int:
+        """The slot a round holds between its launch and its swap (the one :meth:`replace` may change)."""
+        return self.active ^ 1
+
+    def inactive_buffers(self) -> list[torch.Tensor]:
+        return self.buffers[self.inactive]
+
+    def clear(self) -> None:
+        """Zero the accumulators being filled (micro-batches dropped, or committed by other means)."""
+        for buf in self.active_buffers():
+            buf.zero_()
+
+    def state_dict(self, held: bool) -> dict:
+        """The accumulators being filled, where they hold micro-batches (``held``; else None: zeros on load)."""
+        return {"active_grads": [b.clone() for b in self.active_buffers()] if held else None}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.clear()
+        for buf, kept in zip(self.active_buffers(), saved["active_grads"] or []):
+            buf.copy_(kept)
+
     def remove_hooks(self) -> None:
         for h in self._hooks:
             h.remove()

@@ -73,8 +73,7 @@ def committed_parameters(engine: RoundEngine) -> Iterator[None]:
     finally:
         for g, own in rebound:
             g.bind(own)
-        if engine.phase is not None:
-            engine.phase.rebind()  # the replica lives in the fragment buffers, not the groups'
+        engine.schedule.rebind()  # in a streaming phase the replica lives in the fragment buffers, not the groups'
 
 
 class CommittedStateDict:

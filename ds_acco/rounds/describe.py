@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ds_acco.config.names import Mode, Policy
 from ds_acco.numerics.dtypes import dtype_name, resolve_dtype
 
 
@@ -23,14 +24,14 @@ def startup_fields(engine) -> dict:
     q = cfg.all_gather_quantization
     commit_ag = "int8 delta" if q == "int8" else dtype_name(compute)
     estimate_ag = "int4 delta" if cfg.estimate_quantization == "int4" else "int8 delta" if q != "none" else commit_ag
-    if cfg.mode == "auto" and cfg.policy == "fixed":
+    if cfg.mode == Mode.AUTO and cfg.policy == Policy.FIXED:
         per_round = f"{engine.G}(sync)|{cfg.quota(engine.G)}(acco)"
-    elif cfg.mode == "sync" or cfg.policy == "fixed":
-        per_round = str(engine.G if cfg.mode == "sync" else cfg.quota(engine.G))
+    elif cfg.mode == Mode.SYNC or cfg.policy == Policy.FIXED:
+        per_round = str(engine.G if cfg.mode == Mode.SYNC else cfg.quota(engine.G))
     else:
         cap = cfg.max_micro_batches_per_round
         per_round = f"adaptive(>=1{'' if cap is None else f',<={cap}'},nominal {cfg.quota(engine.G)})"
-        if cfg.policy == "auto":
+        if cfg.policy == Policy.AUTO:
             per_round = f"{engine.G}(sync)|{cfg.quota(engine.G)}(acco fixed)|{per_round}"
     return {
         "mode": cfg.mode, "policy": cfg.policy, "world_size": engine.world_size,

@@ -1,12 +1,14 @@
-"""The round engine: when rounds launch, and the swap that makes their result the compute parameters.
+"""The round engine: what a front end holds, composed of a schedule, the driver below it and the state parts.
 
 Framework-agnostic: it sees :class:`~ds_acco.layout.sharded_group.ShardedGroup` buffers,
 a :class:`~ds_acco.optim.shard_optimizer.ShardOptimizer` and a process group. The
 front ends (DeepSpeed, FSDP2, plain PyTorch) build those and call
-:meth:`RoundEngine.after_micro_batch` after every backward. What a round computes once it
-runs is :mod:`ds_acco.rounds.round_work`; its life (thread, group, close) is
-:class:`~ds_acco.comm.engine_lifecycle.EngineLifecycle`'s.
-The note on how acco's estimate/commit uses two gradient buffers is in ds_acco/rounds/round_work.py.
+:meth:`RoundEngine.after_micro_batch` after every backward. When rounds launch and land is the current schedule's
+(:mod:`ds_acco.rounds.schedules`), how a round is launched, waited for and swapped in the driver's
+(:mod:`ds_acco.rounds.driver`), what it computes :mod:`ds_acco.rounds.round_work`'s, and its life (thread, group,
+close) :class:`~ds_acco.comm.engine_lifecycle.EngineLifecycle`'s. The engine holds the schedule, swaps it where the
+round state says another one runs, applies auto's decisions at the boundary they were made for, and composes the
+parts' checkpoint state (:mod:`ds_acco.rounds.state`).
 """
 
 from __future__ import annotations
@@ -18,31 +20,27 @@ import torch
 import torch.distributed as dist
 
 from ds_acco.comm.clock import ClockLike
-from ds_acco.comm.engine_lifecycle import EngineLifecycle
-from ds_acco.config import AccoConfig, parse_acco_config
+from ds_acco.config import AccoConfig, check_saved_state_fits, parse_acco_config
 from ds_acco.config.compare import carry_on_changes
-from ds_acco.errors import AccoConfigError, AccoRoundError
-from ds_acco.layout.grad_buffers import GradBuffers
+from ds_acco.config.names import Mode, Policy
+from ds_acco.errors import AccoConfigError
 from ds_acco.layout.sharded_group import ShardedGroup
 from ds_acco.numerics.dtypes import resolve_dtype
-from ds_acco.optim.lr_schedule import LrScheduleClock
 from ds_acco.optim.shard_optimizer import ShardOptimizer
 from ds_acco.telemetry.records import RoundRecord
 
 from . import describe
-from . import state as round_state
-from . import streaming_switch as switch
-from .alignment import RoundAlignment
-from .auto.mode import ACCO, SYNC, AutoMode
-from .group_buffers import build_group_buffers, round_bytes
-from .landing import Landing
-from .round_work import COMMIT, ESTIMATE, RoundOutcome, RoundWork
-from .state import InFlight, RoundState
+from .auto.mode import Decision
+from .driver import RoundDriver
+from .schedules import AdaptiveSchedule, FixedSchedule, Schedule, SyncSchedule
+from .state import FORMAT
 
 logger = logging.getLogger("ds_acco")
+STREAMING = Mode.STREAMING.value
+"""The round state's key for the streaming phase's state (present only when saved in the phase)."""
 
 
-class RoundEngine(EngineLifecycle):
+class RoundEngine(RoundDriver):
     """Runs gradient rounds in the background of a training loop.
 
     Args:
@@ -59,7 +57,7 @@ class RoundEngine(EngineLifecycle):
         on_stage: called on the communication thread as a round enters each stage
             (round index, stage name); for tracing and fault-injection tests.
         streaming_phase: builds the streaming phase ``acco.auto.streaming`` may switch to
-            (:class:`ds_acco.streaming.phase.PhaseFactory`; :mod:`ds_acco.rounds.streaming_switch`).
+            (:class:`ds_acco.streaming.phase.PhaseFactory`; the phase is a :class:`~.schedules.Schedule`).
         clock: what rounds, swaps and auto's figures are timed with (:mod:`ds_acco.comm.clock`; default
             ``time.perf_counter``): a simulated clock makes auto's figures exact.
     """
@@ -84,38 +82,23 @@ class RoundEngine(EngineLifecycle):
         config.check_accumulation(gradient_accumulation_steps)
         if clip_grad_norm is not None and clip_grad_norm < 0:
             raise AccoConfigError(f"gradient_clipping: got {clip_grad_norm}; must be >= 0 (0 disables it)")
-        self.groups = list(groups)
-        accum = resolve_dtype(config.grad_accum_dtype, self.groups[0].flat.dtype, "acco.grad_accum_dtype")
-        switch.check(config, self.groups, accum, streaming_phase)
+        accum = resolve_dtype(config.grad_accum_dtype, groups[0].flat.dtype, "acco.grad_accum_dtype")
+        if config.mode == Mode.AUTO and config.auto.streaming:
+            if streaming_phase is None:
+                raise AccoConfigError("acco.auto.streaming: got true, but this front end cannot switch to streaming "
+                                      "(it needs the model to cut fragments: DeepSpeed ZeRO-1, or ds_acco.plain.build "
+                                      "with model=); allowed here: false")
+            streaming_phase.check(groups, accum)
         self.streaming_factory, self.phase = streaming_phase, None
         """The streaming phase's factory, and the phase once auto switched to it (None before)."""
-        super().__init__(config, process_group, self.groups[0].flat.device, "ds_acco-comm", on_stop, clock)
-        self.shard_optimizer = shard_optimizer
-        self.G = gradient_accumulation_steps
-        self.clip = float(clip_grad_norm or 0.0)
-        self._grad_scale = grad_scale
-        self._on_swap = on_swap
-        self._agree_with_peers(
-            (self.config.fingerprint(), self.G, self.clip, [g.layout.padded_numel for g in self.groups]),
-            "acco config, gradient_accumulation_steps, gradient_clipping or model layout "
-            "(fingerprint, G, clip, buffer sizes)")
-        self._align = RoundAlignment(self.coll, self.config.policy != "fixed", self.config.timeout_s, self.device)
-
-        self.grads = GradBuffers(self.groups, accum)
-        self._landing = Landing(self.groups, self.grads)  # no staging buffer: see the note in ds_acco/rounds/landing.py
-        comm = resolve_dtype(self.config.comm_dtype, accum, "acco.comm_dtype")
-        self.buffers = build_group_buffers(self.groups, self.config, accum, comm, self.world_size, self.device)
-        self.lr_clock = LrScheduleClock(self.G * self.world_size, by_tokens=self.config.policy != "fixed")
-        self.work = RoundWork(self.groups, self.buffers, self._landing, self.coll, shard_optimizer, self.lr_clock,
-                              self.config, self.clip, on_stage)
-        estimate, commit = round_bytes(self.buffers, self.groups, self.world_size, comm)
-        self.auto = AutoMode(self.config, self.G, self.world_size, self.rank, estimate / commit if commit else 1.0,
-                             commit, clock=self.clock.now) if self.config.mode == "auto" else None
-        """``mode: "auto"``'s timer and choices (:mod:`ds_acco.rounds.auto.mode`); None in the other modes."""
-        self.state = RoundState(mode=SYNC if self.auto else self.config.mode, active_scale=self._current_scale(),
-                                policy="fixed" if self.config.policy == "auto" else self.config.policy)
-        self.state.next_kind = self._first_kind()
-        self._last_swap_t, self._figures = self.clock.now(), None
+        super().__init__(groups, shard_optimizer, config, accum, G=gradient_accumulation_steps,
+                         clip=float(clip_grad_norm or 0.0), process_group=process_group, grad_scale=grad_scale,
+                         on_swap=on_swap, on_stage=on_stage, on_stop=on_stop, clock=clock)
+        self._gradient = {Mode.SYNC: SyncSchedule(self), Policy.FIXED: FixedSchedule(self),
+                          Policy.ADAPTIVE: AdaptiveSchedule(self)}
+        self.schedule: Schedule = self._gradient[Mode.SYNC]
+        """What runs the job's steps now (:mod:`ds_acco.rounds.schedules`)."""
+        self._reschedule()
         self._start_thread()
 
     startup_fields = describe.startup_fields
@@ -129,6 +112,7 @@ class RoundEngine(EngineLifecycle):
     @commits.setter
     def commits(self, value: int) -> None:
         self.state.commits = value
+        self._reschedule()  # the warm-up may be over
 
     @property
     def micro_batches(self) -> int:
@@ -145,265 +129,169 @@ class RoundEngine(EngineLifecycle):
         return self.state.mode
 
     @property
-    def overlapping(self) -> bool:
-        """True once warmup is over and the mode overlaps rounds with compute."""
-        return self.mode != "sync" and self.commits >= self.config.warmup_steps
-
-    @property
     def quota(self) -> int:
         """Micro-batches per worker before a round launches: ``G/2`` in acco, ``G`` in sync (or ``G/2`` where auto
         runs sync at half the accumulation)."""
-        if self.overlapping and self.mode == "acco":
-            return self.G // 2
-        return self.state.sync_quota if self.mode == SYNC and self.state.sync_quota else self.G
+        return self.schedule.quota
 
-    def _first_kind(self) -> str:
-        return ESTIMATE if self.mode == "acco" else COMMIT
+    def _reschedule(self, boundary: bool = False) -> None:
+        """Hold the schedule the round state says runs now; at a step's ``boundary`` an overlapped mode entered
+        from sync starts with its first kind of round."""
+        if self.phase is not None:
+            self.schedule = self.phase
+            return
+        was = self.schedule
+        self.schedule = self._gradient[self.state.policy if self.overlapping else Mode.SYNC]
+        if boundary and was is self._gradient[Mode.SYNC] and self.schedule is not was:
+            self.state.next_kind = self.first_kind()
 
-    def _current_scale(self) -> float:
-        return float(self._grad_scale() if callable(self._grad_scale) else self._grad_scale)
+    def _apply(self, decision: Decision) -> None:
+        """Auto's choice, at the boundary it was made for: the round state's mode and settings, the phase entered
+        when streaming was chosen (or sync where it does not fit), and the schedule they make."""
+        decision.apply(self.state)
+        if self.state.mode == Mode.STREAMING and self.phase is None:
+            self._enter_phase()
+        self._reschedule(boundary=True)
+
+    def _enter_phase(self) -> bool:
+        """Build the streaming phase at a step boundary where every rank holds the committed parameters
+        (collective; :meth:`ds_acco.streaming.phase.PhaseFactory.enter`). Where some rank has not the memory for it,
+        every rank stays in sync and auto never offers streaming again. Returns whether it switched."""
+        phase = self.streaming_factory.enter(self)
+        if phase is None:
+            self.auto.refuse_streaming()
+            self.state.mode = Mode.SYNC
+            return False
+        self.phase, self.schedule, self.state.mode = phase, phase, Mode.STREAMING
+        if self.auto.choices:
+            self.auto.choices[-1]["switch_s"] = phase.switch_s
+        return True
+
+    def _leave_phase(self) -> None:
+        """Drop the phase (before a checkpoint load overwrites the buffers): parameters back on the groups."""
+        self.phase.leave()
+        self.phase = None
+        self._reschedule()
 
     # ------------------------------------------------------------ training side
     def after_micro_batch(self) -> bool:
-        """Account for one finished backward; launch, wait and swap as the policy says. True when the compute
+        """Account for one finished backward; launch, wait and swap as the schedule says. True when the compute
         parameters changed (a swap happened); a round that failed or timed out raises :class:`AccoRoundError` here."""
         self._ensure_open()
         if self._inflight is not None and self._inflight.handle.failed():
-            self._complete()  # raises the round's error here
+            self.complete()  # raises the round's error here
         self.grads.repair()
-        s = self.state
-        s.n += 1
-        s.micro_batches += 1
-        if self.phase is not None:  # every G micro-batches an inner step (and the fragment schedule)
-            return s.n >= self.G and switch.step(self, s.n)
-        if self.auto:
+        self.state.n += 1
+        self.state.micro_batches += 1
+        if self.auto is not None and self.phase is None:
             self.auto.timer.micro_batch()
-        if not self.overlapping:
-            if s.n < self.quota:
-                switch.probe_if_due(self)
-                return False
-            if not switch.look_before_first_round(self):
-                self._launch(COMMIT, "sync")
-                self._complete()
-                if self.auto and self.auto.due(s.commits):
-                    self.auto.decide(self.auto.gathered(self._submit, self.coll, self.device), s, s.commits,
-                                     lr=self.shard_optimizer.lr)
-                    switch.enter_if_chosen(self)
-                if self.overlapping:
-                    s.next_kind = self._first_kind()
+        swapped, decision = self.schedule.after_micro_batch()
+        if decision is not None and not swapped:  # a look before the first round: the schedule that runs now ends
+            self._apply(decision)                 # the step (the phase, or sync where streaming did not fit)
+            swapped, decision = self.schedule.after_micro_batch()
+        if decision is not None:
+            self._apply(decision)
+        if swapped:
+            self._reschedule(boundary=True)  # the warm-up may be over
             self._stop_if_agreed()
-            return True
-        if self._inflight is None:  # bootstrap after start or warmup
-            if s.n >= self.quota:
-                self._launch(s.next_kind, self.mode)
-            return False
-        if not self._round_ready():
-            return False
-        landed = self._inflight.kind
-        self._complete()
-        if landed == ESTIMATE and self.auto and self.auto.due(s.commits + 1) and \
-                self.auto.decide(self._figures, s, s.commits + 1, lr=self.shard_optimizer.lr) != ACCO:  # (sets it)
-            self._launch(COMMIT, "acco")  # the commit of this step, waited for: sync or streaming runs from θ_{t+1}
-            self._complete()
-            s.next_kind = COMMIT
-            switch.enter_if_chosen(self)
-        else:
-            self._launch(s.next_kind, self.mode)
-        self._stop_if_agreed()
-        return True
-
-    def _round_ready(self) -> bool:
-        if self.state.policy == "fixed":
-            return self.state.n >= self.quota
-        cap, handle = self.config.max_micro_batches_per_round, self._inflight.handle
-        # past timeout_s, _complete() raises the timeout with the round's stage
-        return handle.done() or (cap is not None and self.state.n >= cap) or handle.elapsed() > self.config.timeout_s
-
-    def _launch(self, kind: str, mode: str) -> None:
-        s = self.state
-        grads = self.grads.take()
-        # the parameters every rank holds now: the base of an int8-delta all-gather (read-only;
-        # they stay bound until this round's swap)
-        bases = [g.flat for g in self.groups]
-        scale, s.active_scale = s.active_scale, self._current_scale()
-        count, s.n = s.n, 0
-        figures = self.auto.timer.local() if self.auto else ()
-        handle = self._submit(kind, lambda h: self.work.run(h, kind, mode, grads, bases, count, scale, figures))
-        self._inflight = InFlight(handle, kind, mode, s.commits)
-        if mode == "acco":
-            s.next_kind = COMMIT if kind == ESTIMATE else ESTIMATE
-
-    def _complete(self) -> None:
-        """Wait for the round in flight, swap its parameters in, and record telemetry."""
-        flight = self._inflight
-        t0 = self.clock.now()
-        try:
-            outcome: RoundOutcome = flight.handle.wait()
-        except AccoRoundError:
-            self._inflight = None
-            raise
-        t1 = self.clock.now()
-        self._landing.install()
-        self._inflight = None
-        s = self.state
-        s.compute_committed = flight.kind == COMMIT
-        if flight.kind == COMMIT:
-            s.commits += 1
-        record = RoundRecord(
-            index=flight.handle.index, kind=flight.kind, mode=flight.mode, step=flight.step, counts=outcome.counts,
-            compute_s=t0 - self._last_swap_t, round_s=outcome.round_s, waited_s=t1 - t0,
-            bytes_sent=outcome.bytes_sent, bytes_received=outcome.bytes_received, grad_norm=outcome.grad_norm,
-            skipped=outcome.skipped, lr=outcome.lr, stage_s={k: round(v, 6) for k, v in flight.handle.stage_s.items()},
-            stage_cpu_s={k: round(v, 6) for k, v in flight.handle.stage_cpu_s.items()},
-            nominal_step=self.lr_clock.nominal_steps,
-        )
-        self._last_swap_t = t1
-        self._figures = outcome.figures
-        if self.auto:
-            self.auto.after_round(record, outcome, now=t1,
-                                  committed=self.lr_clock.committed_micro_batches if flight.kind == COMMIT else None)
-        if self.config.telemetry.enabled:
-            self.telemetry.add(record)
-        if self._on_swap is not None:
-            self._on_swap(record)  # may change the loss scale...
-        if s.n == 0:  # ...which then applies to the (still empty) active accumulator
-            s.active_scale = self._current_scale()
-        if outcome.skipped:
-            logger.warning("ds_acco: non-finite gradients, %s at step %d skipped on every rank", flight.kind, flight.step)
-        if outcome.stop and not self.stop_agreed:
-            self.stop_agreed = True
-            if self.rank == 0:
-                logger.warning("ds_acco: a rank was sent SIGTERM: every rank stops after round %d (step %d)",
-                               flight.handle.index, s.commits)
-        every = self.config.telemetry.log_every
-        if every and self.rank == 0 and flight.kind == COMMIT and s.commits % every == 0:
-            logger.info(self.telemetry.format_line(record))
-
-    _drain = _complete
+        return swapped
 
     def _release(self) -> None:
-        if self.phase is not None:
-            self.phase.close(drain=False)  # at exit the streaming engine, newer, was closed first, with a drain
+        self.schedule.close(drain=False)  # at exit a streaming engine, newer, was closed first, with a drain
         self.grads.remove_hooks()
-        self._align.destroy()
+        self.align.destroy()
 
     # ------------------------------------------------------------ draining and exports
     def wait(self) -> None:
         """Wait for the round in flight and apply it (drain)."""
         self._ensure_open()
-        if self.phase is not None:
-            self.phase.engine.finish()
-        if self._inflight is not None:
-            self._complete()
+        self.schedule.wait()
 
     def quiesce(self) -> None:
         """Wait for the round in flight to end *without* swapping it in (it still swaps at the quota), ready for
         :meth:`state_dict`. Under the adaptive policy the ranks first agree on the rounds launched (collective:
         every rank calls it; see :mod:`ds_acco.rounds.alignment`)."""
         self._ensure_open()
-        if self.phase is not None:
-            return self.phase.engine.quiesce()
-        self._catch_up()
-        switch.wait_probe(self)  # (no collective of this thread may meet it on the group)
-        super().quiesce()
+        self.schedule.quiesce()
 
     def committed_buffers(self) -> Optional[list[torch.Tensor]]:
         """One full buffer per group holding the committed parameters (cast to the compute dtype), or None where
         the masters must be all-gathered; waits for the round in flight without swapping it in (:meth:`quiesce`)
-        and communicates nothing (:mod:`ds_acco.rounds.committed` says which buffer holds them when)."""
-        if self.phase is not None:
-            return self.phase.global_buffers()  # θ_g (collective in the streaming phase)
-        self.quiesce()
-        if self.config.all_gather_quantization == "int8":
-            return None  # every all-gathered buffer trails the masters by an int8 delta's rounding
-        if self._inflight is not None and self._inflight.kind == COMMIT:
-            return self._landing.in_flight_targets()
-        if self.state.compute_committed:
-            return [g.flat for g in self.groups]
-        return None
+        and communicates nothing but in a streaming phase (:mod:`ds_acco.rounds.committed` says which buffer holds
+        them when)."""
+        self._ensure_open()
+        return self.schedule.committed_buffers()
 
     def finish(self) -> None:
         """Drain and commit everything accumulated, so the compute parameters equal the
-        committed master parameters (end of training, before export).
-
-        After an estimate the commit covers its micro-batches and those added since; after
-        a commit, micro-batches accumulated since its launch get one commit of their own.
-        Under the fixed policy a loop that stops at a step boundary has nothing left, and
-        this only waits.
-        """
+        committed master parameters (end of training, before export)."""
         self._ensure_open()
-        if self.phase is not None:
-            return switch.finish(self)
-        self._catch_up()
-        self.wait()
-        s = self.state
-        acco_commit = self.overlapping and self.mode == "acco" and s.next_kind == COMMIT
-        if acco_commit or self._align.anyone(s.n > 0):
-            self._launch(COMMIT, "acco" if acco_commit else "sync")
-            self._complete()
-        if self.mode == "acco":
-            s.next_kind = ESTIMATE
-        for buf in self.grads.active_buffers():
-            buf.zero_()
-        s.n = 0
-        if self.config.all_gather_quantization == "int8":
-            self.exact_parameters()
+        self.schedule.finish()
+        self._reschedule()
 
     def exact_parameters(self) -> None:
-        """Make the compute parameters exactly the master parameters on every rank (collective, idle engine).
-
-        With ``all_gather_quantization: "int8"`` the replicas trail the masters by one quantisation step of the last
-        delta; an export wants the committed values. Later int8 deltas are taken against these values."""
+        """Make the compute parameters exactly the master parameters on every rank (collective, idle engine)."""
         self._ensure_idle("exact_parameters needs an idle engine (call finish() or wait() first)")
-        if self.phase is not None:
-            return self.phase.consolidate()
-        for i, g in enumerate(self.groups):
-            if g.packing is None:
-                own = g.layout.shard(g.flat, self.rank)
-                g.read_master(own)
-                self.coll.all_gather(g.flat, own)  # in place: nothing reads the parameters while idle
-            else:
-                self.work.all_gather_masters(i, g.flat)
-
-    def _catch_up(self) -> None:
-        """Launch the round some other rank has already launched (adaptive policy only)."""
-        target = self._align.most(self._round_index)  # at most one ahead: see rounds/alignment.py
-        while self._round_index < target:
-            if self._inflight is not None:
-                self._complete()
-            self._launch(self.state.next_kind, self.mode if self.overlapping else "sync")
+        self.schedule.exact_parameters()
 
     # ------------------------------------------------------------ checkpoints
+    def identity(self) -> dict:
+        """What a saved round state must match to load: the config's fingerprint, the world size, the buffer sizes."""
+        return {"fingerprint": self.config.fingerprint(), "world_size": self.world_size,
+                "padded_numels": [g.layout.padded_numel for g in self.groups]}
+
     def state_dict(self) -> dict:
-        """This rank's round state (:mod:`ds_acco.rounds.state`); waits for the round in flight first."""
+        """This rank's round state, composed of its parts' (:mod:`ds_acco.rounds.state`); waits for the round in
+        flight first. Holds ``O(params / N)`` tensors, plus the active accumulator when micro-batches have been
+        accumulated since the last launch (checkpoint right after a step to avoid that)."""
         self.quiesce()
-        pending = round_state.pending_of(self._inflight, self.groups, self._landing.in_flight_targets(), self.rank)
-        out = round_state.snapshot(self.state, identity=round_state.identity(self), round_index=self._round_index,
-                                   grads=self.grads, buffers=self.buffers, kept=self.work.kept,
-                                   lr_clock=self.lr_clock, pending=pending)
-        out["block"] = self.config.compared_fields()  # so a resume under another block can name what changed
+        out = {"format": FORMAT, **self.identity(), "round_index": self._round_index, "pending": self.pending_state(),
+               "lr_clock": self.lr_clock.state_dict(), **self.state.state_dict(), **self.buffers.state_dict(),
+               **self.grads.state_dict(held=self.state.n > 0),
+               "block": self.config.compared_fields()}  # so a resume under another block can name what changed
         if self.phase is not None:
-            self.phase.write_back()  # the front end's masters and moments: θ_g and the mean inner state
-            out[switch.STREAMING] = self.phase.state_dict()
+            out[STREAMING] = self.phase.state_dict()
         return out
 
     def block_changes(self, saved: dict) -> list[str]:
         """The ``acco`` fields that differ from a saved round state's, when only they differ (same world size
         and layout): a front end may then rebuild the round state from the committed parameters instead of
         refusing (:func:`ds_acco.config.compare.carry_on_changes`)."""
-        return carry_on_changes(saved, round_state.identity(self), self.config.compared_fields())
+        return carry_on_changes(saved, self.identity(), self.config.compared_fields())
 
     def load_state_dict(self, saved: dict) -> None:
         """Restore :meth:`state_dict` output on every rank (collective: it all-gathers the pending result); a state
         saved with another mode/policy, world size or layout raises :class:`AccoConfigError`."""
         self._ensure_idle("load_state_dict needs an idle engine; a round is in flight")
-        self.state, self._round_index, self.work.kept = round_state.restore(
-            saved, identity=round_state.identity(self), grads=self.grads, buffers=self.buffers, lr_clock=self.lr_clock,
-            mode=self.mode, policy=self.state.policy, block=self.config.compared_fields())
-        self._inflight = round_state.restore_pending(saved["pending"], self._landing.in_flight_targets(),
-                                                     self.work.all_gather_compute, self.config.timeout_s)
-        switch.load(self, saved)
-        self._last_swap_t = self.clock.now()
+        check_saved_state_fits(
+            saved, self.identity(), "the ACCO round state", "Resume with the same acco block and world size, or load "
+            "the model and optimizer only (a fresh round state bootstraps).", block=self.config.compared_fields())
+        self.state.load_state_dict(saved)
+        self.lr_clock.load_state_dict(saved.get("lr_clock"), self.state.commits)  # absent in older checkpoints
+        self.grads.load_state_dict(saved)
+        self.buffers.load_state_dict(saved)
+        self._round_index = saved["round_index"]
+        self.restore_pending(saved["pending"])
+        self._load_phase(saved.get(STREAMING))
+        self.last_swap_t = self.clock.now()
+        self._reschedule()
+
+    def _load_phase(self, phase_state: Optional[dict]) -> None:
+        """Match the phase to a loaded round state: enter it (and restore its state) or leave it."""
+        if phase_state is None:
+            if self.phase is not None:
+                self._leave_phase()
+            return
+        if self.phase is None:
+            if self.streaming_factory is None:
+                raise AccoConfigError("acco.auto.streaming: the checkpoint was saved in a streaming phase, which this "
+                                      "job cannot run (set acco.auto.streaming to true, on DeepSpeed ZeRO-1 or "
+                                      "ds_acco.plain.build with model=)")
+            if not self._enter_phase():
+                raise AccoConfigError("acco.auto.streaming: the checkpoint was saved in a streaming phase, for which "
+                                      "some rank has not the memory now; resume with acco.auto.streaming false to go "
+                                      "on from the global model its files hold")
+        self.phase.load_state_dict(phase_state)
 
     def reset_rounds(self, commits: Optional[int] = None, compute_committed: bool = True) -> None:
         """Drop the round state (after waiting for the round in flight) so rounds bootstrap afresh.
@@ -412,17 +300,16 @@ class RoundEngine(EngineLifecycle):
         ``compute_committed=False`` when the compute parameters loaded may be an estimate.
         """
         if self.phase is not None:
-            switch.leave(self)
-            self.state.mode = SYNC  # auto measures afresh
+            self._leave_phase()
+            self.state.mode = Mode.SYNC  # auto measures afresh
         self.quiesce()
-        if self._inflight is not None:
-            self._landing.zero_in_flight()  # it held the dropped round's parameters
-        self._inflight = None
-        round_state.reset_buffers(self.grads, self.buffers)
-        self.work.kept = type(self.work.kept)()
+        self.drop_flight()
+        self.grads.clear()
+        self.buffers.reset()
         s = self.state
-        s.n, s.next_kind, s.compute_committed = 0, self._first_kind(), compute_committed
+        s.n, s.next_kind, s.compute_committed = 0, self.first_kind(), compute_committed
         if commits is not None:
             s.commits = commits
         self.lr_clock.load_state_dict(None, s.commits)
-        self._last_swap_t = self.clock.now()
+        self.last_swap_t = self.clock.now()
+        self._reschedule()

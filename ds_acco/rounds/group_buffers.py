@@ -10,16 +10,42 @@ count them to the byte, so a buffer exists exactly in the case its field says.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from ds_acco.comm.chunked_cast import ChunkedCastReduceScatter
+from ds_acco.comm.collectives import RoundCollectives
 from ds_acco.comm.int8_collectives import Int8DeltaAllGather, Int8ReduceScatter
 from ds_acco.config import AccoConfig
+from ds_acco.config.names import Kind, Mode
 from ds_acco.errors import AccoConfigError
 from ds_acco.layout.sharded_group import ShardedGroup
+
+
+@dataclass(frozen=True)
+class CollectivePlan:
+    """One group's collectives for one kind of round, chosen once at build (as FSDP2 builds its collective plans
+    once per parameter group): a round runs them without asking which ones apply."""
+
+    reduce_scatter: Callable[[RoundCollectives, torch.Tensor, bool], None]
+    """``(coll, send, acco)``: the sum of every rank's ``send`` into this rank's fp32 shard (``acco``: the round is
+    acco's commit, which sends on what an int4 estimate lost)."""
+    all_gather: Callable[[RoundCollectives, torch.Tensor, torch.Tensor, torch.Tensor], None]
+    """``(coll, full, base, part)``: every rank's new shard ``part`` into ``full`` (a low-bit delta is taken from
+    ``base``, the parameters every rank held at launch)."""
+    delta: bool
+    """Whether the all-gather sends a low-bit delta (taken from fp32 values where any group is narrower)."""
+
+
+@dataclass
+class KeptEstimate:
+    """What an estimate round leaves for its commit beyond the kept shards: how many micro-batches
+    they sum, and whether any of them was non-finite."""
+
+    count: int = 0
+    nonfinite: bool = False
 
 
 @dataclass
@@ -58,6 +84,11 @@ class GroupBuffers:
     publish32: Optional[torch.Tensor]
     """Int8-delta all-gathers with any group not in fp32: every group publishes fp32 values (the delta is taken
     from the fp32 result, not from its compute-dtype rounding)."""
+    plans: dict[str, CollectivePlan] = field(default_factory=dict)
+    """This group's :class:`CollectivePlan` for an estimate and for a commit."""
+    gather_compute: Optional[Callable[[RoundCollectives, torch.Tensor, torch.Tensor], None]] = None
+    """``(coll, full, part)``: the exact all-gather of every rank's shard into a compute buffer (a packed group's
+    through its gather buffer)."""
 
     @property
     def step_scratch(self) -> Optional[torch.Tensor]:
@@ -68,8 +99,47 @@ class GroupBuffers:
         return None if ag is None else ag.scratch
 
 
+class RoundBuffers(list):
+    """Every group's :class:`GroupBuffers`, in the groups' order, and the state they carry from round to round: the
+    kept estimate, what an int4 estimate lost, the int8 residuals (a checkpoint's part: :mod:`ds_acco.rounds.state`)."""
+
+    def __init__(self, buffers: Sequence[GroupBuffers]):
+        super().__init__(buffers)
+        self.estimate = KeptEstimate()
+
+    def state_dict(self) -> dict:
+        lost = [b.est_residual for b in self if b.est_residual is not None]
+        return {"kept": [b.kept.clone() for b in self if b.kept is not None], "kept_count": self.estimate.count,
+                "kept_nonfinite": self.estimate.nonfinite,
+                "estimate_residuals": [t.clone() for t in lost] if any(bool(t.any()) for t in lost) else None,
+                "residuals": [b.int8_rs.residual.clone() if b.int8_rs.residual is not None else None for b in self]
+                if self[0].int8_rs is not None else None}
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Put :meth:`state_dict` back; what it does not hold (or an earlier release did not save) starts at zero."""
+        self.reset()
+        for b, kept in zip([b for b in self if b.kept is not None], saved["kept"]):
+            b.kept.copy_(kept)
+        for b, residual in zip([b for b in self if b.est_residual is not None], saved.get("estimate_residuals") or []):
+            b.est_residual.copy_(residual)
+        for b, residual in zip([b for b in self if b.int8_rs is not None], saved.get("residuals") or []):
+            if b.int8_rs.residual is not None and residual is not None:
+                b.int8_rs.residual.copy_(residual)
+        self.estimate = KeptEstimate(saved["kept_count"], saved["kept_nonfinite"])
+
+    def reset(self) -> None:
+        """Zero what a dropped round state leaves behind: kept shards, what an estimate lost, int8 residuals."""
+        for b in self:
+            for t in (b.kept, b.est_residual):
+                if t is not None:
+                    t.zero_()
+            if b.int8_rs is not None:
+                b.int8_rs.reset_error_feedback()
+        self.estimate = KeptEstimate()
+
+
 def build_group_buffers(groups: Sequence[ShardedGroup], config: AccoConfig, accum: torch.dtype, comm: torch.dtype,
-                        world_size: int, device: torch.device) -> list[GroupBuffers]:
+                        world_size: int, device: torch.device) -> RoundBuffers:
     """Allocate every group's round buffers for this config (a low-bit delta all-gather on rank-major packed
     groups raises :class:`~ds_acco.errors.AccoConfigError`)."""
     int8 = config.comm_quantization == "int8"  # the int8 exchange reads any dtype, sums in fp32
@@ -104,7 +174,7 @@ def build_group_buffers(groups: Sequence[ShardedGroup], config: AccoConfig, accu
             publish_packed=torch.empty(g.layout.shard_numel, dtype=g.flat.dtype, device=device) if packed else None,
             int8_rs=Int8ReduceScatter(g.layout.padded_numel, world_size, block_size=block,
                                       error_feedback=config.error_feedback, device=device) if int8 else None,
-            kept=torch.zeros_like(shard32) if config.mode in ("acco", "auto") else None,
+            kept=torch.zeros_like(shard32) if config.mode in (Mode.ACCO, Mode.AUTO) else None,
             delta_ag=Int8DeltaAllGather(g.layout.shard_numel, world_size, block_size=block, device=device)
             if config.all_gather_quantization != "none" else None,
             est_rs=Int8ReduceScatter(g.layout.padded_numel, world_size, block_size=block, device=device, bits=4)
@@ -114,7 +184,41 @@ def build_group_buffers(groups: Sequence[ShardedGroup], config: AccoConfig, accu
             est_residual=torch.zeros(g.layout.padded_numel, dtype=accum, device=device) if int4 else None,
             publish32=torch.empty_like(shard32) if publish32 else None,
         ))
-    return out
+        _plan(g, out[-1], config.all_gather_quantization)
+    return RoundBuffers(out)
+
+
+def _plan(g: ShardedGroup, b: GroupBuffers, all_gather_quantization: str) -> None:
+    """Choose group ``g``'s collectives for each kind of round, once (:class:`CollectivePlan`)."""
+    def converted(coll, send):  # reduced in the comm dtype, then widened into the fp32 shard
+        coll.reduce_scatter_sum(b.rs_out, send)
+        b.shard32.copy_(b.rs_out)
+
+    rs = b.int8_rs if b.int8_rs is not None else b.cast_rs
+    reduce = (lambda coll, send: rs(coll, b.shard32, send)) if rs is not None else converted \
+        if b.rs_out is not b.shard32 else lambda coll, send: coll.reduce_scatter_sum(b.shard32, send)
+
+    def sent_on(coll, send, acco):
+        if acco:  # acco's commit: what this rank's int4 estimate lost goes on with the commit's gradients
+            send.add_(b.est_residual)
+            b.est_residual.zero_()
+        reduce(coll, send)
+
+    def gather_compute(coll, full, part):
+        if g.packing is None:
+            coll.all_gather(full, part)
+        else:
+            coll.all_gather(b.gather_scratch, part)
+            g.packing.unpack(b.gather_scratch, full)
+
+    plain = lambda coll, send, acco: reduce(coll, send)  # noqa: E731
+    exact = lambda coll, full, base, part: gather_compute(coll, full, part)  # noqa: E731
+    q, int4 = all_gather_quantization, b.est_rs is not None
+    b.gather_compute = gather_compute
+    b.plans[Kind.COMMIT] = CollectivePlan(sent_on if int4 else plain, b.delta_ag if q == "int8" else exact, q == "int8")
+    b.plans[Kind.ESTIMATE] = CollectivePlan(
+        (lambda coll, send, acco: b.est_rs(coll, b.shard32, send, residual_out=b.est_residual)) if int4 else plain,
+        b.est_ag if int4 else b.delta_ag if q != "none" else exact, int4 or q != "none")
 
 
 def round_bytes(buffers: Sequence[GroupBuffers], groups: Sequence[ShardedGroup], world_size: int,

@@ -76,19 +76,18 @@ class Landing:
 
     def in_flight_targets(self) -> list[torch.Tensor]:
         """Where the round in flight (or a pending one restored from a checkpoint) lands."""
-        return self.targets(self.grads.buffers[self.grads.active ^ 1])
+        return self.targets(self.grads.inactive_buffers())
 
     def install(self) -> None:
         """The swap, on the training thread: the round's parameters become the compute parameters
         and the round's accumulators are zeroed (or replaced by the old, zeroed, compute buffer)."""
-        idle = self.grads.active ^ 1
-        taken = self.grads.buffers[idle]
+        taken = self.grads.inactive_buffers()
         for i, (g, mode, landed) in enumerate(zip(self.groups, self.modes, self.targets(taken))):
             if mode == ROTATE:
                 old = g.flat
                 g.bind(landed)
                 old.zero_()
-                self.grads.replace(idle, i, old)
+                self.grads.replace(self.grads.inactive, i, old)
             elif mode == COPY:
                 g.flat.copy_(landed)
                 taken[i].zero_()
@@ -99,6 +98,6 @@ class Landing:
 
     def zero_in_flight(self) -> None:
         """Forget a round in flight: its accumulators go back to the training thread clean."""
-        for i, buf in enumerate(self.grads.buffers[self.grads.active ^ 1]):
+        for i, buf in enumerate(self.grads.inactive_buffers()):
             if self.modes[i] != STAGING:
                 buf.zero_()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -32,18 +32,20 @@ from ds_acco.comm.collectives import RoundCollectives
 from ds_acco.comm.comm_thread import RoundHandle
 from ds_acco.comm.stop_signal import STOP
 from ds_acco.config import AccoConfig
+from ds_acco.config.names import Kind, Mode, Policy
 from ds_acco.layout.sharded_group import ShardedGroup
 from ds_acco.numerics.finite import all_finite
 from ds_acco.numerics.views import ViewCache
 from ds_acco.optim.lr_schedule import LrScheduleClock
 from ds_acco.optim.shard_optimizer import ShardOptimizer
 
-from .group_buffers import GroupBuffers
+from .group_buffers import KeptEstimate, RoundBuffers
 from .landing import Landing
 
-ESTIMATE, COMMIT = "estimate", "commit"
+ESTIMATE, COMMIT = Kind.ESTIMATE, Kind.COMMIT
 STOPPING = 2
 """The bit of the count all-gather's flag element that says "this rank was sent SIGTERM"."""
+__all__ = ["COMMIT", "ESTIMATE", "KeptEstimate", "RoundOutcome", "RoundWork"]
 
 
 @dataclass
@@ -66,13 +68,36 @@ class RoundOutcome:
     and the squared norm of the reduced mean (:mod:`ds_acco.rounds.auto.noise_scale`); None where not measured."""
 
 
-@dataclass
-class KeptEstimate:
-    """What an estimate round leaves for its commit beyond the kept shards: how many micro-batches
-    they sum, and whether any of them was non-finite."""
+class CountRow(NamedTuple):
+    """What a rank sends in a round's first collective, an int64 each: the gather's bytes stay a few dozen."""
 
-    count: int = 0
-    nonfinite: bool = False
+    count: int  # micro-batches in the accumulator the round reduces
+    flags: int  # bit 0: a non-finite gradient; bit STOPPING: this rank was sent SIGTERM
+    vote: int  # its pacing vote (ds_acco.comm.link_pacing)
+    figures: Sequence[int] = ()  # mode auto: its step figures (ds_acco.rounds.auto.choice.FIGURES integers)
+    noise: Sequence[int] = ()  # rounds that measure the noise scale: its sum's squared norm, a float64's bits
+
+    def values(self) -> list[int]:
+        return [self.count, self.flags, self.vote, *self.figures, *self.noise]
+
+
+@dataclass
+class CountRows:
+    """Every rank's :class:`CountRow`, as gathered (a numpy ``(world_size, columns)`` array: reading it issues no
+    operation), by field."""
+
+    counts: list[int]
+    nonfinite: bool
+    stop: bool
+    votes: list[int]
+    figures: Optional[list]
+    noise: Optional[list[float]]
+
+    @classmethod
+    def read(cls, rows: np.ndarray, figures: int, noise: bool) -> "CountRows":
+        return cls(rows[:, 0].tolist(), bool((rows[:, 1] & 1).any()), bool((rows[:, 1] & STOPPING).any()),
+                   rows[:, 2].tolist(), rows[:, 3:3 + figures].tolist() if figures else None,
+                   rows[:, -1].copy().view(np.float64).tolist() if noise else None)
 
 
 class RoundWork:
@@ -80,15 +105,14 @@ class RoundWork:
     round buffers (same order), ``clip`` the global-norm clipping (0: off), ``on_stage`` called as a round enters
     each stage (tracing, fault-injection tests)."""
 
-    def __init__(self, groups: Sequence[ShardedGroup], buffers: Sequence[GroupBuffers], landing: Landing,
+    def __init__(self, groups: Sequence[ShardedGroup], buffers: RoundBuffers, landing: Landing,
                  coll: RoundCollectives, shard_optimizer: ShardOptimizer, lr_clock: LrScheduleClock,
                  config: AccoConfig, clip: float, on_stage: Optional[Callable[[int, str], None]] = None):
-        self.groups, self.buffers, self.landing = list(groups), list(buffers), landing
+        self.groups, self.buffers, self.landing = list(groups), buffers, landing
         self.coll, self.shard_optimizer, self.lr_clock = coll, shard_optimizer, lr_clock
         self.config, self.clip, self._on_stage = config, clip, on_stage
-        self.kept = KeptEstimate()
         self.rank, self.device = coll.rank, groups[0].flat.device
-        self.measures_noise = config.mode == "auto" and config.policy != "fixed"
+        self.measures_noise = config.mode == Mode.AUTO and config.policy != Policy.FIXED
         """Whether rounds measure the gradient noise scale (auto weighs the adaptive policy's batches with it)."""
         self._own_slice = [ViewCache(lambda t, g=g: g.layout.shard(t, self.rank), size=4) for g in self.groups]
         """This rank's slice of a landing buffer, per group, cut once per buffer."""
@@ -100,12 +124,6 @@ class RoundWork:
         plain = type(opt) is ShardOptimizer and len(opt.masters) == len(self.groups)
         return [plain and g.packing is None and opt.masters[i] is g.master and g.master.numel() == g.layout.shard_numel
                 for i, g in enumerate(self.groups)]
-
-    def sends_delta(self, kind: str) -> bool:
-        """Whether a round of this kind all-gathers a low-bit delta (acco.all_gather_quantization, and
-        acco.estimate_quantization for estimates)."""
-        q = self.config.all_gather_quantization
-        return q == "int8" or (kind == ESTIMATE and (q == "int8_estimate" or self.buffers[0].est_ag is not None))
 
     def run(self, handle: RoundHandle, kind: str, mode: str, grads: list[torch.Tensor], bases: list[torch.Tensor],
             count: int, scale: float, figures: Sequence[int] = ()) -> RoundOutcome:
@@ -120,102 +138,87 @@ class RoundWork:
 
     def _run(self, handle: RoundHandle, kind: str, mode: str, grads: list[torch.Tensor], bases: list[torch.Tensor],
              count: int, scale: float, figures: Sequence[int]) -> RoundOutcome:
-        start = handle.clock.now()
-        coll, bufs = self.coll, self.buffers
+        start, coll = handle.clock.now(), self.coll
         sent0, recv0 = coll.wire.sent, coll.wire.received
-        nonfinite = self.config.check_finite and any(not all_finite(b) for b in grads)
         # the noise scale needs a mean over exactly these accumulators: not acco's commit (it adds the estimate's)
-        noise = self.measures_noise and (kind == ESTIMATE or mode == "sync")
-        self._enter_stage(handle, "count all-gather")
-        flags = int(nonfinite) | STOPPING * int(STOP.requested)  # two flags in one element: the gather's bytes stay
-        local = [count, flags, coll.pacing_vote(), *figures]
-        if noise:  # a float64 carried bit for bit in an int64 element
-            local.append(int(np.float64(_squared_norm(grads) / (scale * scale)).view(np.int64)))
-        per_rank = coll.all_gather_ints(local, self.device)  # numpy: reading it issues no operation
-        coll.adopt_pacing(per_rank[:, 2].tolist())  # piece sizes on gloo (ds_acco.comm.link_pacing)
-        counts = per_rank[:, 0].tolist()
-        total = sum(counts)
-        nonfinite = bool((per_rank[:, 1] & 1).any())
-
+        noise = self.measures_noise and (kind == ESTIMATE or mode == Mode.SYNC)
+        rows = self._counts(handle, grads, count, scale, figures, noise)
+        total, nonfinite = sum(rows.counts), rows.nonfinite
         self._enter_stage(handle, "reduce-scatter")
-        for i, (g, buf, b) in enumerate(zip(self.groups, grads, bufs)):
-            send = g.comm_input(buf, b.comm_scratch)
-            rs_out = b.rs_out
-            if b.est_rs is not None and kind == COMMIT and mode == "acco":
-                send.add_(b.est_residual)
-                b.est_residual.zero_()
-            if b.est_rs is not None and kind == ESTIMATE:  # int4; what it loses goes on with the commit
-                rs_out = b.shard32
-                b.est_rs(coll, rs_out, send, residual_out=b.est_residual)
-            elif b.int8_rs is not None:
-                b.int8_rs(coll, rs_out, send)
-            elif b.cast_rs is not None:
-                b.cast_rs(coll, rs_out, send)
-            else:
-                coll.reduce_scatter_sum(rs_out, send)
-            if self.landing.round_zeroes(i):
-                buf.zero_()  # "local grads reset"; otherwise the all-gather lands here and the swap zeroes
-            if rs_out is not b.shard32:
-                b.shard32.copy_(rs_out)
-        shards = [b.shard32 for b in bufs]
-        if scale != 1.0:  # unscaled sums, so an estimate and a commit made under different loss scales add up
-            _each("mul_", shards, 1.0 / scale)
+        shards = self._reduce_scatter(kind, mode, grads, scale)
         if kind == ESTIMATE:
-            _each("copy_", [b.kept for b in bufs], shards)
-            self.kept = KeptEstimate(total, nonfinite)
-        elif mode == "acco":
-            _each("add_", shards, [b.kept for b in bufs])
-            total += self.kept.count
-            nonfinite = nonfinite or self.kept.nonfinite
-
+            self.buffers.estimate = KeptEstimate(total, nonfinite)
+        elif mode == Mode.ACCO:
+            total += self.buffers.estimate.count
+            nonfinite = nonfinite or self.buffers.estimate.nonfinite
         self._enter_stage(handle, "shard step")
-        delta = self.sends_delta(kind)
+        plans = [b.plans[kind] for b in self.buffers]
         landing = self.landing.targets(grads)
         # this rank's new shard goes straight into its slice of the all-gather destination
-        publish = [b.publish32 for b in bufs] if delta and bufs[0].publish32 is not None else [
-            b.publish_packed if b.publish_packed is not None else self._own_slice[i](full)
-            for i, (full, b) in enumerate(zip(landing, bufs))]
+        publish = [b.publish32 for b in self.buffers] if plans[0].delta and self.buffers[0].publish32 is not None \
+            else [b.publish_packed if b.publish_packed is not None else self._own_slice[i](full)
+                  for i, (full, b) in enumerate(zip(landing, self.buffers))]
         skipped = (self.config.check_finite and nonfinite) or total == 0
-        grad_norm = float("nan")
+        grad_norm = self._step(kind, shards, publish, total, noise) if not skipped else float("nan")
         if skipped:
             if kind == COMMIT:
                 self.shard_optimizer.skip()
             self.publish_masters(publish)
-        else:
-            _each("div_", shards, total)
-            if self.clip > 0 or noise:
-                grad_norm = self._clip_global_norm(shards)
-            scratch = [b.step_scratch for b in bufs]
-            if kind == ESTIMATE:
-                # padding beyond a master's own elements comes from here; the lookahead writes the rest
-                whole = self._lookahead_writes()
-                self.publish_masters([p for p, w in zip(publish, whole) if not w],
-                                     [g for g, w in zip(self.groups, whole) if not w])
-                self.shard_optimizer.lookahead(shards, publish, scratch=scratch)
-            else:
-                self.shard_optimizer.commit(shards, scheduler_steps=self.lr_clock.advances(total), scratch=scratch)
-                self.publish_masters(publish)
-
         self._enter_stage(handle, "all-gather")
-        for i, (full, part) in enumerate(zip(landing, publish)):
-            if delta:
-                ag = bufs[i].est_ag if kind == ESTIMATE and bufs[i].est_ag is not None else bufs[i].delta_ag
-                ag(coll, full, bases[i], part)
-            else:
-                self.all_gather_compute(i, full, part)
+        for plan, full, base, part in zip(plans, landing, bases, publish):
+            plan.all_gather(coll, full, base, part)
         self._enter_stage(handle, "done")
         return RoundOutcome(
-            counts=[int(c) for c in counts],
-            round_s=handle.clock.now() - start,
-            bytes_sent=coll.wire.sent - sent0,
-            bytes_received=coll.wire.received - recv0,
-            grad_norm=grad_norm,
-            skipped=skipped,
-            lr=self.shard_optimizer.lr,
-            stop=bool((per_rank[:, 1] & STOPPING).any()),
-            figures=per_rank[:, 3:3 + len(figures)].tolist() if figures else None,
-            noise=(per_rank[:, -1].copy().view(np.float64).tolist(), grad_norm ** 2) if noise else None,
-        )
+            counts=[int(c) for c in rows.counts], round_s=handle.clock.now() - start,
+            bytes_sent=coll.wire.sent - sent0, bytes_received=coll.wire.received - recv0, grad_norm=grad_norm,
+            skipped=skipped, lr=self.shard_optimizer.lr, stop=rows.stop, figures=rows.figures,
+            noise=(rows.noise, grad_norm ** 2) if noise else None)
+
+    def _counts(self, handle: RoundHandle, grads: list[torch.Tensor], count: int, scale: float,
+                figures: Sequence[int], noise: bool) -> CountRows:
+        """Every rank's :class:`CountRow`, in one tiny all-gather; adopts the agreed pacing."""
+        nonfinite = self.config.check_finite and any(not all_finite(b) for b in grads)
+        self._enter_stage(handle, "count all-gather")
+        row = CountRow(count, int(nonfinite) | STOPPING * int(STOP.requested), self.coll.pacing_vote(), figures,
+                       [int(np.float64(_squared_norm(grads) / (scale * scale)).view(np.int64))] if noise else ())
+        rows = CountRows.read(self.coll.all_gather_ints(row.values(), self.device), len(figures), noise)
+        self.coll.adopt_pacing(rows.votes)  # piece sizes on gloo (ds_acco.comm.link_pacing)
+        return rows
+
+    def _reduce_scatter(self, kind: str, mode: str, grads: list[torch.Tensor], scale: float) -> list[torch.Tensor]:
+        """Every group's accumulator summed into this rank's fp32 shard (unscaled; acco's commit adds the kept
+        estimate's, an estimate keeps its own)."""
+        acco = kind == COMMIT and mode == Mode.ACCO
+        for i, (g, buf, b) in enumerate(zip(self.groups, grads, self.buffers)):
+            b.plans[kind].reduce_scatter(self.coll, g.comm_input(buf, b.comm_scratch), acco)
+            if self.landing.round_zeroes(i):
+                buf.zero_()  # "local grads reset"; otherwise the all-gather lands here and the swap zeroes
+        shards = [b.shard32 for b in self.buffers]
+        if scale != 1.0:  # unscaled sums, so an estimate and a commit made under different loss scales add up
+            _each("mul_", shards, 1.0 / scale)
+        if kind == ESTIMATE:
+            _each("copy_", [b.kept for b in self.buffers], shards)
+        elif acco:
+            _each("add_", shards, [b.kept for b in self.buffers])
+        return shards
+
+    def _step(self, kind: str, shards: list[torch.Tensor], publish: list[torch.Tensor], total: int,
+              noise: bool) -> float:
+        """The mean, the clip, and the optimizer's lookahead (estimate) or step (commit) into ``publish``; returns
+        the global norm (NaN where neither clipping nor the noise scale needs it)."""
+        _each("div_", shards, total)
+        grad_norm = self._clip_global_norm(shards) if self.clip > 0 or noise else float("nan")
+        scratch = [b.step_scratch for b in self.buffers]
+        if kind == ESTIMATE:
+            # padding beyond a master's own elements comes from here; the lookahead writes the rest
+            whole = self._lookahead_writes()
+            self.publish_masters([p for p, w in zip(publish, whole) if not w],
+                                 [g for g, w in zip(self.groups, whole) if not w])
+            self.shard_optimizer.lookahead(shards, publish, scratch=scratch)
+        else:
+            self.shard_optimizer.commit(shards, scheduler_steps=self.lr_clock.advances(total), scratch=scratch)
+            self.publish_masters(publish)
+        return grad_norm
 
     def _enter_stage(self, handle: RoundHandle, stage: str) -> None:
         handle.enter_stage(stage)
@@ -235,13 +238,7 @@ class RoundWork:
 
     def all_gather_compute(self, i: int, full: torch.Tensor, part: torch.Tensor) -> None:
         """All-gather every rank's shard ``part`` of group ``i`` into the compute buffer ``full`` (collective)."""
-        g = self.groups[i]
-        if g.packing is None:
-            self.coll.all_gather(full, part)
-        else:
-            scratch = self.buffers[i].gather_scratch
-            self.coll.all_gather(scratch, part)
-            g.packing.unpack(scratch, full)
+        self.buffers[i].gather_compute(self.coll, full, part)
 
     def _clip_global_norm(self, shards: list[torch.Tensor]) -> float:
         """The norm over every rank's mean gradient shards; clips them in place by it when clipping is on."""

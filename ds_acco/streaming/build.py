@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ds_acco.config import AccoConfig, no_preemption_dir
+from ds_acco.config.names import Mode
 from ds_acco.errors import AccoConfigError
 from ds_acco.layout.fragments import FragmentSpec, default_fragments, explicit_fragments, named_fragments
 
@@ -41,7 +42,7 @@ def phase_factory(model: Optional[nn.Module], config: AccoConfig) -> Optional[Ph
     """What a front end hands the round engine for ``acco.auto.streaming``: the fragments, cut now, so a model
     that cannot be cut fails before training. None where auto may not switch, or without a model (the round
     engine then refuses ``acco.auto.streaming``, naming it)."""
-    if model is None or not (config.mode == "auto" and config.auto.streaming):
+    if model is None or not (config.mode == Mode.AUTO and config.auto.streaming):
         return None
     return PhaseFactory(fragments_of(model, config))
 

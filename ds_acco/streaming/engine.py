@@ -50,6 +50,7 @@ from ds_acco.comm.stop_signal import STOP
 from ds_acco.comm.int8_collectives import Int8ReduceScatter, ShardAllGather
 from ds_acco.config import AccoConfig, check_saved_state_fits, parse_acco_config
 from ds_acco.config.compare import carry_on_changes
+from ds_acco.config.names import Mode
 from ds_acco.errors import AccoConfigError
 from ds_acco.layout.flat_buffer import FlatLayout, flatten_into
 from ds_acco.telemetry.records import RoundRecord
@@ -184,6 +185,13 @@ class StreamingEngine(EngineLifecycle):
             frag.anchor.copy_(frag.flat)  # θ_g,p = θ̂_g,p = θ_i,p
             frag.master.copy_(frag.layout.shard(frag.anchor, self.rank))
 
+    def start_at(self, step: int) -> None:
+        """Count inner steps from ``step`` on: a phase entered mid-run (a fragment round's record counts the
+        steps since the fragment's last sync, which is the switch)."""
+        self.inner_steps = step
+        for frag in self.fragments:
+            frag.last_sync = step
+
     # ------------------------------------------------------------ training side
     def fragment_at(self, step: int) -> Optional[int]:
         """The fragment that synchronises at inner step ``step`` (1-based), or None."""
@@ -213,7 +221,7 @@ class StreamingEngine(EngineLifecycle):
     def _launch(self, frag: _Fragment, step: int) -> None:
         delta, shard = self._delta[: frag.layout.padded_numel], self._shard[: frag.layout.shard_numel]
         torch.sub(frag.anchor, frag.flat, out=delta)  # θ̂_g − θ_i at launch, snapshot for the round
-        handle = self._submit(f"fragment {frag.index}", lambda h: self._run_round(h, frag, delta, shard))
+        handle = self.submit(f"fragment {frag.index}", lambda h: self._run_round(h, frag, delta, shard))
         self._inflight = _InFlight(handle, frag, step, step + self.tau)
 
     def _complete(self) -> None:
@@ -387,7 +395,7 @@ class StreamingEngine(EngineLifecycle):
 def streaming_config(config: Union[AccoConfig, dict]) -> AccoConfig:
     """The validated block, refused unless its mode is ``streaming``."""
     cfg = parse_acco_config(config)
-    if cfg.mode != "streaming":
+    if cfg.mode != Mode.STREAMING:
         raise AccoConfigError(
             f"acco.mode: got {cfg.mode!r}; ds_acco.streaming.build needs mode 'streaming' "
             "(sync/dpu/acco run through ds_acco.plain.build)"

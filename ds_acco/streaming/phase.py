@@ -16,6 +16,13 @@ holds that engine. Switching to streaming keeps the engine and changes what a st
   rank's norm, stepped at the learning rate the scheduler gives the shard optimizer;
 * ``θ_g`` and the outer momentum are the streaming engine's fragment shards.
 
+The phase is the round engine's schedule from the switch on (it implements ``ds_acco.rounds.schedules.Schedule``,
+which this layer does not import): the round engine still counts micro-batches, and every ``G`` of them the phase
+steps and tells the front end as a commit would (``on_swap``: DeepSpeed's step counters). The switch happens where
+every rank holds the committed parameters (after a sync commit, after the commit an acco step ends with, or before
+a job's first round); it is one-way: fragment rounds say nothing about what a gradient round would cost now, so auto
+does not choose again (a resume re-enters the phase from its state).
+
 It costs a full copy of the optimizer state per rank (stage 0's memory): ``acco.auto.streaming`` is off
 unless set. The shard state the gradient modes keep (masters and moments) is idle here; :meth:`write_back`
 fills it from ``θ_g`` and the ranks' mean inner moments at every checkpoint, so the front end's files hold
@@ -28,9 +35,10 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import os
 import time
 from collections import defaultdict
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -39,10 +47,12 @@ from torch import nn
 from ds_acco.comm.clock import ClockLike
 from ds_acco.comm.int8_collectives import ShardAllGather
 from ds_acco.config import AccoConfig
+from ds_acco.config.names import Kind, Mode
 from ds_acco.errors import AccoConfigError
 from ds_acco.layout.flat_buffer import rebind_params
 from ds_acco.layout.sharded_group import ShardedGroup
 from ds_acco.optim.shard_optimizer import ShardOptimizer
+from ds_acco.telemetry.records import RoundRecord
 
 from .engine import StreamingEngine
 
@@ -63,13 +73,16 @@ class StreamingPhase:
         piece_bytes: the piece size the round engine's collectives agreed on (None: unpaced). A fresh group
             starts unpaced, and on a shaped link the state's all-gather then moved at half the link rate.
         clock: the round engine's (:mod:`ds_acco.comm.clock`): fragment rounds go to the same telemetry as its rounds.
+        rounds: the round engine whose schedule the phase becomes (its round state, accumulators, learning-rate
+            clock and telemetry; the front end is told through it); None: a phase stepped by hand.
     """
 
     def __init__(self, groups: Sequence[ShardedGroup], shard_optimizer: ShardOptimizer,
                  fragments: Sequence[list[nn.Parameter]], *, config: AccoConfig,
                  process_group: Optional[dist.ProcessGroup], G: int, clip: float, on_stop: Callable[[], None],
-                 piece_bytes: Optional[int] = None, clock: ClockLike = None):
+                 piece_bytes: Optional[int] = None, clock: ClockLike = None, rounds: Any = None):
         self.groups, self.shard_optimizer, self.G, self.clip = list(groups), shard_optimizer, G, clip
+        self.rounds, self.quota = rounds, G
         self._where = {id(p): (gi, j) for gi, g in enumerate(self.groups) for j, p in enumerate(g.params)}
         self._group_of = {id(g.master): g for g in self.groups}
         cfg = config.model_copy(update={"mode": "streaming", "comm_quantization": "none", "estimate_quantization":
@@ -78,13 +91,16 @@ class StreamingPhase:
         self.engine = StreamingEngine(None, None, fragments, config=cfg, process_group=process_group, on_stop=on_stop,
                                       broadcast=False, clock=clock)
         self.engine.coll.piece_bytes = piece_bytes  # the round engine's agreed pacing (ds_acco.comm.link_pacing)
+        if rounds is not None:  # fragment rounds are this job's rounds, and the schedule counts its steps
+            self.engine.telemetry = rounds.telemetry
+            self.engine.start_at(rounds.state.commits)
         self.rank, self.world_size = self.engine.rank, self.engine.world_size
         self.inner, pending = self._twin(shard_optimizer.optimizer)
         self.engine.inner_optimizer = self.inner
-        self.gathered_bytes, self.gather_s, self.waited_s = 0, 0.0, 0.0
-        """What gathering the optimizer state sent and took, and how long the first step waited for it (real time:
-        costs, whatever the clock)."""
-        self._pending = self.engine._submit("optimizer state", lambda h: self._gather(pending))
+        self.gathered_bytes, self.gather_s, self.waited_s, self.switch_s = 0, 0.0, 0.0, 0.0
+        """What gathering the optimizer state sent and took, how long the first step waited for it, and what the
+        switch took (real time: costs, whatever the clock)."""
+        self._pending = self.engine.submit("optimizer state", lambda h: self._gather(pending))
 
     # ------------------------------------------------------------ the inner optimizer
     def _twin(self, opt: torch.optim.Optimizer) -> tuple:
@@ -146,6 +162,46 @@ class StreamingPhase:
             logger.info("ds_acco: the optimizer state arrived (%.1f MB sent by rank 0 in %.2f s, %.2f s of it not "
                         "hidden behind the first streaming step)", self.gathered_bytes / 1e6, self.gather_s,
                         self.waited_s)
+
+    # ------------------------------------------------------------ the round engine's schedule
+    def after_micro_batch(self) -> tuple[bool, None]:
+        """Every ``G`` micro-batches an inner step (and the fragment schedule)."""
+        return (self.rounds.state.n >= self.G and self._step_rounds(self.rounds.state.n)), None
+
+    def _step_rounds(self, count: int) -> bool:
+        """:meth:`step` on the round engine's accumulators, counted and recorded as a commit would be."""
+        r, s = self.rounds, self.rounds.state
+        t0 = r.clock.now()
+        scheduler_steps = r.lr_clock.advances(count * r.world_size)
+        norm, skipped, lr = self.step(r.grads.active_buffers(), s.active_scale, count, scheduler_steps)
+        t1 = r.clock.now()
+        s.n = 0
+        s.commits += 1
+        r.swapped(RoundRecord(index=-1, kind=Kind.COMMIT, mode=Mode.STREAMING, step=s.commits - 1,
+                              counts=[count] * r.world_size, compute_s=t0 - r.last_swap_t, waited_s=t1 - t0,
+                              grad_norm=norm, skipped=skipped, lr=lr, nominal_step=r.lr_clock.nominal_steps), t1)
+        return True
+
+    def wait(self) -> None:
+        self.engine.finish()
+
+    def quiesce(self) -> None:
+        self.engine.quiesce()
+
+    def committed_buffers(self) -> list[torch.Tensor]:
+        return self.global_buffers()  # θ_g (collective in the streaming phase)
+
+    def finish(self) -> None:
+        """The end of training in the phase: a step for micro-batches past the last boundary, then every replica
+        takes ``θ_g`` (so the module holds the model the run trained), and so do the masters, with the ranks' mean
+        moments (what anything reading the front end's optimizer sees: a save, ``zero_to_fp32``, a later export)."""
+        if self.rounds.state.n:
+            self._step_rounds(self.rounds.state.n)
+        self.consolidate()
+        self.write_back()
+
+    def exact_parameters(self) -> None:
+        self.consolidate()
 
     # ------------------------------------------------------------ a step
     def step(self, accumulators: Sequence[torch.Tensor], scale: float, count: int, scheduler_steps: int) -> tuple:
@@ -224,7 +280,9 @@ class StreamingPhase:
 
     # ------------------------------------------------------------ checkpoints and the end
     def state_dict(self) -> dict:
-        """This rank's replica, inner optimizer and streaming state (waits for a round, merges nothing)."""
+        """This rank's replica, inner optimizer and streaming state (waits for a round, merges nothing), after
+        :meth:`write_back` (collective): the front end's files then hold ``θ_g`` and the mean inner state."""
+        self.write_back()
         self._ready()
         return {"streaming": self.engine.state_dict(), "inner": self.inner.state_dict(),
                 "replica": [f.flat.clone() for f in self.engine.fragments]}
@@ -290,3 +348,41 @@ class PhaseFactory:
     def __call__(self, groups, shard_optimizer, **options) -> StreamingPhase:
         """The phase over these fragments (``options``: :class:`StreamingPhase`'s keyword arguments)."""
         return StreamingPhase(groups, shard_optimizer, self.fragments, **options)
+
+    def enter(self, rounds: Any) -> Optional[StreamingPhase]:
+        """The phase as ``rounds``' schedule, built over its groups and shard optimizer at a step boundary where every
+        rank holds the committed parameters (collective). None where some rank has not the memory for it (the inner
+        optimizer's full state and the fragment buffers, with room to spare): every rank then stays in the gradient
+        modes, with a WARNING, since a job must not fail mid-run for a switch it did not need."""
+        need, free = self.bytes_needed(rounds.groups, rounds.shard_optimizer), free_bytes(rounds.device)
+        fits = rounds.coll.all_gather_small(torch.tensor([int(free is None or need < 0.8 * free)], device=rounds.device))
+        if not bool(fits.all()):
+            if rounds.rank == 0:
+                logger.warning("ds_acco: auto chose streaming, but it needs about %.2f GiB more per rank and some rank "
+                               "has not that much free (this one: %s); the job stays in the gradient modes",
+                               need / 2**30, "unknown" if free is None else f"{free / 2**30:.2f} GiB")
+            return None
+        t0 = time.perf_counter()  # what the switch cost: real time, whatever the engine's clock
+        phase = self(rounds.groups, rounds.shard_optimizer, config=rounds.config, process_group=rounds.coll.group,
+                     G=rounds.G, clip=rounds.clip, on_stop=rounds.on_stop, piece_bytes=rounds.coll.piece_bytes,
+                     clock=rounds.clock, rounds=rounds)
+        phase.switch_s = time.perf_counter() - t0
+        if rounds.rank == 0:
+            logger.info("ds_acco: streaming from step %d on; the switch took %.2f s (the optimizer state follows, "
+                        "gathered behind that step's compute)", rounds.state.commits + 1, phase.switch_s)
+        return phase
+
+
+def free_bytes(device: torch.device) -> Optional[int]:
+    """Memory free on ``device`` (CUDA: the driver's figure; CPU: the kernel's ``MemAvailable``, which counts the
+    page cache it can drop, unlike the free pages), None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None

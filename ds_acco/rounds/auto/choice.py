@@ -31,7 +31,7 @@ all-gather brings every rank's figures including it (:meth:`AutoMode.gathered`),
 can come after step 1. When ``R`` exceeds the whole compute of a step, ``acco`` cannot hide it and
 ``sync`` wins; when ``R`` is tiny, hiding it is not worth the penalty; between the two,
 ``acco`` wins. Where even the best of them costs :data:`STREAMING_HINT` times a step's bare compute,
-``acco.auto.streaming`` switches the job to streaming (:mod:`ds_acco.rounds.streaming_switch`).
+``acco.auto.streaming`` switches the job to streaming (:meth:`ds_acco.streaming.phase.PhaseFactory.enter`).
 
 With ``policy: "auto"`` both acco policies are candidates. The adaptive policy commits fewer
 micro-batches per step, and a smaller batch may buy as much loss per step: each candidate's
@@ -49,8 +49,9 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ds_acco.config import AccoConfig
+from ds_acco.config.names import Mode, Policy
 
-SYNC, ACCO, STREAMING = "sync", "acco", "streaming"
+SYNC, ACCO, STREAMING = Mode.SYNC, Mode.ACCO, Mode.STREAMING
 HALF = "half"
 """Sync at half the accumulation: a candidate wherever the policy may change the batch (the adaptive policy's
 commits are about half of ``G·N`` micro-batches on a fast link, so sync at that batch is its honest control)."""
@@ -118,7 +119,7 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     auto, full = config.auto, float(G * N)
     penalty = auto.acco_step_penalty if penalty is None else penalty
     if sync_half is None:
-        sync_half = config.policy != "fixed" and G % 2 == 0
+        sync_half = config.policy != Policy.FIXED and G % 2 == 0
     running = (SYNC, HALF if policy == HALF else None) if current == SYNC else (ACCO, policy or _policies(config)[0])
     # seconds per nominal step (G·N micro-batches) and micro-batches per committed step, for each candidate; sync at
     # half the accumulation sends the same round twice per nominal step
@@ -150,9 +151,9 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
         return price(step_s[c], batches[c]) * (1.0 + penalty if c[0] == ACCO else 1.0)
 
     best = min(step_s, key=score)
-    if best == (ACCO, "adaptive") and (ACCO, "fixed") in step_s and \
-            score((ACCO, "fixed")) <= score(best) * (1.0 + auto.switch_margin):
-        best = (ACCO, "fixed")  # a near tie goes to the fixed policy: deterministic, and exact to the rules
+    if best == (ACCO, Policy.ADAPTIVE) and (ACCO, Policy.FIXED) in step_s and \
+            score((ACCO, Policy.FIXED)) <= score(best) * (1.0 + auto.switch_margin):
+        best = (ACCO, Policy.FIXED)  # a near tie goes to the fixed policy: deterministic, and exact to the rules
     chosen = best if score(best) < score(running) * (1.0 - auto.switch_margin) else running
     acco_c = chosen if chosen[0] == ACCO else min((c for c in step_s if c[0] == ACCO), key=score)
     k = max(c_acco_s) / max(c_sync_s)
@@ -174,7 +175,7 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
 
 
 def _policies(config: AccoConfig) -> tuple:
-    return ("fixed", "adaptive") if config.policy == "auto" else (config.policy,)
+    return (Policy.FIXED, Policy.ADAPTIVE) if config.policy == Policy.AUTO else (config.policy,)
 
 
 def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_s: dict, batches: dict, score,
@@ -188,11 +189,7 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
     half = (SYNC, HALF)
     sync = f"sync {figs['sync_step_ms']:.1f} ms ({how[(SYNC, None)]})" + (
         f", sync at half the batch {1e3 * step_s[half]:.1f} ms ({how[half]})" if half in step_s else "")
-
-    def name(c) -> str:
-        if c == half:
-            return "sync at half the batch"
-        return f"{c[0]} {c[1]}" if c[1] and several else c[0]
+    name = lambda c: "sync at half the batch" if c == half else f"{c[0]} {c[1]}" if c[1] and several else c[0]  # noqa
     when, where = ("before the first round", "predicted from a probe of the link") if first else \
         (f"at step {figs['step']}", f"in {current}")
     line = (f"ds_acco auto {when}: compute {figs['compute_ms']:.1f} ms per micro-batch "
@@ -203,8 +200,8 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
         line += f"; delay penalty {percent(penalty)}: {figs['penalty_scaled']}"
     if noise is not None:
         shown = f"{noise:.1f}" if noise >= 1 or noise == 0 or noise != noise else f"{noise:.2g}"  # 0.04 is not 0
-        scale = f"{shown} micro-batches" if figs["noise_measured"] else "not measured yet, taken as small"
-        scale += f" ({figs['noise_note']})" if figs.get("noise_note") else ""
+        scale = (f"{shown} micro-batches" if figs["noise_measured"] else "not measured yet, taken as small") + (
+            f" ({figs['noise_note']})" if figs.get("noise_note") else "")
         line += f"; gradient noise scale {scale}, so per step to a loss (delay penalty in) " + \
             ", ".join(f"{name(c) if c[0] == SYNC else f'{c[0]} {c[1]}'} {batches[c]:.1f} micro-batches per step: "
                       f"{1e3 * score(c):.1f} ms" for c in step_s)
@@ -216,10 +213,8 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
         if best != chosen:  # what staying gives up
             line += (f"; {name(best)} would take {score(best) / score(chosen):.2f}x its time to a loss, inside the "
                      f"{percent(figs['switch_margin'])} switch margin")
-        else:
-            alt = min((c for c in step_s if c != chosen), key=score, default=None)
-            if alt is not None:
-                line += f"; the next best, {name(alt)}, would take {score(alt) / score(chosen):.2f}x its time to a loss"
+        elif (alt := min((c for c in step_s if c != chosen), key=score, default=None)) is not None:
+            line += f"; the next best, {name(alt)}, would take {score(alt) / score(chosen):.2f}x its time to a loss"
     if figs["streaming_ratio"] >= STREAMING_HINT:
         compute_ms, sync_round_ms = G * figs["compute_ms"], figs["round_ms"] / (1.0 if current == SYNC else wire)
         why = (f"a round is {sync_round_ms / compute_ms:.1f}x a step's compute, more than any gradient round can hide"
@@ -245,7 +240,7 @@ def _predict_acco(c: Sequence[float], R: float, G: int, config: AccoConfig, poli
     (``R``: a commit round's time; an estimate's is ``estimate_fraction`` of it)."""
     full = float(G * len(c))
     rounds = (estimate_fraction * R, R)
-    if policy == "fixed":
+    if policy == Policy.FIXED:
         return sum(max(G / 2 * max(c), r) for r in rounds), full
     cap = config.max_micro_batches_per_round or float("inf")
     seconds = made = 0.0

@@ -3,7 +3,8 @@
 What auto chooses and why (the model of a step, the candidates, their prices to a loss) is
 :mod:`ds_acco.rounds.auto.choice`; this module feeds it this job's figures (measured on the engine's clock),
 the gradient noise scale (:mod:`ds_acco.rounds.auto.noise_scale`) and acco's delay penalty now
-(:meth:`AutoMode.penalty`), and sets what it chose on the engine's round state.
+(:meth:`AutoMode.penalty`), and hands the engine what it chose as a value (:class:`Decision`), which the engine
+applies at the boundary the choice was made for.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import logging
 import statistics
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
 from ds_acco.config import AccoConfig
+
+from ds_acco.config.names import Kind, Policy
 
 from .choice import ACCO, FIGURES, HALF, STREAMING, SYNC, choose, percent
 from .noise_scale import NoiseScale
@@ -109,6 +113,25 @@ class StepTimer:
                 int(round(self.wire_factor * 1000))]
 
 
+@dataclass(frozen=True)
+class Decision:
+    """What auto chose at a step: the mode to run from there, acco's policy, and sync's quota (0: ``G``)."""
+
+    mode: str
+    policy: Optional[str]
+    sync_quota: int
+
+    def apply(self, state) -> str:
+        """Set it on a :class:`~ds_acco.rounds.state.RoundState` (streaming keeps the gradient modes' settings, for a
+        resume that cannot stream); returns the mode."""
+        state.mode = self.mode
+        if self.mode == ACCO:
+            state.policy = self.policy
+        if self.mode != STREAMING:
+            state.sync_quota = self.sync_quota
+        return self.mode
+
+
 class AutoMode:
     """The engine's side of ``mode: "auto"``: its timer, the noise scale, when a choice is due, the choices made."""
 
@@ -122,7 +145,7 @@ class AutoMode:
         self.probe = None
         """The link probe running behind step 1's compute (:meth:`look_first`), then None."""
         self.timer = StepTimer(G, world_size, clock)
-        self.noise = NoiseScale() if config.policy != "fixed" else None
+        self.noise = NoiseScale() if config.policy != Policy.FIXED else None
         """The gradient noise scale, where a policy with smaller batches is a candidate (None otherwise)."""
         self.first = max(config.warmup_steps, config.auto.measure_steps)
         self.early = config.auto.measure_steps if config.auto.streaming and config.auto.measure_steps < self.first \
@@ -142,7 +165,7 @@ class AutoMode:
 
     def look_first(self) -> bool:
         """Whether to probe the link behind step 1's compute and look before the first round
-        (:func:`ds_acco.rounds.streaming_switch.look_before_first_round`): with ``auto.streaming`` only (the look
+        (:class:`ds_acco.rounds.schedules.SyncSchedule`): with ``auto.streaming`` only (the look
         starts streaming or nothing) and ``G >= 2`` (compute is timed from the end of the first micro-batch)."""
         return self.config.auto.streaming and self.G >= 2 and not self.streaming_refused
 
@@ -173,7 +196,7 @@ class AutoMode:
         """Feed one swapped-in round: its times to the timer, its norms to the noise scale."""
         # the count all-gather is where a round waits for the slowest peer: not the link's time
         wire_s = outcome.round_s - record.stage_s.get("count all-gather", 0.0)
-        if record.kind == "estimate":
+        if record.kind == Kind.ESTIMATE:
             wire_s /= self.estimate_fraction  # the commit round it stands for
         self.timer.swap(compute_s=record.compute_s, round_s=wire_s, now=now, committed=committed)
         if self.noise is not None and outcome.noise is not None and not outcome.skipped:
@@ -195,10 +218,12 @@ class AutoMode:
         return base * factor, (f"acco.auto.acco_step_penalty {percent(base)} x the learning rate at {factor:.2f} of "
                                "its peak (the one-step delay costs in proportion to the step)")
 
-    def decide(self, figures: Optional[list], state, step: int, lr: Optional[float] = None) -> str:
+    def decision(self, figures: Optional[list], state, step: int, lr: Optional[float] = None) -> Optional[Decision]:
         """The mode (and, under ``policy: "auto"``, the acco policy; in sync, the full or half accumulation) to run
-        after ``step``: sets them on the engine's ``state`` and returns the mode (unchanged while the figures do not
-        suffice); logs the figures. ``lr``: the learning rate now (:meth:`penalty`)."""
+        after ``step``, from every rank's ``figures`` and the round ``state`` running now; None while the figures do
+        not suffice (or inside the warm-up, where only streaming may start). Logs the figures and starts the
+        timer's figures afresh for a new mode; ``state`` is read, never changed. ``lr``: the learning rate now
+        (:meth:`penalty`)."""
         running = state.policy if state.mode == ACCO else (HALF if state.sync_quota else None)
         summary = self.noise.summary() if self.noise else None
         noise, note = (summary["value"], _noise_note(summary)) if summary else (None, "")
@@ -213,10 +238,10 @@ class AutoMode:
                         noise_note=note) if figures else None
         self._retry = choice is None and step > 0  # (the look before the first round is not retried)
         if choice is None:
-            return state.mode
+            return None
         if step < self.first and choice.mode != STREAMING:  # a look inside the warm-up: sync until it ends
             logger.debug("%s (inside the warm-up: only streaming may start before step %d)", choice.line, self.first)
-            return state.mode
+            return None
         self.choices.append(choice.figures)
         if self.rank == 0:
             logger.info(choice.line)
@@ -224,12 +249,30 @@ class AutoMode:
         if choice.mode != STREAMING and (choice.mode != state.mode or (choice.mode == ACCO and choice.policy !=
                                                                        state.policy) or quota != state.sync_quota):
             self.timer.enter(choice.mode)  # (streaming's steps are not timed: auto does not choose after it)
-        state.mode = choice.mode
-        if choice.mode == ACCO:
-            state.policy = choice.policy
-        if choice.mode != STREAMING:
-            state.sync_quota = quota
-        return choice.mode
+        return Decision(choice.mode, choice.policy, quota)
+
+    def decide(self, figures: Optional[list], state, step: int, lr: Optional[float] = None) -> str:
+        """:meth:`decision`, applied to ``state`` at once (a caller without an engine: a simulator, a test);
+        returns the mode that runs."""
+        chosen = self.decision(figures, state, step, lr)
+        return state.mode if chosen is None else chosen.apply(state)
+
+    def start_probe(self, submit, coll) -> None:
+        """Probe the link on the communication thread, behind the rest of step 1's compute
+        (:meth:`ds_acco.comm.collectives.RoundCollectives.probe_link`): the look before the first round reads it."""
+        self.probe = submit("link probe", lambda handle: coll.probe_link())
+
+    def wait_probe(self) -> Optional[float]:
+        """The link probe's rate, once it is over (None where none ran); training-thread collectives come after it."""
+        if self.probe is None:
+            return None
+        handle, self.probe = self.probe, None
+        return handle.wait()
+
+    def refuse_streaming(self) -> None:
+        """Some rank has not the memory streaming needs: stay in sync and never offer it again."""
+        self.streaming_refused = True
+        self.timer.enter(SYNC)
 
 
 def _noise_note(summary: dict) -> str:

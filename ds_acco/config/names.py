@@ -1,0 +1,35 @@
+"""The names a job's rounds run under: modes, policies and round kinds, as ``str`` enums.
+
+Why enums of ``str``: each member *is* its string, so the ``"acco"`` block's JSON, a checkpoint's round state and
+telemetry hold exactly the strings they always held, while code compares members, which a typo cannot be.
+Adding a mode starts here (ARCHITECTURE.md, "Adding a mode", says where it goes next).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Mode(StrEnum):
+    """``acco.mode``, and what ``mode: "auto"`` runs now."""
+
+    SYNC = "sync"
+    DPU = "dpu"
+    ACCO = "acco"
+    AUTO = "auto"
+    STREAMING = "streaming"
+
+
+class Policy(StrEnum):
+    """``acco.policy``: when an overlapped round ends."""
+
+    FIXED = "fixed"
+    ADAPTIVE = "adaptive"
+    AUTO = "auto"
+
+
+class Kind(StrEnum):
+    """What a gradient round applies: acco's lookahead (``estimate``) or an optimizer step (``commit``)."""
+
+    ESTIMATE = "estimate"
+    COMMIT = "commit"

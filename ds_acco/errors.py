@@ -1,12 +1,8 @@
 """Layer 0: every exception ds_acco raises on purpose, in one place every layer may import.
 
-Each is a subclass of the built-in a caller would catch anyway (``ValueError`` for bad
-input, ``RuntimeError`` for a failed round or checkpoint, ``TimeoutError`` for a round
-that outlived ``acco.timeout_s``, ``SystemExit`` for the stop after a SIGTERM), so code written
-for stock DeepSpeed or FSDP keeps working; the message always names the field, the value or
-the file, and what to do. The modules that raise them re-export them under their old names.
-
-Imports nothing of ds_acco.
+Each subclasses the built-in a caller would catch anyway (``ValueError``, ``RuntimeError``, ``TimeoutError``,
+``SystemExit``), so code written for stock DeepSpeed or FSDP keeps working; the message always names the field, the
+value or the file, and what to do. Imports nothing of ds_acco.
 """
 
 

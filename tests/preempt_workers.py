@@ -25,7 +25,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from ds_acco.comm.stop_signal import STOP, AccoPreempted
+from ds_acco.comm.stop_signal import STOP
+from ds_acco.errors import AccoPreempted
 from ds_acco.rounds.auto import choice as auto_choice, mode as auto_mode
 from tests import ds_workloads as D
 from tests import fsdp_workloads as F

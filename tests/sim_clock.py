@@ -67,15 +67,15 @@ class Bed:
         self._link_at: dict[int, float] = {}
 
     def attach(self, engine) -> None:
-        """Note each round's link seconds as it is launched (``engine._submit``: every round goes through it)."""
-        self.engine, submit = engine, engine._submit
+        """Note each round's link seconds as it is launched (``engine.submit``: every round goes through it)."""
+        self.engine, submit = engine, engine.submit
 
         def launch(kind, run):
             self._link_at[engine._round_index] = [s for start, s in [(0, 0.0), *self.link]
                                                   if engine.commits >= start][-1]
             return submit(kind, run)
 
-        engine._submit = launch
+        engine.submit = launch
 
     def link_of(self, index: int) -> float:
         return self._link_at.get(index, 0.0)

@@ -212,9 +212,9 @@ def test_a_choice_without_figures_is_tried_again_the_next_step():
     state = RoundState(mode="sync", policy="fixed")
     assert auto.due(3) and not auto.due(4)
     nothing_yet = [[0] * 5, [0] * 5]  # what every rank sends before it has measured a step
-    assert auto.decide(nothing_yet, state, 3) == "sync" and auto.choices == []
+    assert auto.decision(nothing_yet, state, 3) is None and auto.choices == []
     assert auto.due(4)
-    assert auto.decide(figures(50, 100, 300), state, 4) == "acco" and len(auto.choices) == 1
+    assert auto.decision(figures(50, 100, 300), state, 4).apply(state) == "acco" and len(auto.choices) == 1
     assert state.mode == "acco" and not auto.due(5) and auto.due(23)
 
 

@@ -227,8 +227,8 @@ def test_acco_s_delay_penalty_falls_with_a_decayed_learning_rate():
     # 50 ms micro-batches, 150 ms rounds: sync 550 ms, acco fixed 2 x max(200, 150) = 400 ms a step; charged 40%,
     # acco costs 560 ms: sync; at the decayed 10%, 440 ms: acco
     state = RoundState(mode="sync", policy="fixed")
-    assert auto.decide(figures([50, 50], 150, 550), state, 3, lr=1e-3) == "sync"
-    assert auto.decide(figures([50, 50], 150, 550), state, 3, lr=2.5e-4) == "acco"
+    assert auto.decision(figures([50, 50], 150, 550), state, 3, lr=1e-3).apply(state) == "sync"
+    assert auto.decision(figures([50, 50], 150, 550), state, 3, lr=2.5e-4).apply(state) == "acco"
     assert auto.choices[-1]["penalty"] == pytest.approx(0.1) and auto.choices[-1]["acco_charged_ms"] == \
         pytest.approx(440)
 

@@ -130,11 +130,7 @@ class EngineLifecycle:
             raise AccoRoundError(message)
 
     def submit(self, kind: str, run: Callable[[RoundHandle], Any]) -> RoundHandle:
-        """Queue ``run`` as the next round on the communication thread; returns its handle (every round goes
-        through :meth:`_submit`, which a test's simulated link wraps on the instance)."""
-        return self._submit(kind, run)
-
-    def _submit(self, kind: str, run: Callable[[RoundHandle], Any]) -> RoundHandle:
+        """Queue ``run`` as the next round on the communication thread; returns its handle."""
         handle = RoundHandle(self._round_index, kind, self.config.timeout_s, self.clock)
         self._round_index += 1
         self._comm.submit(handle, run, record_ready(self.device))

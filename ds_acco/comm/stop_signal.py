@@ -6,7 +6,7 @@ nothing saved. ds_acco instead only notes the signal here; every round's first c
 micro-batch count all-gather, or a streaming fragment's flag all-gather) carries the note, so
 every rank learns of it in the same round, and the front end stops at that round's boundary:
 it optionally saves a checkpoint (``acco.preemption.checkpoint_dir``), then every rank raises
-:class:`AccoPreempted`, a ``SystemExit`` with ``acco.preemption.exit_code``. A save in progress
+:class:`~ds_acco.errors.AccoPreempted`, a ``SystemExit`` with ``acco.preemption.exit_code``. A save in progress
 when the signal arrives simply finishes (the handler only sets a flag), and the stop comes at
 the next boundary.
 
@@ -21,8 +21,6 @@ import logging
 import signal
 import threading
 from typing import Any, Optional
-
-from ds_acco.errors import AccoPreempted  # noqa: F401 - raised by the engines at the stop; importable from here
 
 logger = logging.getLogger("ds_acco")
 

@@ -1,9 +1,5 @@
-"""The names a job's rounds run under: modes, policies and round kinds, as ``str`` enums.
-
-Why enums of ``str``: each member *is* its string, so the ``"acco"`` block's JSON, a checkpoint's round state and
-telemetry hold exactly the strings they always held, while code compares members, which a typo cannot be.
-Adding a mode starts here (ARCHITECTURE.md, "Adding a mode", says where it goes next).
-"""
+"""Modes, policies and round kinds as ``str`` enums: each member *is* its string, so JSON, checkpoints and telemetry
+hold the strings they always held, while code compares members, which a typo cannot be. A new mode starts here."""
 
 from __future__ import annotations
 

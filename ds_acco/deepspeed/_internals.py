@@ -43,6 +43,7 @@ from typing import Any, Iterator
 import deepspeed
 import torch
 
+from ds_acco.checkpoint import safe_load
 from ds_acco.checkpoint.files import replaced
 
 CHECKPOINT_CLASSES = ("deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
@@ -133,6 +134,15 @@ def guarded_recovery_script(engine: Any, guard: Any) -> contextlib.AbstractConte
             real(save_path)
 
     return replaced(engine, "_copy_recovery_script", copy)
+
+
+def restricted_loads(engine: Any, weights_only: bool) -> contextlib.AbstractContextManager:
+    """Within the block, ``checkpoint_engine.load`` unpickles with torch's restricted unpickler and
+    :data:`CHECKPOINT_CLASSES` (:mod:`ds_acco.checkpoint.safe_load`): no file DeepSpeed loads can run code."""
+    def load(path, map_location=None):
+        return safe_load.load(path, map_location=map_location, allow=CHECKPOINT_CLASSES, weights_only=weights_only)
+
+    return replaced(engine.checkpoint_engine, "load", load)
 
 
 def loads_universal(engine: Any) -> bool:

@@ -1,25 +1,12 @@
 """One save and one load for both DeepSpeed engines: DeepSpeed's files plus a ds_acco state file per rank.
 
 Both engines (ACCO rounds on ZeRO-1, Streaming DiLoCo on stage 0) checkpoint the same way and differ only in their
-state part (:class:`StatePart`: what the per-rank state file holds, which tensors must be finite, how another world
-size is handled). So the steps live here once, in the :class:`Checkpointer` each engine holds:
-
-save
-    wait for the round in flight (nothing is swapped early, so saving never changes the trajectory), add a
-    ``ds_acco`` entry and ``universal_checkpoint_info`` to the client state (so ``ds_to_universal`` converts the tag
-    as it is), let DeepSpeed write its files into ``<tag>.partial`` and the part its state file, sum the masters
-    and moments in the background meanwhile, then publish the tag atomically with its manifest
-    (:func:`ds_acco.checkpoint.atomic.atomic_save`).
-load
-    resolve the tag, verify every file on every rank (in the background while DeepSpeed parses, or up front when
-    the load cannot start without the verdict: :mod:`ds_acco.checkpoint.gate`), let the part re-partition another
-    world size, load DeepSpeed's files with nothing reaching the engine before the ranks agree, refuse a tag that
-    says ds_acco wrote it but lost ds_acco's files, load the state file on every rank or on none, and refuse
-    non-finite masters or moments (unless the verified manifest proves them finite at the save). A universal
-    checkpoint (DeepSpeed's ``checkpoint.load_universal``) loads as DeepSpeed loads it, and the part starts afresh
-    from the committed parameters, with one line saying so.
-
-The load runs here from start to end: the part answers, it never calls back.
+state part (:class:`StatePart`), so the steps live here once, in the :class:`Checkpointer` each engine holds. A save
+waits for the round in flight (nothing is swapped early: saving never changes the trajectory) and is published
+atomically with its manifest; a load lets nothing DeepSpeed parsed reach the engine before every rank verified every
+file (:mod:`ds_acco.checkpoint.gate`), and loads the state files on every rank or on none. A universal checkpoint
+(``checkpoint.load_universal``) loads as DeepSpeed loads it, and the part starts afresh from the committed
+parameters. The load runs here from start to end: the part answers, it never calls back.
 """
 
 from __future__ import annotations
@@ -33,9 +20,8 @@ import torch
 from deepspeed import comm as ds_dist
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-from ds_acco.checkpoint import safe_load, signing
+from ds_acco.checkpoint import signing
 from ds_acco.checkpoint.atomic import atomic_save, atomic_torch_save, latest_tag
-from ds_acco.checkpoint.files import replaced
 from ds_acco.checkpoint.gate import VerificationGroup
 from ds_acco.checkpoint.save_failure import raise_or_continue
 from ds_acco.checkpoint.verify import FiniteCheck, finite_at_save, refuse_unless_finite
@@ -48,8 +34,8 @@ from .verify import MODEL_FILE, OPTIM_FILE, refuse_if_written_by_ds_acco, start_
 
 logger = logging.getLogger("ds_acco")
 UNIVERSAL_INFO = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.4}}
-"""What ``ds_to_universal`` needs in a tag's client state (DeepSpeed's ``UNIVERSAL_CHECKPOINT_INFO``; ZeRO-1 has no
-tensor-parallel patterns to add), written unless the script passes its own."""
+"""What ``ds_to_universal`` needs in a tag's client state, so it converts a tag as it is (ZeRO-1 has no
+tensor-parallel patterns to add); written unless the script passes its own."""
 
 
 @dataclass(frozen=True)
@@ -63,13 +49,8 @@ class LoadOptions:
     custom_load_fn: Optional[Callable] = None
 
     @property
-    def args(self) -> tuple:
-        """DeepSpeed's ``load_checkpoint`` arguments after ``load_dir`` and ``tag``, in its order."""
+    def args(self) -> tuple:  # DeepSpeed's load_checkpoint arguments after load_dir and tag, in its order
         return self.strict, self.optimizer_states, self.lr_scheduler_states, self.module_only, self.custom_load_fn
-
-    @property
-    def wants_state(self) -> bool:
-        return self.optimizer_states and not self.module_only
 
 
 class StatePart(Protocol):
@@ -126,13 +107,11 @@ class CheckpointedEngine(DeepSpeedEngine):
 
 
 class Checkpointer:
-    """``save_checkpoint``/``load_checkpoint`` of a ds_acco DeepSpeed engine, which holds it; also what both
-    engines do at a SIGTERM and in ``destroy()``. ``group``: data parallelism's."""
+    """A ds_acco DeepSpeed engine's saves and loads, and its stop after a SIGTERM; ``group``: data parallelism's."""
 
     def __init__(self, engine: DeepSpeedEngine, part: StatePart, config: AccoConfig, group: Any):
         self.engine, self.part, self.config, self.group = engine, part, config, group
         self.key = signing.load_key(config.checkpoint.signing_key_file)  # a bad key file fails at take-over
-        """The signing key (:mod:`ds_acco.checkpoint.signing`), or None."""
         self.verification = VerificationGroup(group, config.timeout_s)
         self.stop_due = False
 
@@ -172,25 +151,14 @@ class Checkpointer:
     def load(self, load_dir: str, tag: Any, options: LoadOptions) -> tuple:
         """DeepSpeed's load plus the part's state; nothing loaded is used before every rank verified every file."""
         self.part.before_load()
-        if internals.loads_universal(self.engine):  # (DeepSpeed finds the tag: its "latest_universal")
-            with self._safe_loads():
-                return self._load_universal(load_dir, tag, options)
-        tag = tag if tag is not None else latest_tag(load_dir)
-        if tag is None:
+        universal = internals.loads_universal(self.engine)  # (DeepSpeed finds its tag: "latest_universal")
+        tag = tag if tag is not None or universal else latest_tag(load_dir)
+        if tag is None and not universal:
             return DeepSpeedEngine.load_checkpoint(self.engine, load_dir, tag, *options.args)
-        with self._safe_loads():
+        with internals.restricted_loads(self.engine, self.config.checkpoint.weights_only):
+            if universal:
+                return self._load_universal(load_dir, tag, options)
             return self._load(load_dir, str(tag), options)
-
-    def _safe_loads(self) -> ContextManager:
-        """Within the block, DeepSpeed's checkpoint engine unpickles with torch's restricted unpickler and the
-        classes DeepSpeed's files hold (:mod:`ds_acco.checkpoint.safe_load`): no file can run code on load."""
-        weights_only = self.config.checkpoint.weights_only
-
-        def load(path, map_location=None):
-            return safe_load.load(path, map_location=map_location, allow=internals.CHECKPOINT_CLASSES,
-                                  weights_only=weights_only)
-
-        return replaced(self.engine.checkpoint_engine, "load", load)
 
     def _load(self, load_dir: str, tag: str, options: LoadOptions) -> tuple:
         eng, part, cfg = self.engine, self.part, self.config
@@ -210,7 +178,7 @@ class Checkpointer:
             return path, client_state
         if verdict.stock:
             refuse_if_written_by_ds_acco(load_dir, tag, client_state)
-        wanted = options.wants_state and not verdict.dropped
+        wanted = options.optimizer_states and not options.module_only and not verdict.dropped
         from_state = wanted and part.load_resharded_state(load_dir, tag, options)
         if not from_state:
             state_file = os.path.join(load_dir, tag, part.state_file.format(rank=self.dp_rank))
@@ -253,8 +221,7 @@ class Checkpointer:
             refuse_unless_finite(os.path.join(load_dir, tag), self.part.finite_tensors(), group=self.group)
 
     # ------------------------------------------------------------ preemption, clean-up
-    def note_stop(self) -> None:
-        """Every rank learned of a SIGTERM at this boundary: act on it once the optimizer step is done."""
+    def note_stop(self) -> None:  # every rank learned of a SIGTERM here: act once the optimizer step is done
         self.stop_due = True
 
     def stop_if_due(self, preempt: Callable[[], None]) -> None:

@@ -1,22 +1,11 @@
 """``AccoDeepSpeedEngine``: DeepSpeed's engine with ZeRO-1 steps moved into ACCO rounds.
 
-DeepSpeed builds everything as usual (flat bit16 groups, fp32 partitions, the
-optimizer and LR scheduler from the config, the loss scaler); this subclass
-then takes over the gradient path and leaves DeepSpeed's code unforked:
-
-* DeepSpeed's gradient hooks are removed and its boundary all-reduce is off
-  (``enable_backward_allreduce = False``), so backward only accumulates into
-  the round engine's buffers;
-* each ``bit16_groups_flat[i]`` with its ``single_partition_of_fp32_groups[i]``
-  becomes one :class:`~ds_acco.layout.sharded_group.ShardedGroup`, and the wrapped torch
-  optimizer steps the same fp32 partitions DeepSpeed would have stepped;
-* every backward ends with ``RoundEngine.after_micro_batch()`` (hooked into
-  ``_backward_epilogue``, which both ``engine.backward(loss)`` and a direct
-  ``loss.backward()`` reach), so ``step()`` only keeps DeepSpeed's counters;
-* checkpoints keep DeepSpeed's layout, plus one small file per rank,
-  ``acco_round_state_dp_rank_<r>.pt``, holding the round state (:class:`RoundCheckpoint`, the state part of the
-  :class:`~ds_acco.deepspeed.checkpoint_io.Checkpointer` the engine holds).
-
+DeepSpeed builds everything as usual; this subclass then takes over the gradient path and leaves DeepSpeed's code
+unforked: its gradient hooks are removed and its boundary all-reduce is off; each ``bit16_groups_flat[i]`` with its
+``single_partition_of_fp32_groups[i]`` becomes one :class:`~ds_acco.layout.sharded_group.ShardedGroup`, stepped by
+the wrapped optimizer as DeepSpeed would have; every backward ends with ``RoundEngine.after_micro_batch()`` (hooked
+into ``_backward_epilogue``, which ``engine.backward(loss)`` and a direct ``loss.backward()`` both reach), so
+``step()`` only keeps DeepSpeed's counters. Checkpoints add one round-state file per rank (:class:`RoundCheckpoint`).
 Every DeepSpeed internal used here goes through :mod:`ds_acco.deepspeed._internals`.
 """
 
@@ -200,7 +189,6 @@ class RoundCheckpoint:
         return {"mode": acco.config.mode, "policy": acco.config.policy, "commits": acco.commits}
 
     def finite_tensors(self) -> list:
-        """The fp32 master partitions and their optimizer moments: what a save writes and a load must find finite."""
         opt = self.engine.optimizer
         return [(f"fp32 partition of group {i}", t) for i, t in enumerate(internals.master_partitions(opt))] + \
             optimizer_tensors(opt.optimizer)

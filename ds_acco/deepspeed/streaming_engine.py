@@ -1,25 +1,12 @@
 """``StreamingDeepSpeedEngine``: DeepSpeed's stage-0 engine training local replicas with Streaming DiLoCo.
 
-Selected by ``"acco": {"mode": "streaming", ...}`` with ``zero_optimization.stage``
-0. DeepSpeed builds the engine as usual (optimizer and LR scheduler from the
-config, gradient accumulation, clipping, ``torch_autocast``); this subclass then
-makes it a Streaming DiLoCo worker and leaves DeepSpeed's code unforked:
-
-* the data-parallel gradient all-reduce is off (``enable_backward_allreduce =
-  False``): DeepSpeed's optimizer is the *inner* optimizer, stepping this rank's
-  replica on its own gradients;
-* gradient clipping uses this rank's norm (stock stage 0 averages the norm over
-  the data-parallel group: one blocking collective per step, which a streaming
-  worker must not pay);
-* after every inner step (DeepSpeed's ``_take_model_step``) the
-  :class:`~ds_acco.streaming.StreamingEngine` launches or merges fragment rounds
-  on its background thread; ``global_steps`` counts inner steps and drives the
-  fragment schedule;
-* checkpoints keep DeepSpeed's layout (its model file holds rank 0's replica) plus
-  one file per rank, ``acco_streaming_state_dp_rank_<r>.pt``: that rank's replica,
-  inner optimizer and streaming state (global fragment shard, outer momentum,
-  int8 residuals, a round waiting to be merged), written atomically (:class:`StreamingCheckpoint`, the state part
-  of the :class:`~ds_acco.deepspeed.checkpoint_io.Checkpointer` the engine holds).
+Selected by ``"acco": {"mode": "streaming"}`` with ``zero_optimization.stage`` 0. DeepSpeed builds the engine as usual
+(optimizer and LR scheduler, gradient accumulation, clipping, ``torch_autocast``); this subclass turns the
+data-parallel all-reduce off (DeepSpeed's optimizer is the *inner* one, stepping this rank's replica), clips by this
+rank's own norm (stock stage 0 averages it over the group: one blocking collective per step, which a streaming worker
+must not pay), and after every inner step (``_take_model_step``) has the :class:`~ds_acco.streaming.StreamingEngine`
+launch or merge fragment rounds. Checkpoints add one file per rank: that rank's replica, inner optimizer and
+streaming state (:class:`StreamingCheckpoint`).
 """
 
 from __future__ import annotations
@@ -100,6 +87,7 @@ class StreamingDeepSpeedEngine(CheckpointedEngine):
         if self.acco is not None:
             self.acco.consolidate()
 
+
 class StreamingCheckpoint:
     """The streaming engine's part of a :class:`StreamingDeepSpeedEngine`'s checkpoints
     (:class:`~ds_acco.deepspeed.checkpoint_io.StatePart`): each rank's replica, inner optimizer and streaming state
@@ -121,8 +109,7 @@ class StreamingCheckpoint:
         acco = self.engine.acco
         return {"mode": "streaming", "inner_steps": acco.inner_steps, "world_size": acco.world_size}
 
-    def finite_tensors(self) -> list:
-        """This rank's replica and inner optimizer state: what its streaming state file holds."""
+    def finite_tensors(self) -> list:  # what this rank's streaming state file holds
         return list(self.engine.module.named_parameters()) + optimizer_tensors(self.engine.optimizer)
 
     def saving(self) -> ContextManager:

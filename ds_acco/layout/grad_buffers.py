@@ -76,15 +76,11 @@ class GradBuffers:
         self.bind()
         return taken
 
-    def replace(self, slot: int, group: int, buffer: torch.Tensor) -> None:
-        """Put ``buffer`` (zeroed, same size and dtype) in place of accumulator ``slot`` of ``group``.
-
-        The round engine rotates buffer roles at a swap (see :mod:`ds_acco.rounds.landing`);
-        only the inactive slot may change, so ``p.grad`` bindings stay valid.
-        """
+    def replace(self, group: int, buffer: torch.Tensor) -> None:
+        """Put ``buffer`` (zeroed, same size and dtype) in place of ``group``'s inactive accumulator, the one a round
+        holds (a swap rotates buffer roles: :mod:`ds_acco.rounds.landing`); ``p.grad`` bindings stay valid."""
+        slot = self.active ^ 1
         old = self.buffers[slot][group]
-        if slot == self.active:
-            raise ValueError("only the inactive accumulator can be replaced")
         if buffer.numel() != old.numel() or buffer.dtype != old.dtype or buffer.device != old.device:
             raise ValueError(f"replacement accumulator {buffer.dtype}[{buffer.numel()}] does not match "
                              f"{old.dtype}[{old.numel()}]")
@@ -94,13 +90,8 @@ class GradBuffers:
     def active_buffers(self) -> list[torch.Tensor]:
         return self.buffers[self.active]
 
-    @property
-    def inactive(self) -> int:
-        """The slot a round holds between its launch and its swap (the one :meth:`replace` may change)."""
-        return self.active ^ 1
-
-    def inactive_buffers(self) -> list[torch.Tensor]:
-        return self.buffers[self.inactive]
+    def inactive_buffers(self) -> list[torch.Tensor]:  # the ones a round holds between its launch and its swap
+        return self.buffers[self.active ^ 1]
 
     def clear(self) -> None:
         """Zero the accumulators being filled (micro-batches dropped, or committed by other means)."""

@@ -1,24 +1,19 @@
 """A gradient round's life on the training thread: launched, waited for, swapped in. Schedules say when.
 
-:class:`RoundDriver` is the round engine below its schedules (:mod:`ds_acco.rounds.schedules`): the buffers a round
-needs, the launch that hands the active accumulator to the communication thread (where
-:mod:`ds_acco.rounds.round_work` computes the round), and at a boundary the wait, the swap that makes the result the
-compute parameters (:mod:`ds_acco.rounds.landing`), the record and the front end's ``on_swap``. A schedule calls it;
-it calls no schedule back, so one step reads top down: engine, schedule, driver, round, collectives.
+The round engine below its schedules: a schedule calls it and it calls no schedule back, so one step reads top
+down: engine, schedule, driver, round (:mod:`ds_acco.rounds.round_work`), collectives.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional, Sequence, Union
+from typing import Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
-from ds_acco.comm.clock import ClockLike
 from ds_acco.comm.engine_lifecycle import EngineLifecycle
 from ds_acco.config import AccoConfig
-from ds_acco.config.names import Mode, Policy
+from ds_acco.config.names import Kind, Mode, Policy
 from ds_acco.errors import AccoRoundError
 from ds_acco.layout.grad_buffers import GradBuffers
 from ds_acco.layout.sharded_group import ShardedGroup
@@ -31,21 +26,17 @@ from .alignment import RoundAlignment
 from .auto.mode import AutoMode
 from .group_buffers import build_group_buffers, round_bytes
 from .landing import Landing
-from .round_work import COMMIT, ESTIMATE, RoundOutcome, RoundWork
+from .round_work import RoundOutcome, RoundWork
 from .state import InFlight, RoundState
 
 logger = logging.getLogger("ds_acco")
 
 
 class RoundDriver(EngineLifecycle):
-    """Launch, wait, swap (see the module docstring); :class:`~ds_acco.rounds.engine.RoundEngine` documents the
-    arguments."""
+    """Launch, wait, swap; :class:`~ds_acco.rounds.engine.RoundEngine` documents the arguments."""
 
     def __init__(self, groups: Sequence[ShardedGroup], shard_optimizer: ShardOptimizer, config: AccoConfig,
-                 accum: torch.dtype, *, G: int, clip: float, process_group: Optional[dist.ProcessGroup],
-                 grad_scale: Union[float, Callable[[], float]], on_swap: Optional[Callable[[RoundRecord], None]],
-                 on_stage: Optional[Callable[[int, str], None]], on_stop: Optional[Callable[[], None]],
-                 clock: ClockLike):
+                 accum: torch.dtype, G: int, clip: float, process_group, grad_scale, on_swap, on_stage, on_stop, clock):
         self.groups = list(groups)
         super().__init__(config, process_group, self.groups[0].flat.device, "ds_acco-comm", on_stop, clock)
         self.shard_optimizer, self.G, self.clip = shard_optimizer, G, clip
@@ -64,28 +55,23 @@ class RoundDriver(EngineLifecycle):
                               config, clip, on_stage)
         estimate, commit = round_bytes(self.buffers, self.groups, self.world_size, comm)
         self.auto = AutoMode(config, G, self.world_size, self.rank, estimate / commit if commit else 1.0, commit,
-                             clock=self.clock.now) if config.mode == Mode.AUTO else None
-        """``mode: "auto"``'s timer and choices (:mod:`ds_acco.rounds.auto.mode`); None in the other modes."""
+                             clock=self.clock.now) if config.mode == Mode.AUTO else None  # (None in other modes)
         self.state = RoundState(mode=Mode.SYNC if self.auto else config.mode, active_scale=self.current_scale(),
                                 policy=Policy.FIXED if config.policy == Policy.AUTO else config.policy)
         self.state.next_kind = self.first_kind()
-        self.last_swap_t = self.clock.now()
-        """When the last swap (or a streaming step) ended: the next record's compute time starts there."""
-        self.figures: Optional[list] = None
-        """``mode: "auto"``: every rank's figures from the last round's count all-gather."""
+        self.last_swap_t = self.clock.now()  # the last swap's (or streaming step's) end: the next compute's start
+        self.figures: Optional[list] = None  # mode auto: every rank's figures from the last count all-gather
 
     @property
-    def flight(self) -> Optional[InFlight]:
-        """The round on the communication thread (or finished and not yet swapped in), or None."""
+    def flight(self) -> Optional[InFlight]:  # the round on the communication thread (or finished, not swapped in)
         return self._inflight
 
     @property
-    def overlapping(self) -> bool:
-        """True once warmup is over and the mode overlaps rounds with compute."""
+    def overlapping(self) -> bool:  # warm-up over, in a mode that overlaps rounds with compute
         return self.state.mode != Mode.SYNC and self.state.commits >= self.config.warmup_steps
 
     def first_kind(self) -> str:
-        return ESTIMATE if self.state.mode == Mode.ACCO else COMMIT
+        return Kind.ESTIMATE if self.state.mode == Mode.ACCO else Kind.COMMIT
 
     def current_scale(self) -> float:
         return float(self._grad_scale() if callable(self._grad_scale) else self._grad_scale)
@@ -104,17 +90,10 @@ class RoundDriver(EngineLifecycle):
         handle = self.submit(kind, lambda h: self.work.run(h, kind, mode, grads, bases, count, scale, figures))
         self._inflight = InFlight(handle, kind, mode, s.commits)
         if mode == Mode.ACCO:
-            s.next_kind = COMMIT if kind == ESTIMATE else ESTIMATE
-
-    def round_over(self) -> bool:
-        """The adaptive policy's boundary: the round's communication ended, or this worker reached
-        ``max_micro_batches_per_round``; past ``timeout_s``, :meth:`complete` raises the timeout with its stage."""
-        cap, handle = self.config.max_micro_batches_per_round, self._inflight.handle
-        return handle.done() or (cap is not None and self.state.n >= cap) or handle.elapsed() > self.config.timeout_s
+            s.next_kind = Kind.COMMIT if kind == Kind.ESTIMATE else Kind.ESTIMATE
 
     def complete(self) -> str:
-        """Wait for the round in flight, swap its parameters in, record it; returns its kind (errors and time-outs
-        of the round raise :class:`AccoRoundError` here)."""
+        """Wait for the round in flight, swap it in, record it; returns its kind (its errors raise here)."""
         flight = self._inflight
         t0 = self.clock.now()
         try:
@@ -126,8 +105,8 @@ class RoundDriver(EngineLifecycle):
         self.landing.install()
         self._inflight = None
         s = self.state
-        s.compute_committed = flight.kind == COMMIT
-        if flight.kind == COMMIT:
+        s.compute_committed = flight.kind == Kind.COMMIT
+        if flight.kind == Kind.COMMIT:
             s.commits += 1
         record = RoundRecord(
             index=flight.handle.index, kind=flight.kind, mode=flight.mode, step=flight.step, counts=outcome.counts,
@@ -139,8 +118,8 @@ class RoundDriver(EngineLifecycle):
         )
         self.last_swap_t, self.figures = t1, outcome.figures
         if self.auto:
-            self.auto.after_round(record, outcome, now=t1,
-                                  committed=self.lr_clock.committed_micro_batches if flight.kind == COMMIT else None)
+            committed = self.lr_clock.committed_micro_batches if flight.kind == Kind.COMMIT else None
+            self.auto.after_round(record, outcome, now=t1, committed=committed)
         if self.config.telemetry.enabled:
             self.telemetry.add(record)
         if self._on_swap is not None:
@@ -148,46 +127,28 @@ class RoundDriver(EngineLifecycle):
         if s.n == 0:  # ...which then applies to the (still empty) active accumulator
             s.active_scale = self.current_scale()
         if outcome.skipped:
-            logger.warning("ds_acco: non-finite gradients, %s at step %d skipped on every rank", flight.kind, flight.step)
+            logger.warning("ds_acco: non-finite gradients, %s at step %d skipped on every rank", flight.kind,
+                           flight.step)
         if outcome.stop and not self.stop_agreed:
             self.stop_agreed = True
             if self.rank == 0:
                 logger.warning("ds_acco: a rank was sent SIGTERM: every rank stops after round %d (step %d)",
                                flight.handle.index, s.commits)
         every = self.config.telemetry.log_every
-        if every and self.rank == 0 and flight.kind == COMMIT and s.commits % every == 0:
+        if every and self.rank == 0 and flight.kind == Kind.COMMIT and s.commits % every == 0:
             logger.info(self.telemetry.format_line(record))
         return flight.kind
 
     _drain = complete
 
-    def swapped(self, record: RoundRecord, now: float) -> None:
-        """A step that changed the compute parameters without a round (a streaming step): tell the front end."""
+    def swapped(self, record: RoundRecord, now: float) -> None:  # a step without a round (streaming)
         self.last_swap_t = now
         if self._on_swap is not None:
             self._on_swap(record)  # the front end's step counters; telemetry keeps the fragment rounds
 
-    def catch_up(self) -> None:
-        """Launch the round some other rank has already launched (adaptive policy only)."""
+    def catch_up(self) -> None:  # launch the round some other rank already launched (adaptive policy only)
         target = self.align.most(self._round_index)  # at most one ahead: see rounds/alignment.py
         while self._round_index < target:
             if self._inflight is not None:
                 self.complete()
             self.launch(self.state.next_kind, self.state.mode if self.overlapping else Mode.SYNC)
-
-    # ------------------------------------------------------------ the round in flight in a checkpoint
-    def pending_state(self) -> Optional[dict]:
-        """The round in flight, finished (call after a quiesce), as a checkpoint entry; None: none."""
-        flight = self._inflight
-        return None if flight is None else flight.state_dict(self.groups, self.landing.in_flight_targets(), self.rank)
-
-    def restore_pending(self, pending: Optional[dict]) -> None:
-        """The saved round in flight back, finished, to swap in at its boundary (collective: it all-gathers)."""
-        self._inflight = InFlight.restore(pending, self.landing.in_flight_targets(), self.work.all_gather_compute,
-                                          self.config.timeout_s)
-
-    def drop_flight(self) -> None:
-        """Forget the round in flight (waited for): its accumulators go back to the training thread clean."""
-        if self._inflight is not None:
-            self.landing.zero_in_flight()  # it held the dropped round's parameters
-        self._inflight = None

@@ -1,14 +1,6 @@
-"""The round engine: what a front end holds, composed of a schedule, the driver below it and the state parts.
-
-Framework-agnostic: it sees :class:`~ds_acco.layout.sharded_group.ShardedGroup` buffers,
-a :class:`~ds_acco.optim.shard_optimizer.ShardOptimizer` and a process group. The
-front ends (DeepSpeed, FSDP2, plain PyTorch) build those and call
-:meth:`RoundEngine.after_micro_batch` after every backward. When rounds launch and land is the current schedule's
-(:mod:`ds_acco.rounds.schedules`), how a round is launched, waited for and swapped in the driver's
-(:mod:`ds_acco.rounds.driver`), what it computes :mod:`ds_acco.rounds.round_work`'s, and its life (thread, group,
-close) :class:`~ds_acco.comm.engine_lifecycle.EngineLifecycle`'s. The engine holds the schedule, swaps it where the
-round state says another one runs, applies auto's decisions at the boundary they were made for, and composes the
-parts' checkpoint state (:mod:`ds_acco.rounds.state`).
+"""The round engine a front end holds: the schedule that runs (:mod:`ds_acco.rounds.schedules`), swapped where the
+round state says another one runs, auto's decisions applied at their boundary, and the parts' checkpoint state
+(:mod:`ds_acco.rounds.state`) composed; launching, waiting and swapping is the driver's (:mod:`ds_acco.rounds.driver`).
 """
 
 from __future__ import annotations
@@ -33,11 +25,10 @@ from . import describe
 from .auto.mode import Decision
 from .driver import RoundDriver
 from .schedules import AdaptiveSchedule, FixedSchedule, Schedule, SyncSchedule
-from .state import FORMAT
+from .state import FORMAT, InFlight
 
 logger = logging.getLogger("ds_acco")
-STREAMING = Mode.STREAMING.value
-"""The round state's key for the streaming phase's state (present only when saved in the phase)."""
+STREAMING = Mode.STREAMING.value  # the round state's key for the phase's state (saved in the phase only)
 
 
 class RoundEngine(RoundDriver):
@@ -47,37 +38,24 @@ class RoundEngine(RoundDriver):
         groups: the sharded parameter groups (compute buffers and master shards).
         gradient_accumulation_steps: ``G``, micro-batches per worker per optimizer step.
         clip_grad_norm: clip ``mean(X)`` to this global L2 norm (None or 0: off).
-        grad_scale: the factor backward multiplied gradients by (a float or a
-            callable read at each round), e.g. ``1/G`` when the framework divides
-            the loss by ``G``, or the fp16 loss scale; the mean divides it out. It is
-            read when an accumulator becomes active, so a loss scale that changes at a
-            swap applies to exactly the micro-batches computed under it.
-        on_swap: called on the training thread after every swap with the round's
-            record (front ends advance their step counters and loss scalers here).
-        on_stage: called on the communication thread as a round enters each stage
-            (round index, stage name); for tracing and fault-injection tests.
-        streaming_phase: builds the streaming phase ``acco.auto.streaming`` may switch to
-            (:class:`ds_acco.streaming.phase.PhaseFactory`; the phase is a :class:`~.schedules.Schedule`).
+        grad_scale: the factor backward multiplied gradients by (a float, or a callable read when an accumulator
+            becomes active, so a loss scale that changes at a swap applies to exactly the micro-batches computed
+            under it), e.g. ``1/G`` when the framework divides the loss by ``G``; the mean divides it out.
+        on_swap: called on the training thread after every swap with the round's record (front ends advance their
+            step counters and loss scalers here).
+        on_stage: called on the communication thread as a round enters each stage (round index, stage name).
+        streaming_phase: builds the phase ``acco.auto.streaming`` may switch to (a ``PhaseFactory``).
         clock: what rounds, swaps and auto's figures are timed with (:mod:`ds_acco.comm.clock`; default
             ``time.perf_counter``): a simulated clock makes auto's figures exact.
     """
 
-    def __init__(
-        self,
-        groups: Sequence[ShardedGroup],
-        shard_optimizer: ShardOptimizer,
-        *,
-        config: Union[AccoConfig, dict],
-        gradient_accumulation_steps: int,
-        clip_grad_norm: Optional[float] = None,
-        process_group: Optional[dist.ProcessGroup] = None,
-        grad_scale: Union[float, Callable[[], float]] = 1.0,
-        on_swap: Optional[Callable[[RoundRecord], None]] = None,
-        on_stage: Optional[Callable[[int, str], None]] = None,
-        on_stop: Optional[Callable[[], None]] = None,
-        streaming_phase: Optional[Callable] = None,
-        clock: ClockLike = None,
-    ):
+    def __init__(self, groups: Sequence[ShardedGroup], shard_optimizer: ShardOptimizer, *,
+                 config: Union[AccoConfig, dict], gradient_accumulation_steps: int,
+                 clip_grad_norm: Optional[float] = None, process_group: Optional[dist.ProcessGroup] = None,
+                 grad_scale: Union[float, Callable[[], float]] = 1.0,
+                 on_swap: Optional[Callable[[RoundRecord], None]] = None,
+                 on_stage: Optional[Callable[[int, str], None]] = None, on_stop: Optional[Callable[[], None]] = None,
+                 streaming_phase: Optional[Callable] = None, clock: ClockLike = None):
         config = parse_acco_config(config)
         config.check_accumulation(gradient_accumulation_steps)
         if clip_grad_norm is not None and clip_grad_norm < 0:
@@ -91,13 +69,11 @@ class RoundEngine(RoundDriver):
             streaming_phase.check(groups, accum)
         self.streaming_factory, self.phase = streaming_phase, None
         """The streaming phase's factory, and the phase once auto switched to it (None before)."""
-        super().__init__(groups, shard_optimizer, config, accum, G=gradient_accumulation_steps,
-                         clip=float(clip_grad_norm or 0.0), process_group=process_group, grad_scale=grad_scale,
-                         on_swap=on_swap, on_stage=on_stage, on_stop=on_stop, clock=clock)
+        super().__init__(groups, shard_optimizer, config, accum, gradient_accumulation_steps,
+                         float(clip_grad_norm or 0.0), process_group, grad_scale, on_swap, on_stage, on_stop, clock)
         self._gradient = {Mode.SYNC: SyncSchedule(self), Policy.FIXED: FixedSchedule(self),
                           Policy.ADAPTIVE: AdaptiveSchedule(self)}
-        self.schedule: Schedule = self._gradient[Mode.SYNC]
-        """What runs the job's steps now (:mod:`ds_acco.rounds.schedules`)."""
+        self.schedule: Schedule = self._gradient[Mode.SYNC]  # what runs the job's steps now
         self._reschedule()
         self._start_thread()
 
@@ -146,17 +122,15 @@ class RoundEngine(RoundDriver):
             self.state.next_kind = self.first_kind()
 
     def _apply(self, decision: Decision) -> None:
-        """Auto's choice, at the boundary it was made for: the round state's mode and settings, the phase entered
-        when streaming was chosen (or sync where it does not fit), and the schedule they make."""
+        """Auto's choice, at the boundary it was made for (streaming enters the phase, or sync where it cannot)."""
         decision.apply(self.state)
         if self.state.mode == Mode.STREAMING and self.phase is None:
             self._enter_phase()
         self._reschedule(boundary=True)
 
     def _enter_phase(self) -> bool:
-        """Build the streaming phase at a step boundary where every rank holds the committed parameters
-        (collective; :meth:`ds_acco.streaming.phase.PhaseFactory.enter`). Where some rank has not the memory for it,
-        every rank stays in sync and auto never offers streaming again. Returns whether it switched."""
+        """Build the streaming phase (collective: ``PhaseFactory.enter``); where some rank has not the memory for
+        it, every rank stays in sync and auto never offers streaming again. Returns whether it switched."""
         phase = self.streaming_factory.enter(self)
         if phase is None:
             self.auto.refuse_streaming()
@@ -167,8 +141,7 @@ class RoundEngine(RoundDriver):
             self.auto.choices[-1]["switch_s"] = phase.switch_s
         return True
 
-    def _leave_phase(self) -> None:
-        """Drop the phase (before a checkpoint load overwrites the buffers): parameters back on the groups."""
+    def _leave_phase(self) -> None:  # before a checkpoint load overwrites the buffers
         self.phase.leave()
         self.phase = None
         self._reschedule()
@@ -203,28 +176,24 @@ class RoundEngine(RoundDriver):
 
     # ------------------------------------------------------------ draining and exports
     def wait(self) -> None:
-        """Wait for the round in flight and apply it (drain)."""
+        """Wait for the round in flight and swap it in (drain)."""
         self._ensure_open()
         self.schedule.wait()
 
     def quiesce(self) -> None:
-        """Wait for the round in flight to end *without* swapping it in (it still swaps at the quota), ready for
-        :meth:`state_dict`. Under the adaptive policy the ranks first agree on the rounds launched (collective:
-        every rank calls it; see :mod:`ds_acco.rounds.alignment`)."""
+        """Wait for the round in flight to end *without* swapping it in (it still swaps at the quota); under the
+        adaptive policy the ranks first agree on the rounds launched (collective: :mod:`ds_acco.rounds.alignment`)."""
         self._ensure_open()
         self.schedule.quiesce()
 
     def committed_buffers(self) -> Optional[list[torch.Tensor]]:
-        """One full buffer per group holding the committed parameters (cast to the compute dtype), or None where
-        the masters must be all-gathered; waits for the round in flight without swapping it in (:meth:`quiesce`)
-        and communicates nothing but in a streaming phase (:mod:`ds_acco.rounds.committed` says which buffer holds
-        them when)."""
+        """One full buffer per group holding the committed parameters, or None where the masters must be
+        all-gathered; quiesces, and communicates nothing but in a streaming phase."""
         self._ensure_open()
         return self.schedule.committed_buffers()
 
     def finish(self) -> None:
-        """Drain and commit everything accumulated, so the compute parameters equal the
-        committed master parameters (end of training, before export)."""
+        """Drain and commit everything accumulated: the compute parameters become the committed masters."""
         self._ensure_open()
         self.schedule.finish()
         self._reschedule()
@@ -235,17 +204,17 @@ class RoundEngine(RoundDriver):
         self.schedule.exact_parameters()
 
     # ------------------------------------------------------------ checkpoints
-    def identity(self) -> dict:
-        """What a saved round state must match to load: the config's fingerprint, the world size, the buffer sizes."""
+    def identity(self) -> dict:  # what a saved round state must match to load
         return {"fingerprint": self.config.fingerprint(), "world_size": self.world_size,
                 "padded_numels": [g.layout.padded_numel for g in self.groups]}
 
     def state_dict(self) -> dict:
-        """This rank's round state, composed of its parts' (:mod:`ds_acco.rounds.state`); waits for the round in
-        flight first. Holds ``O(params / N)`` tensors, plus the active accumulator when micro-batches have been
-        accumulated since the last launch (checkpoint right after a step to avoid that)."""
+        """This rank's round state, composed of its parts'; quiesces first. ``O(params / N)`` tensors, plus the
+        active accumulator when it holds micro-batches (checkpoint right after a step to avoid that)."""
         self.quiesce()
-        out = {"format": FORMAT, **self.identity(), "round_index": self._round_index, "pending": self.pending_state(),
+        flight = self._inflight  # finished: its result as this rank's shards of the buffers it landed in
+        pending = flight and flight.state_dict(self.groups, self.landing.in_flight_targets(), self.rank)
+        out = {"format": FORMAT, **self.identity(), "round_index": self._round_index, "pending": pending,
                "lr_clock": self.lr_clock.state_dict(), **self.state.state_dict(), **self.buffers.state_dict(),
                **self.grads.state_dict(held=self.state.n > 0),
                "block": self.config.compared_fields()}  # so a resume under another block can name what changed
@@ -254,9 +223,8 @@ class RoundEngine(RoundDriver):
         return out
 
     def block_changes(self, saved: dict) -> list[str]:
-        """The ``acco`` fields that differ from a saved round state's, when only they differ (same world size
-        and layout): a front end may then rebuild the round state from the committed parameters instead of
-        refusing (:func:`ds_acco.config.compare.carry_on_changes`)."""
+        """The ``acco`` fields that differ from a saved round state's, when only they differ: a front end may then
+        rebuild the round state from the committed parameters instead of refusing."""
         return carry_on_changes(saved, self.identity(), self.config.compared_fields())
 
     def load_state_dict(self, saved: dict) -> None:
@@ -271,13 +239,13 @@ class RoundEngine(RoundDriver):
         self.grads.load_state_dict(saved)
         self.buffers.load_state_dict(saved)
         self._round_index = saved["round_index"]
-        self.restore_pending(saved["pending"])
+        self._inflight = InFlight.restore(saved["pending"], self.landing.in_flight_targets(),
+                                          self.work.all_gather_compute, self.config.timeout_s)
         self._load_phase(saved.get(STREAMING))
         self.last_swap_t = self.clock.now()
         self._reschedule()
 
-    def _load_phase(self, phase_state: Optional[dict]) -> None:
-        """Match the phase to a loaded round state: enter it (and restore its state) or leave it."""
+    def _load_phase(self, phase_state: Optional[dict]) -> None:  # enter the phase (and restore it), or leave it
         if phase_state is None:
             if self.phase is not None:
                 self._leave_phase()
@@ -294,16 +262,15 @@ class RoundEngine(RoundDriver):
         self.phase.load_state_dict(phase_state)
 
     def reset_rounds(self, commits: Optional[int] = None, compute_committed: bool = True) -> None:
-        """Drop the round state (after waiting for the round in flight) so rounds bootstrap afresh.
-
-        Used before loading a checkpoint; ``commits`` sets the step counter (warmup counts from it);
-        ``compute_committed=False`` when the compute parameters loaded may be an estimate.
-        """
+        """Drop the round state (the round in flight waited for) so rounds bootstrap afresh, before a load; ``commits``
+        sets the step counter, ``compute_committed=False`` where the loaded parameters may be an estimate."""
         if self.phase is not None:
             self._leave_phase()
             self.state.mode = Mode.SYNC  # auto measures afresh
         self.quiesce()
-        self.drop_flight()
+        if self._inflight is not None:
+            self.landing.zero_in_flight()  # it held the dropped round's parameters
+        self._inflight = None
         self.grads.clear()
         self.buffers.reset()
         s = self.state

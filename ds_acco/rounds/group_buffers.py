@@ -1,11 +1,8 @@
-"""The buffers one parameter group's rounds need, decided once, in one place.
+"""The buffers and collective plans one parameter group's rounds need, decided once, in one place.
 
-Which buffers a group needs depends on four things: whether its shards are rank-major
-packed (FSDP2 layouts), the gradient accumulation dtype against the payload dtype, the int8
-switches, and the mode (acco keeps the estimate's shard). Every buffer here is ``O(P / N)``
-but for the packed group's send and gather buffers (its collectives' layout, model-sized);
-the analytic memory model (``benchmarks``' ``memory``) and tests/test_memory_accounting.py
-count them to the byte, so a buffer exists exactly in the case its field says.
+Every buffer is ``O(P / N)`` but for a rank-major packed group's send and gather buffers (model-sized); the
+analytic memory model (``benchmarks``' ``memory``) and tests/test_memory_accounting.py count them to the byte, so a
+buffer exists exactly in the case its field says.
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ from ds_acco.layout.sharded_group import ShardedGroup
 
 @dataclass(frozen=True)
 class CollectivePlan:
-    """One group's collectives for one kind of round, chosen once at build (as FSDP2 builds its collective plans
-    once per parameter group): a round runs them without asking which ones apply."""
+    """One group's collectives for one kind of round, chosen once at build: a round runs them without asking."""
 
     reduce_scatter: Callable[[RoundCollectives, torch.Tensor, bool], None]
     """``(coll, send, acco)``: the sum of every rank's ``send`` into this rank's fp32 shard (``acco``: the round is
@@ -35,14 +31,12 @@ class CollectivePlan:
     all_gather: Callable[[RoundCollectives, torch.Tensor, torch.Tensor, torch.Tensor], None]
     """``(coll, full, base, part)``: every rank's new shard ``part`` into ``full`` (a low-bit delta is taken from
     ``base``, the parameters every rank held at launch)."""
-    delta: bool
-    """Whether the all-gather sends a low-bit delta (taken from fp32 values where any group is narrower)."""
+    delta: bool  # the all-gather sends a low-bit delta (from fp32 values where any group is narrower)
 
 
 @dataclass
 class KeptEstimate:
-    """What an estimate round leaves for its commit beyond the kept shards: how many micro-batches
-    they sum, and whether any of them was non-finite."""
+    """What an estimate round leaves its commit beyond the kept shards: their micro-batches, any non-finite."""
 
     count: int = 0
     nonfinite: bool = False
@@ -52,40 +46,30 @@ class KeptEstimate:
 class GroupBuffers:
     """One group's round buffers; ``None`` where the group's case does not need one."""
 
-    shard32: torch.Tensor
-    """This rank's fp32 gradient shard: the reduce-scatter's sum, then the mean the optimizer steps on."""
+    shard32: torch.Tensor  # this rank's fp32 gradient shard: the reduce-scatter's sum, then the mean stepped on
     rs_out: torch.Tensor
     """Where the reduce-scatter writes: ``shard32`` itself, or a comm-dtype shard when an fp32/16-bit payload
     other than fp32 is reduced unchunked (then copied into ``shard32``)."""
-    comm_scratch: Optional[torch.Tensor]
-    """Packed groups: the rank-major send buffer the accumulator is copied (and cast) into."""
+    comm_scratch: Optional[torch.Tensor]  # packed groups: the rank-major send buffer (the accumulator, cast)
     gather_scratch: Optional[torch.Tensor]
     """Packed groups: the rank-major all-gather output (the send buffer itself when the dtypes agree: it is
     free by then)."""
-    cast_rs: Optional[ChunkedCastReduceScatter]
-    """Unpacked groups whose payload dtype differs from the accumulator's: cast in chunks, never a model-sized
-    cast buffer."""
+    cast_rs: Optional[ChunkedCastReduceScatter]  # unpacked groups, payload dtype != accumulator's: cast in chunks
     publish_packed: Optional[torch.Tensor]
     """Packed groups: a packed group's slice of the landing buffer is in another layout than its shard, so it
     publishes into a shard-sized buffer of its own."""
-    int8_rs: Optional[Int8ReduceScatter]
-    """``comm_quantization: "int8"``: the int8 reduce-scatter (and its error-feedback residual)."""
-    kept: Optional[torch.Tensor]
-    """Mode acco: the estimate's reduced shard, added to the commit's (see the note in rounds/round_work.py)."""
-    delta_ag: Optional[Int8DeltaAllGather]
-    """``all_gather_quantization`` other than ``"none"``: the int8-delta all-gather."""
-    est_rs: Optional[Int8ReduceScatter]
-    """``estimate_quantization: "int4"``: the estimate's int4 reduce-scatter."""
-    est_ag: Optional[Int8DeltaAllGather]
-    """``estimate_quantization: "int4"``: the estimate's int4-delta all-gather."""
+    int8_rs: Optional[Int8ReduceScatter]  # comm_quantization "int8" (with its error-feedback residual)
+    kept: Optional[torch.Tensor]  # mode acco: the estimate's reduced shard (see the note in rounds/round_work.py)
+    delta_ag: Optional[Int8DeltaAllGather]  # all_gather_quantization other than "none"
+    est_rs: Optional[Int8ReduceScatter]  # estimate_quantization "int4": the estimate's reduce-scatter...
+    est_ag: Optional[Int8DeltaAllGather]  # ...and all-gather
     est_residual: Optional[torch.Tensor]
     """``estimate_quantization: "int4"``: what this rank's int4 estimate lost (accumulator-sized, in its dtype),
     added to the commit's reduce-scatter input so the commit steps on the full sum."""
     publish32: Optional[torch.Tensor]
     """Int8-delta all-gathers with any group not in fp32: every group publishes fp32 values (the delta is taken
     from the fp32 result, not from its compute-dtype rounding)."""
-    plans: dict[str, CollectivePlan] = field(default_factory=dict)
-    """This group's :class:`CollectivePlan` for an estimate and for a commit."""
+    plans: dict[str, CollectivePlan] = field(default_factory=dict)  # by kind of round
     gather_compute: Optional[Callable[[RoundCollectives, torch.Tensor, torch.Tensor], None]] = None
     """``(coll, full, part)``: the exact all-gather of every rank's shard into a compute buffer (a packed group's
     through its gather buffer)."""
@@ -128,7 +112,6 @@ class RoundBuffers(list):
         self.estimate = KeptEstimate(saved["kept_count"], saved["kept_nonfinite"])
 
     def reset(self) -> None:
-        """Zero what a dropped round state leaves behind: kept shards, what an estimate lost, int8 residuals."""
         for b in self:
             for t in (b.kept, b.est_residual):
                 if t is not None:
@@ -231,7 +214,8 @@ def round_bytes(buffers: Sequence[GroupBuffers], groups: Sequence[ShardedGroup],
     for g, b in zip(groups, buffers):
         commit += b.int8_rs.bytes_per_call if b.int8_rs is not None else \
             n * g.layout.shard_numel * torch.empty(0, dtype=comm).element_size()
-        commit += b.delta_ag.bytes_per_call if b.delta_ag is not None else n * g.layout.shard_numel * g.flat.element_size()
+        commit += b.delta_ag.bytes_per_call if b.delta_ag is not None else \
+            n * g.layout.shard_numel * g.flat.element_size()
     if not buffers or buffers[0].est_rs is None:
         return commit, commit
     return sum(b.est_rs.bytes_per_call + b.est_ag.bytes_per_call for b in buffers), commit

@@ -87,7 +87,7 @@ class Landing:
                 old = g.flat
                 g.bind(landed)
                 old.zero_()
-                self.grads.replace(self.grads.inactive, i, old)
+                self.grads.replace(i, old)
             elif mode == COPY:
                 g.flat.copy_(landed)
                 taken[i].zero_()

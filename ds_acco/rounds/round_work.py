@@ -1,12 +1,5 @@
-"""What one round computes, on the communication thread: counts, reduce-scatter, shard step, all-gather.
-
-The training thread decides *when* a round runs (:mod:`ds_acco.rounds.engine`); this module is
-*what* it does once it runs, in the order of docs/algorithms.md's "Rounds": an all-gather of
-every rank's micro-batch count (with its non-finite flag and its pacing vote), the
-reduce-scatter of the accumulator it was handed into this rank's fp32 shard, the estimate's
-kept shard (acco: the estimate keeps its reduced shard, the commit adds it back), the mean,
-clipping by the global norm, the optimizer's lookahead or step, and the all-gather of the new
-parameters into the landing buffer.
+"""What one round computes, on the communication thread, in the order of docs/algorithms.md's "Rounds": counts,
+reduce-scatter, kept estimate, mean, clip, lookahead or step, all-gather (the schedules say *when*).
 
 [Note: how acco's estimate/commit is computed with two gradient buffers]
 docs/algorithms.md keeps ``A_t`` in the local accumulator so ``B_t`` adds on top of it
@@ -42,10 +35,8 @@ from ds_acco.optim.shard_optimizer import ShardOptimizer
 from .group_buffers import KeptEstimate, RoundBuffers
 from .landing import Landing
 
-ESTIMATE, COMMIT = Kind.ESTIMATE, Kind.COMMIT
 STOPPING = 2
 """The bit of the count all-gather's flag element that says "this rank was sent SIGTERM"."""
-__all__ = ["COMMIT", "ESTIMATE", "KeptEstimate", "RoundOutcome", "RoundWork"]
 
 
 @dataclass
@@ -83,8 +74,7 @@ class CountRow(NamedTuple):
 
 @dataclass
 class CountRows:
-    """Every rank's :class:`CountRow`, as gathered (a numpy ``(world_size, columns)`` array: reading it issues no
-    operation), by field."""
+    """Every rank's :class:`CountRow`, by field (read from a numpy array: reading it issues no operation)."""
 
     counts: list[int]
     nonfinite: bool
@@ -112,10 +102,9 @@ class RoundWork:
         self.coll, self.shard_optimizer, self.lr_clock = coll, shard_optimizer, lr_clock
         self.config, self.clip, self._on_stage = config, clip, on_stage
         self.rank, self.device = coll.rank, groups[0].flat.device
+        # the gradient noise scale weighs the adaptive policy's batches for auto
         self.measures_noise = config.mode == Mode.AUTO and config.policy != Policy.FIXED
-        """Whether rounds measure the gradient noise scale (auto weighs the adaptive policy's batches with it)."""
         self._own_slice = [ViewCache(lambda t, g=g: g.layout.shard(t, self.rank), size=4) for g in self.groups]
-        """This rank's slice of a landing buffer, per group, cut once per buffer."""
 
     def _lookahead_writes(self) -> list[bool]:
         """Per group: whether the lookahead writes every element of its publish buffer (a master as long as its
@@ -141,12 +130,12 @@ class RoundWork:
         start, coll = handle.clock.now(), self.coll
         sent0, recv0 = coll.wire.sent, coll.wire.received
         # the noise scale needs a mean over exactly these accumulators: not acco's commit (it adds the estimate's)
-        noise = self.measures_noise and (kind == ESTIMATE or mode == Mode.SYNC)
+        noise = self.measures_noise and (kind == Kind.ESTIMATE or mode == Mode.SYNC)
         rows = self._counts(handle, grads, count, scale, figures, noise)
         total, nonfinite = sum(rows.counts), rows.nonfinite
         self._enter_stage(handle, "reduce-scatter")
         shards = self._reduce_scatter(kind, mode, grads, scale)
-        if kind == ESTIMATE:
+        if kind == Kind.ESTIMATE:
             self.buffers.estimate = KeptEstimate(total, nonfinite)
         elif mode == Mode.ACCO:
             total += self.buffers.estimate.count
@@ -161,7 +150,7 @@ class RoundWork:
         skipped = (self.config.check_finite and nonfinite) or total == 0
         grad_norm = self._step(kind, shards, publish, total, noise) if not skipped else float("nan")
         if skipped:
-            if kind == COMMIT:
+            if kind == Kind.COMMIT:
                 self.shard_optimizer.skip()
             self.publish_masters(publish)
         self._enter_stage(handle, "all-gather")
@@ -188,7 +177,7 @@ class RoundWork:
     def _reduce_scatter(self, kind: str, mode: str, grads: list[torch.Tensor], scale: float) -> list[torch.Tensor]:
         """Every group's accumulator summed into this rank's fp32 shard (unscaled; acco's commit adds the kept
         estimate's, an estimate keeps its own)."""
-        acco = kind == COMMIT and mode == Mode.ACCO
+        acco = kind == Kind.COMMIT and mode == Mode.ACCO
         for i, (g, buf, b) in enumerate(zip(self.groups, grads, self.buffers)):
             b.plans[kind].reduce_scatter(self.coll, g.comm_input(buf, b.comm_scratch), acco)
             if self.landing.round_zeroes(i):
@@ -196,7 +185,7 @@ class RoundWork:
         shards = [b.shard32 for b in self.buffers]
         if scale != 1.0:  # unscaled sums, so an estimate and a commit made under different loss scales add up
             _each("mul_", shards, 1.0 / scale)
-        if kind == ESTIMATE:
+        if kind == Kind.ESTIMATE:
             _each("copy_", [b.kept for b in self.buffers], shards)
         elif acco:
             _each("add_", shards, [b.kept for b in self.buffers])
@@ -209,7 +198,7 @@ class RoundWork:
         _each("div_", shards, total)
         grad_norm = self._clip_global_norm(shards) if self.clip > 0 or noise else float("nan")
         scratch = [b.step_scratch for b in self.buffers]
-        if kind == ESTIMATE:
+        if kind == Kind.ESTIMATE:
             # padding beyond a master's own elements comes from here; the lookahead writes the rest
             whole = self._lookahead_writes()
             self.publish_masters([p for p, w in zip(publish, whole) if not w],

@@ -1,12 +1,8 @@
-"""When rounds launch and land: one small object per schedule, behind one protocol.
+"""When rounds launch and land: one small object per schedule, behind one protocol, so that a new mode is one class.
 
-A job's micro-batches run under one schedule at a time: :class:`SyncSchedule` (``sync``, and every overlapped mode's
-warm-up), :class:`FixedSchedule` (``dpu`` and ``acco``, fixed policy), :class:`AdaptiveSchedule`, or the streaming
-phase ``mode: "auto"`` may switch to (``ds_acco.streaming.phase``, which implements :class:`Schedule` without
-importing this layer). The engine holds the one the round state calls for and swaps it
-(:meth:`RoundEngine._reschedule <ds_acco.rounds.engine.RoundEngine._reschedule>`). A schedule decides *when*; the
-driver below it (:mod:`ds_acco.rounds.driver`) launches, waits and swaps. Where ``mode: "auto"`` looks, a schedule
-hands the engine auto's :class:`~ds_acco.rounds.auto.mode.Decision` with its boundary, and the engine applies it.
+A job runs under one schedule at a time (or the streaming phase, which implements :class:`Schedule` without importing
+this layer); ``RoundEngine._reschedule`` picks it. A schedule decides *when*; the driver below it launches, waits and
+swaps; auto's :class:`~ds_acco.rounds.auto.mode.Decision` goes back up to the engine, which applies it.
 """
 
 from __future__ import annotations
@@ -21,16 +17,14 @@ from .auto.mode import Decision
 from .driver import RoundDriver
 
 Boundary = tuple[bool, Optional[Decision]]
-"""Whether the compute parameters changed (a swap or a step), and auto's choice there (None: none made). A choice
-without a swap is a look before the first round: the engine applies it, and the schedule that runs then ends the
-step."""
+"""Whether the compute parameters changed, and auto's choice there (None: none). A choice without a swap is a look
+before the first round: the engine applies it, and the schedule that runs then ends the step."""
 
 
 class Schedule(Protocol):
     """What the engine asks of the schedule that runs (each method: the engine's public one of the same name)."""
 
-    quota: int
-    """Micro-batches per worker before a round (or a streaming step) ends."""
+    quota: int  # micro-batches per worker before a round (or a streaming step) ends
 
     def after_micro_batch(self) -> Boundary: ...
     def wait(self) -> None: ...
@@ -39,11 +33,8 @@ class Schedule(Protocol):
     def finish(self) -> None: ...
     def exact_parameters(self) -> None: ...
 
-    def rebind(self) -> None:
-        """Point the parameters back at this schedule's buffers after a block bound others."""
-
-    def close(self, drain: bool) -> None:
-        """Release what the schedule holds (the engine closes after it)."""
+    def rebind(self) -> None: ...  # the parameters back on this schedule's buffers, after a block bound others
+    def close(self, drain: bool) -> None: ...  # release what it holds (the engine closes after it)
 
 
 class SyncSchedule:
@@ -89,8 +80,7 @@ class SyncSchedule:
         if r.flight is not None:
             r.flight.handle.wait()
 
-    def committed_buffers(self) -> Optional[list[torch.Tensor]]:
-        """(:mod:`ds_acco.rounds.committed` says which buffer holds them when)"""
+    def committed_buffers(self) -> Optional[list[torch.Tensor]]:  # (rounds/committed.py: which buffer, when)
         r = self.rounds
         self.quiesce()
         if r.config.all_gather_quantization == "int8":
@@ -161,7 +151,7 @@ class FixedSchedule(SyncSchedule):
         if landed == Kind.ESTIMATE and r.auto is not None and r.auto.due(s.commits + 1):
             chosen = r.auto.decision(r.figures, s, s.commits + 1, lr=r.shard_optimizer.lr)
         if chosen is not None and chosen.mode != Mode.ACCO:
-            r.launch(Kind.COMMIT, Mode.ACCO)  # the commit of this step, waited for: sync or streaming runs from θ_{t+1}
+            r.launch(Kind.COMMIT, Mode.ACCO)  # this step's commit, waited for: sync or streaming runs from θ_{t+1}
             r.complete()
             s.next_kind = Kind.COMMIT
         else:
@@ -173,5 +163,6 @@ class AdaptiveSchedule(FixedSchedule):
     """The adaptive policy: a round lands at the first micro-batch boundary after its communication ended (or at
     ``max_micro_batches_per_round``), with whatever each worker computed meanwhile."""
 
-    def ready(self) -> bool:
-        return self.rounds.round_over()
+    def ready(self) -> bool:  # (past timeout_s, RoundDriver.complete raises the timeout with its stage)
+        r, handle, cap = self.rounds, self.rounds.flight.handle, self.rounds.config.max_micro_batches_per_round
+        return handle.done() or (cap is not None and r.state.n >= cap) or handle.elapsed() > r.config.timeout_s

@@ -1,17 +1,11 @@
 """The round engine's own state in a checkpoint: what a resume needs beyond the front end's files.
 
-A front end's checkpoint (DeepSpeed's files, FSDP2's DCP shards) holds the compute parameters, the master shards
-and the optimizer; what only the round engine knows is held by parts that each save and load their own
-(``state_dict``/``load_state_dict``, as torch DCP's ``Stateful``): the schedule's position (:class:`RoundState`), the
-accumulator being filled (:class:`~ds_acco.layout.grad_buffers.GradBuffers`), the kept estimate, what an int4
-estimate lost and the int8 residuals (:class:`~ds_acco.rounds.group_buffers.RoundBuffers`), the learning-rate
-clock, a round that finished but was not yet swapped in (:class:`InFlight`: its result, as this rank's shard of the
-buffer it landed in) and a streaming phase's state; :meth:`RoundEngine.state_dict
-<ds_acco.rounds.engine.RoundEngine.state_dict>` composes them into one flat dict. Saving waits for the round in
-flight without swapping it in, so a checkpoint never changes the trajectory.
-
-The dict format is stable: checkpoints of earlier releases load (keys added since then have defaults on load), and
-every value is a plain ``str``, number, list or tensor, which torch's restricted unpickler loads.
+Each part saves and loads its own (``state_dict``/``load_state_dict``, as torch DCP's ``Stateful``): the schedule's
+position (:class:`RoundState`), ``GradBuffers``, ``RoundBuffers``, the LR clock, a round finished but not yet swapped
+in (:class:`InFlight`) and the streaming phase; ``RoundEngine.state_dict`` merges them into one flat dict. Saving
+waits for the round in flight without swapping it in, so a checkpoint never changes the trajectory. The format is
+stable: earlier releases' checkpoints load (newer keys have defaults), and every value is a plain ``str``, number,
+list or tensor, which torch's restricted unpickler loads.
 """
 
 from __future__ import annotations
@@ -33,22 +27,14 @@ FORMAT = 1
 class RoundState:
     """Where the engine is in its schedule; every field is saved and restored."""
 
-    commits: int = 0
-    """Commits applied (optimizer steps); warmup counts from it."""
-    micro_batches: int = 0
-    """Micro-batches this rank computed since the start of training."""
-    n: int = 0
-    """Micro-batches accumulated since the last launch (in the active accumulator)."""
-    next_kind: str = Kind.COMMIT
-    """The kind of the next round: ``estimate`` or ``commit`` (acco alternates them)."""
-    active_scale: float = 1.0
-    """The gradient scale the active accumulator's micro-batches were computed under."""
-    compute_committed: bool = True
-    """False while the compute parameters hold an estimate rather than committed parameters."""
-    mode: str = Mode.SYNC
-    """The mode rounds run in: the configured one, or what ``mode: "auto"`` chose last."""
-    policy: str = Policy.FIXED
-    """The acco policy rounds run under: the configured one, or what ``policy: "auto"`` chose last."""
+    commits: int = 0  # commits applied (optimizer steps); warmup counts from it
+    micro_batches: int = 0  # micro-batches this rank computed since the start of training
+    n: int = 0  # micro-batches accumulated since the last launch (in the active accumulator)
+    next_kind: str = Kind.COMMIT  # acco alternates estimates and commits
+    active_scale: float = 1.0  # the gradient scale the active accumulator's micro-batches were computed under
+    compute_committed: bool = True  # False while the compute parameters hold an estimate
+    mode: str = Mode.SYNC  # the configured mode, or what mode "auto" chose last
+    policy: str = Policy.FIXED  # the configured acco policy, or what policy "auto" chose last
     sync_quota: int = 0
     """Micro-batches per worker a sync round commits (0: ``G``); ``mode: "auto"`` sets ``G/2`` when it runs sync at
     half the accumulation (where the policy may change the batch)."""
@@ -57,8 +43,7 @@ class RoundState:
         return {f.name: str(v) if isinstance(v, str) else v for f in fields(self) for v in [getattr(self, f.name)]}
 
     def load_state_dict(self, saved: dict) -> None:
-        """Every field from ``saved``; one an earlier release did not save takes its default (the mode and policy:
-        what rounds run in now)."""
+        """Every field from ``saved``; one an earlier release did not save takes its default (mode, policy: now's)."""
         now = {"mode": self.mode, "policy": self.policy}
         for f in fields(self):
             setattr(self, f.name, saved.get(f.name, now.get(f.name, f.default)))

@@ -185,13 +185,6 @@ class StreamingEngine(EngineLifecycle):
             frag.anchor.copy_(frag.flat)  # θ_g,p = θ̂_g,p = θ_i,p
             frag.master.copy_(frag.layout.shard(frag.anchor, self.rank))
 
-    def start_at(self, step: int) -> None:
-        """Count inner steps from ``step`` on: a phase entered mid-run (a fragment round's record counts the
-        steps since the fragment's last sync, which is the switch)."""
-        self.inner_steps = step
-        for frag in self.fragments:
-            frag.last_sync = step
-
     # ------------------------------------------------------------ training side
     def fragment_at(self, step: int) -> Optional[int]:
         """The fragment that synchronises at inner step ``step`` (1-based), or None."""

@@ -16,12 +16,9 @@ holds that engine. Switching to streaming keeps the engine and changes what a st
   rank's norm, stepped at the learning rate the scheduler gives the shard optimizer;
 * ``θ_g`` and the outer momentum are the streaming engine's fragment shards.
 
-The phase is the round engine's schedule from the switch on (it implements ``ds_acco.rounds.schedules.Schedule``,
-which this layer does not import): the round engine still counts micro-batches, and every ``G`` of them the phase
-steps and tells the front end as a commit would (``on_swap``: DeepSpeed's step counters). The switch happens where
-every rank holds the committed parameters (after a sync commit, after the commit an acco step ends with, or before
-a job's first round); it is one-way: fragment rounds say nothing about what a gradient round would cost now, so auto
-does not choose again (a resume re-enters the phase from its state).
+The phase is the round engine's schedule from the switch on (ARCHITECTURE.md). The switch is one-way: fragment
+rounds say nothing about what a gradient round would cost now, so auto does not choose again (a resume re-enters the
+phase from its state).
 
 It costs a full copy of the optimizer state per rank (stage 0's memory): ``acco.auto.streaming`` is off
 unless set. The shard state the gradient modes keep (masters and moments) is idle here; :meth:`write_back`
@@ -67,14 +64,10 @@ class StreamingPhase:
         groups: the round engine's sharded groups (fp32, no packing: :meth:`PhaseFactory.check`).
         shard_optimizer: steps the master shards; its class, settings and state seed the inner optimizer.
         fragments: ``P`` lists of the groups' parameters (:func:`ds_acco.streaming.fragments_of`).
-        config: the ``"acco"`` block (mode ``auto``); its ``streaming`` block configures the phase.
-        G: micro-batches per worker per step; clip: this rank's gradient-norm clip (0: off).
-        on_stop: the front end's hand-over after a SIGTERM every rank learned of.
-        piece_bytes: the piece size the round engine's collectives agreed on (None: unpaced). A fresh group
+        config: the ``"acco"`` block (mode ``auto``); G: micro-batches per worker per step; clip: this rank's clip.
+        piece_bytes: the piece size the round engine's collectives agreed on (None: unpaced): a fresh group
             starts unpaced, and on a shaped link the state's all-gather then moved at half the link rate.
-        clock: the round engine's (:mod:`ds_acco.comm.clock`): fragment rounds go to the same telemetry as its rounds.
-        rounds: the round engine whose schedule the phase becomes (its round state, accumulators, learning-rate
-            clock and telemetry; the front end is told through it); None: a phase stepped by hand.
+        rounds: the round engine whose schedule the phase becomes; None: a phase stepped by hand.
     """
 
     def __init__(self, groups: Sequence[ShardedGroup], shard_optimizer: ShardOptimizer,
@@ -92,14 +85,13 @@ class StreamingPhase:
                                       broadcast=False, clock=clock)
         self.engine.coll.piece_bytes = piece_bytes  # the round engine's agreed pacing (ds_acco.comm.link_pacing)
         if rounds is not None:  # fragment rounds are this job's rounds, and the schedule counts its steps
-            self.engine.telemetry = rounds.telemetry
-            self.engine.start_at(rounds.state.commits)
+            self.engine.telemetry, self.engine.inner_steps = rounds.telemetry, rounds.state.commits
+            for frag in self.engine.fragments:
+                frag.last_sync = rounds.state.commits  # (a fragment round's record counts the steps since)
         self.rank, self.world_size = self.engine.rank, self.engine.world_size
         self.inner, pending = self._twin(shard_optimizer.optimizer)
         self.engine.inner_optimizer = self.inner
-        self.gathered_bytes, self.gather_s, self.waited_s, self.switch_s = 0, 0.0, 0.0, 0.0
-        """What gathering the optimizer state sent and took, how long the first step waited for it, and what the
-        switch took (real time: costs, whatever the clock)."""
+        self.gathered_bytes, self.gather_s, self.waited_s, self.switch_s = 0, 0.0, 0.0, 0.0  # (real time: costs)
         self._pending = self.engine.submit("optimizer state", lambda h: self._gather(pending))
 
     # ------------------------------------------------------------ the inner optimizer
@@ -150,8 +142,7 @@ class StreamingPhase:
                 self.inner.state[p][key].copy_(v)
         self.gather_s, self.gathered_bytes = time.perf_counter() - t0, coll.wire.sent - sent
 
-    def _ready(self) -> None:
-        """Wait for the optimizer state before anything reads it or uses the group."""
+    def _ready(self) -> None:  # the optimizer state, before anything reads it or uses the group
         if self._pending is None:
             return
         handle, self._pending = self._pending, None
@@ -164,12 +155,10 @@ class StreamingPhase:
                         self.waited_s)
 
     # ------------------------------------------------------------ the round engine's schedule
-    def after_micro_batch(self) -> tuple[bool, None]:
-        """Every ``G`` micro-batches an inner step (and the fragment schedule)."""
+    def after_micro_batch(self) -> tuple[bool, None]:  # every G micro-batches an inner step
         return (self.rounds.state.n >= self.G and self._step_rounds(self.rounds.state.n)), None
 
-    def _step_rounds(self, count: int) -> bool:
-        """:meth:`step` on the round engine's accumulators, counted and recorded as a commit would be."""
+    def _step_rounds(self, count: int) -> bool:  # counted and recorded as a commit would be
         r, s = self.rounds, self.rounds.state
         t0 = r.clock.now()
         scheduler_steps = r.lr_clock.advances(count * r.world_size)
@@ -232,8 +221,7 @@ class StreamingPhase:
 
     # ------------------------------------------------------------ the global parameters
     def global_buffers(self) -> list[torch.Tensor]:
-        """``θ_g`` in the groups' flat layout, one fresh buffer per group (collective; the round in flight is
-        waited for, not merged, so the trajectory is unchanged)."""
+        """``θ_g`` in the groups' flat layout (collective; the round in flight is waited for, not merged)."""
         self._ready()
         self.engine.quiesce()
         out = [g.layout.new_buffer(g.flat) for g in self.groups]
@@ -268,13 +256,11 @@ class StreamingPhase:
             if "step" in mine:  # DeepSpeed's FusedAdam counts steps per group
                 shard["step"] = mine["step"]
 
-    def consolidate(self) -> None:
-        """Every replica becomes ``θ_g`` exactly (collective: the end of training, before an export)."""
+    def consolidate(self) -> None:  # every replica becomes θ_g exactly (collective)
         self._ready()
         self.engine.consolidate()
 
     def rebind(self) -> None:
-        """Point the parameters back at the fragment buffers (after a block that bound other values)."""
         for frag in self.engine.fragments:
             rebind_params(frag.params, frag.layout, frag.flat)
 
@@ -346,14 +332,12 @@ class PhaseFactory:
         return state * groups[0].layout.world_size + 8 * numel + 8 * largest + 5 * numel
 
     def __call__(self, groups, shard_optimizer, **options) -> StreamingPhase:
-        """The phase over these fragments (``options``: :class:`StreamingPhase`'s keyword arguments)."""
         return StreamingPhase(groups, shard_optimizer, self.fragments, **options)
 
     def enter(self, rounds: Any) -> Optional[StreamingPhase]:
-        """The phase as ``rounds``' schedule, built over its groups and shard optimizer at a step boundary where every
-        rank holds the committed parameters (collective). None where some rank has not the memory for it (the inner
-        optimizer's full state and the fragment buffers, with room to spare): every rank then stays in the gradient
-        modes, with a WARNING, since a job must not fail mid-run for a switch it did not need."""
+        """The phase as ``rounds``' schedule, at a step boundary where every rank holds the committed parameters
+        (collective). None where some rank has not the memory for it: a job must not fail mid-run for a switch it
+        did not need."""
         need, free = self.bytes_needed(rounds.groups, rounds.shard_optimizer), free_bytes(rounds.device)
         fits = rounds.coll.all_gather_small(torch.tensor([int(free is None or need < 0.8 * free)], device=rounds.device))
         if not bool(fits.all()):

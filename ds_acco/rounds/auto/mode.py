@@ -19,7 +19,6 @@ from typing import Callable, Optional
 import torch
 
 from ds_acco.config import AccoConfig
-
 from ds_acco.config.names import Kind, Policy
 
 from .choice import ACCO, FIGURES, HALF, STREAMING, SYNC, choose, percent
@@ -122,8 +121,7 @@ class Decision:
     sync_quota: int
 
     def apply(self, state) -> str:
-        """Set it on a :class:`~ds_acco.rounds.state.RoundState` (streaming keeps the gradient modes' settings, for a
-        resume that cannot stream); returns the mode."""
+        """Set it on a ``RoundState`` (streaming keeps the gradient modes' settings: a resume may not stream)."""
         state.mode = self.mode
         if self.mode == ACCO:
             state.policy = self.policy
@@ -251,15 +249,8 @@ class AutoMode:
             self.timer.enter(choice.mode)  # (streaming's steps are not timed: auto does not choose after it)
         return Decision(choice.mode, choice.policy, quota)
 
-    def decide(self, figures: Optional[list], state, step: int, lr: Optional[float] = None) -> str:
-        """:meth:`decision`, applied to ``state`` at once (a caller without an engine: a simulator, a test);
-        returns the mode that runs."""
-        chosen = self.decision(figures, state, step, lr)
-        return state.mode if chosen is None else chosen.apply(state)
-
     def start_probe(self, submit, coll) -> None:
-        """Probe the link on the communication thread, behind the rest of step 1's compute
-        (:meth:`ds_acco.comm.collectives.RoundCollectives.probe_link`): the look before the first round reads it."""
+        """Probe the link on the communication thread, behind the rest of step 1's compute: the look reads it."""
         self.probe = submit("link probe", lambda handle: coll.probe_link())
 
     def wait_probe(self) -> Optional[float]:
@@ -269,8 +260,7 @@ class AutoMode:
         handle, self.probe = self.probe, None
         return handle.wait()
 
-    def refuse_streaming(self) -> None:
-        """Some rank has not the memory streaming needs: stay in sync and never offer it again."""
+    def refuse_streaming(self) -> None:  # some rank has not the memory streaming needs: sync, and never again
         self.streaming_refused = True
         self.timer.enter(SYNC)
 

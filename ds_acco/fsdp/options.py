@@ -65,19 +65,6 @@ def fsdp_config(block: Any) -> AccoConfig:
             "use ds_acco.initialize for DeepSpeed, or set acco.backend to 'fsdp'"
         )
     config = parse_acco_config(rest)
-    if config.all_gather_quantization != "none":
-        raise AccoConfigError(
-            f"acco.all_gather_quantization: got {config.all_gather_quantization!r}; the FSDP front end allows "
-            "'none' only (its DCP checkpoints hold FSDP2's master shards, not the int8-rounded parameters the "
-            "replicas train on, so a resume could not continue exactly). Low-bit all-gathers run on the "
-            "DeepSpeed and plain front ends"
-        )
-    if config.estimate_quantization != "same":
-        raise AccoConfigError(
-            f"acco.estimate_quantization: got {config.estimate_quantization!r}; the FSDP front end allows 'same' "
-            "only (an int4 estimate lands as a delta from the parameters every rank holds, which FSDP2 keeps "
-            "sharded). It runs on the DeepSpeed and plain front ends"
-        )
     return config
 
 

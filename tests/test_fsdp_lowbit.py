@@ -111,3 +111,64 @@ def test_a_damaged_round_state_is_refused_on_every_rank_naming_the_file(results)
     assert errors[0] == errors[1], errors
     assert errors[0] is not None and errors[0].startswith("CheckpointError") and f"{name}: expected xxh3_64" in errors[0], \
         errors[0]
+
+
+# ----------------------------------------------------------------- what the front end takes (in process)
+LOWBIT_SWITCHES = {"comm_quantization": "int8", "error_feedback": True, "all_gather_quantization": "int8",
+                   "estimate_quantization": "int4", "quantization_block_size": 64}
+
+
+@pytest.mark.parametrize("block", [
+    LOWBIT_SWITCHES, {"all_gather_quantization": "int8_estimate"},
+    dict(LOWBIT_SWITCHES, mode="fastest", policy="fastest", auto={"streaming": False}),
+])
+def test_the_fsdp_front_end_takes_every_low_bit_switch(block):
+    from ds_acco.fsdp.options import fsdp_config
+
+    config = fsdp_config(dict(block, backend="fsdp"))
+    assert {k: getattr(config, k) for k in block if k not in ("auto",)} == \
+        {k: "auto" if v == "fastest" else v for k, v in block.items() if k not in ("auto",)}
+
+
+@pytest.mark.parametrize("block, field, value, allowed", [
+    ({"mode": "streaming"}, "acco.mode", "'streaming'", "allowed there: 'sync', 'dpu', 'acco', 'auto'"),
+    ({"mode": "fastest", "auto": {"streaming": True}}, "acco.auto.streaming", "True", "allowed there: false"),
+])
+def test_streaming_is_refused_at_start_up_naming_the_field_and_why(block, field, value, allowed):
+    """Refused before any process group or FSDP2 work (this process has none), by acco_fully_shard itself."""
+    from ds_acco.config.front_ends import REFUSALS
+    from ds_acco.errors import AccoConfigError
+    from ds_acco.fsdp import acco_fully_shard, load_job_config
+
+    with pytest.raises(AccoConfigError) as exc:
+        acco_fully_shard(W.make_model(), acco_config=dict(block, backend="fsdp"), gradient_accumulation_steps=2)
+    message = str(exc.value)
+    assert message.startswith(f"{field}: got {value} on the FSDP2 (ds_acco.fsdp.acco_fully_shard) front end")
+    assert allowed in message and "Why: " in message
+    assert [r.why for r in REFUSALS if f"acco.{r.field}" == field][0] in message
+    # "enabled": false is stock FSDP2: the block's switches are not read
+    assert load_job_config({"acco": dict(block, backend="fsdp", enabled=False)}).acco["enabled"] is False
+
+
+def test_the_low_bit_preset_reads_as_the_deepspeed_one():
+    """ds_configs/fsdp_auto_lowbit.json is auto_lowbit.json's acco block for FSDP2 (no auto.streaming), and
+    ``warmup_steps: "scheduler"`` reads the WarmupLR block's steps, as on DeepSpeed."""
+    import json
+    import os
+
+    from ds_acco.errors import AccoConfigError
+    from ds_acco.fsdp.options import fsdp_config, load_job_config
+
+    configs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ds_configs")
+    job = load_job_config(os.path.join(configs, "fsdp_auto_lowbit.json"))
+    with open(os.path.join(configs, "auto_lowbit.json"), encoding="utf-8") as f:
+        deepspeed = json.load(f)["acco"]
+    assert {k: v for k, v in job.acco.items() if k != "backend"} == deepspeed
+    config = fsdp_config(job.acco)
+    assert (config.mode, config.all_gather_quantization, config.estimate_quantization) == ("auto", "int8", "int4")
+    with open(os.path.join(configs, "fsdp_acco.json"), encoding="utf-8") as f:
+        raw = json.load(f)
+    raw["acco"]["warmup_steps"] = "scheduler"
+    assert load_job_config(raw).acco["warmup_steps"] == raw["scheduler"]["params"]["warmup_num_steps"] == 10
+    with pytest.raises(AccoConfigError, match="acco.warmup_steps: got 'scheduler', but the config has no scheduler"):
+        load_job_config(dict(raw, scheduler=None))

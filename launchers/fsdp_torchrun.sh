@@ -8,7 +8,8 @@ usage: $(basename "$0") [-n NPROC] [-p PORT] CONFIG [train_lm_fsdp args...]
 
   -n NPROC  processes (ranks) on this machine (default: \$NPROC or 2)
   -p PORT   rendezvous port (default: \$MASTER_PORT; unset: torchrun --standalone picks a free one)
-  CONFIG    JSON config with an "acco" block saying "backend": "fsdp", e.g. ds_configs/fsdp_acco.json
+  CONFIG    JSON config with an "acco" block saying "backend": "fsdp", e.g. ds_configs/fsdp_acco.json,
+            or ds_configs/fsdp_auto_lowbit.json (mode auto with every low-bit switch)
   the rest  goes to train_lm_fsdp (--steps, --model-size, --save-dir, --resume, ...; see its --help)
 
 Runs: torchrun --standalone --nproc_per_node NPROC -m examples.train_lm_fsdp \\
@@ -19,6 +20,7 @@ defaults to (cores / NPROC), at least 1. If a rank fails torchrun stops the othe
 this script exits non-zero.
 
 example: $(basename "$0") -n 2 ds_configs/fsdp_acco.json --steps 50
+         $(basename "$0") -n 2 ds_configs/fsdp_auto_lowbit.json --steps 50
 USAGE
 }
 

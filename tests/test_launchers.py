@@ -245,8 +245,10 @@ FSDP_SUMMARY = re.compile(r"\[train_lm_fsdp\] done: steps (\d+) \| ranks (\d+) \
 
 
 def test_fsdp_example_under_mpiexec():
-    """examples.train_lm_fsdp finds its ranks through MPI discovery under mpiexec (its only launch)."""
-    result = _launch("fsdp_mpirun.sh", os.path.join(CONFIGS, "fsdp_acco.json"), "--steps", "3", "--seq-len", "64")
+    """examples.train_lm_fsdp finds its ranks through MPI discovery under mpiexec (its only launch), with the FSDP2
+    low-bit preset (mode auto, int8 reduce-scatter and all-gathers, int4 estimates)."""
+    result = _launch("fsdp_mpirun.sh", os.path.join(CONFIGS, "fsdp_auto_lowbit.json"), "--steps", "3", "--seq-len",
+                     "64")
     assert result.returncode == 0, result.stdout[-4000:]
     found = FSDP_SUMMARY.findall(result.stdout)
     assert len(found) == 1, result.stdout[-4000:]

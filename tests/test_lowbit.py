@@ -320,16 +320,3 @@ def test_bad_low_bit_config_names_field_value_and_allowed(block, message):
     if "all_gather_quantization: got 'int4'" in message:
         assert "'none'" in str(exc.value) and "'int8_estimate'" in str(exc.value)
 
-
-def test_fsdp_front_end_refuses_low_bit_all_gather():
-    from ds_acco.fsdp.options import fsdp_config as _fsdp_config
-
-    with pytest.raises(AccoConfigError, match="acco.all_gather_quantization: got 'int8'; the FSDP front end"):
-        _fsdp_config({"backend": "fsdp", "mode": "acco", "all_gather_quantization": "int8"})
-
-
-def test_fsdp_front_end_refuses_int4_estimates():
-    from ds_acco.fsdp.options import fsdp_config as _fsdp_config
-
-    with pytest.raises(AccoConfigError, match="acco.estimate_quantization: got 'int4'; the FSDP front end allows 'same'"):
-        _fsdp_config({"backend": "fsdp", "mode": "acco", "estimate_quantization": "int4"})

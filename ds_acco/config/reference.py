@@ -25,6 +25,7 @@ import typing
 
 from pydantic import BaseModel
 
+from .front_ends import FRONT_ENDS, REFUSALS
 from .blocks import AutoConfig, CheckpointConfig, PreemptionConfig, StreamingConfig, TelemetryConfig
 from .schema import AccoConfig
 
@@ -122,7 +123,21 @@ def render() -> str:
             rows.append(f"| `{field}` | {_kind(info.annotation, info.metadata)} | {_default(info)} "
                         f"| {_cell(docs[field])} |")
         parts.append("\n".join(rows) + "\n")
+    parts.append(front_ends())
     return "\n".join(parts)
+
+
+def front_ends() -> str:
+    """The switches a front end refuses at start-up (:mod:`~ds_acco.config.front_ends`), as one table."""
+    rows = ["| field | value | refused by | allowed there | why |", "|---|---|---|---|---|"]
+    for r in REFUSALS:
+        rows.append(f"| `acco.{r.field}` | `{_json(r.value)}` | {FRONT_ENDS[r.front_end]} | {_cell(r.allowed)} "
+                    f"| {_cell(r.why)} |")
+    return ("## Front ends\n\nThe FSDP2 front end takes every field above as the DeepSpeed front end does, the "
+            "low-bit rounds (`comm_quantization`, `all_gather_quantization`, `estimate_quantization`) included, "
+            "except the values below, each refused at start-up with an error that names the field, the value, what "
+            "is allowed there and why (how each front end runs: [FSDP2](fsdp.md), [usage](usage.md)):\n\n"
+            + "\n".join(rows) + "\n")
 
 
 def main(argv=None) -> int:

@@ -33,7 +33,9 @@ Where the buffers live (the FSDP2 internals used, checked at start-up: :mod:`ds_
 While training, the rounds own the parameters: no ``optimizer.step()``,
 ``model.to()`` or ``model.load_state_dict()`` of your own.
 
-What is not supported, and fails at start-up with a message saying so: HSDP
+Every ``"acco"`` switch of the DeepSpeed front end runs here, low-bit rounds included, but ``mode:
+"streaming"`` and ``auto.streaming``, refused at start-up with the reason (:mod:`ds_acco.config.front_ends`).
+What FSDP2 set-ups are not supported, and fail at start-up with a message saying so: HSDP
 and other 2-D meshes, tensor/expert parallel (DTensor) parameters, CPU offload,
 ``shard_placement_fn`` sharding on a dim other than 0, all-gather extensions
 (float8), parameters outside FSDP, and a torch that lacks an FSDP2 internal used

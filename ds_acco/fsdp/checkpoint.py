@@ -11,8 +11,14 @@ The DCP state dict has these entries:
 * ``"acco"``: replicated metadata (world size, config fingerprint, commits,
   scheduler state, compute dtypes, layout) as one opaque blob.
 * ``"acco_rank<r>"`` (ACCO only): rank ``r``'s round state
-  (:meth:`RoundEngine.state_dict`) and its shard of the compute parameters (they
-  differ from the masters after an estimate), as one opaque blob per rank.
+  (:meth:`RoundEngine.state_dict`: the kept estimate, what an int4 estimate lost,
+  the int8 error-feedback residuals, a finished round's landed shard) and its
+  shard of the compute parameters, as one opaque blob per rank in rank ``r``'s
+  own DCP file, hashed (and signed) by the manifest like the rest. The compute
+  parameters are what the replicas train on: they differ from the masters after
+  an estimate, and with ``all_gather_quantization: "int8"`` after every round by
+  the delta's rounding; a load all-gathers them exactly, so the replicas resume
+  on the very values they held.
 * ``"extra"``: the caller's replicated values, if any.
 
 On load with the same world size and ``"acco"`` block the run continues exactly

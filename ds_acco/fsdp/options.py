@@ -7,7 +7,8 @@ FSDP2 would otherwise move each gradient into its own accumulator), and a DeepSp
 JSON job file, so one file format drives either backend.
 
 The ``"acco"`` block is the same one the DeepSpeed front end reads, plus
-``"backend": "fsdp"``. The top-level keys the FSDP front end understands mean
+``"backend": "fsdp"``; what this front end refuses of it, and why, is one table
+(:mod:`ds_acco.config.front_ends`) that docs/configuration.md lists. The top-level keys the FSDP front end understands mean
 what they mean to DeepSpeed::
 
     train_micro_batch_size_per_gpu   micro-batch size (for your data loader)
@@ -35,6 +36,7 @@ import torch
 from torch import nn
 
 from ds_acco.config import AccoConfig, parse_acco_config
+from ds_acco.config.front_ends import refuse_unsupported
 from ds_acco.errors import AccoConfigError
 from ds_acco.numerics.dtypes import DTYPES, dtype_name
 
@@ -64,21 +66,7 @@ def fsdp_config(block: Any) -> AccoConfig:
             f"acco.backend: got {backend!r}, but this is the FSDP front end (ds_acco.fsdp.acco_fully_shard); "
             "use ds_acco.initialize for DeepSpeed, or set acco.backend to 'fsdp'"
         )
-    config = parse_acco_config(rest)
-    if config.all_gather_quantization != "none":
-        raise AccoConfigError(
-            f"acco.all_gather_quantization: got {config.all_gather_quantization!r}; the FSDP front end allows "
-            "'none' only (its DCP checkpoints hold FSDP2's master shards, not the int8-rounded parameters the "
-            "replicas train on, so a resume could not continue exactly). Low-bit all-gathers run on the "
-            "DeepSpeed and plain front ends"
-        )
-    if config.estimate_quantization != "same":
-        raise AccoConfigError(
-            f"acco.estimate_quantization: got {config.estimate_quantization!r}; the FSDP front end allows 'same' "
-            "only (an int4 estimate lands as a delta from the parameters every rank holds, which FSDP2 keeps "
-            "sharded). It runs on the DeepSpeed and plain front ends"
-        )
-    return config
+    return refuse_unsupported("fsdp", parse_acco_config(rest))  # what it refuses, and why: ds_acco/config/front_ends.py
 
 
 def translate_mp_policy(mp_policy: Any, config: AccoConfig, model: nn.Module) -> tuple[Any, AccoConfig]:
@@ -135,7 +123,11 @@ def _positive_int(config: Mapping, key: str, default: int) -> int:
     return value
 
 
-def warmup_lr(warmup_min_lr: float = 0.0, warmup_max_lr: float = 0.001, warmup_num_steps: int = 1000,
+_WARMUP_DEFAULT = 1000
+"""``WarmupLR``'s ``warmup_num_steps`` when its block gives none (DeepSpeed's default)."""
+
+
+def warmup_lr(warmup_min_lr: float = 0.0, warmup_max_lr: float = 0.001, warmup_num_steps: int = _WARMUP_DEFAULT,
               warmup_type: str = "log") -> Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LambdaLR]:
     """DeepSpeed's ``WarmupLR`` as a torch ``LambdaLR`` factory (the optimizer's lr is set to ``warmup_max_lr``).
 
@@ -211,5 +203,17 @@ def load_job_config(config: Union[str, os.PathLike, Mapping[str, Any]]) -> FSDPJ
         if isinstance(config["acco"], Mapping) and "backend" in config["acco"] and backend != "fsdp":
             raise AccoConfigError(f"acco.backend: got {backend!r}; this config is read by the FSDP front end, "
                                   "which needs 'fsdp' (the DeepSpeed front end is ds_acco.initialize)")
-        job.acco = dict(config["acco"])
+        job.acco = _scheduler_warmup(dict(config["acco"]), sched)
     return job
+
+
+def _scheduler_warmup(block: dict, sched: Optional[Mapping]) -> dict:
+    """``warmup_steps: "scheduler"`` read from the ``WarmupLR`` block, as the DeepSpeed front end reads it (one number
+    in the file)."""
+    if block.get("warmup_steps") != "scheduler":
+        return block
+    if not sched:
+        raise AccoConfigError("acco.warmup_steps: got 'scheduler', but the config has no scheduler block; allowed: "
+                              "'scheduler' with a WarmupLR block (its params.warmup_num_steps), or an integer >= 0")
+    steps = (sched.get("params") or {}).get("warmup_num_steps", _WARMUP_DEFAULT)
+    return dict(block, warmup_steps=steps)

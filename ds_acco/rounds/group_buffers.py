@@ -17,7 +17,6 @@ from ds_acco.comm.collectives import RoundCollectives
 from ds_acco.comm.int8_collectives import Int8DeltaAllGather, Int8ReduceScatter
 from ds_acco.config import AccoConfig
 from ds_acco.config.names import Kind, Mode
-from ds_acco.errors import AccoConfigError
 from ds_acco.layout.sharded_group import ShardedGroup
 
 
@@ -123,19 +122,10 @@ class RoundBuffers(list):
 
 def build_group_buffers(groups: Sequence[ShardedGroup], config: AccoConfig, accum: torch.dtype, comm: torch.dtype,
                         world_size: int, device: torch.device) -> RoundBuffers:
-    """Allocate every group's round buffers for this config (a low-bit delta all-gather on rank-major packed
-    groups raises :class:`~ds_acco.errors.AccoConfigError`)."""
+    """Allocate every group's round buffers for this config."""
     int8 = config.comm_quantization == "int8"  # the int8 exchange reads any dtype, sums in fp32
     int4 = config.estimate_quantization == "int4"
     delta = config.all_gather_quantization != "none" or int4
-    if delta and any(g.packing is not None for g in groups):
-        field, value = ("estimate_quantization", "int4") if int4 else \
-            ("all_gather_quantization", config.all_gather_quantization)
-        raise AccoConfigError(
-            f"acco.{field}: got {value!r} for rank-major packed groups (FSDP2 layouts), whose low-bit delta "
-            f"would be taken in another layout than the parameters; allowed: "
-            f"{repr('same') if int4 else repr('none')}"
-        )
     publish32 = delta and any(g.flat.dtype != torch.float32 for g in groups)
     block = config.quantization_block_size
     out = []
@@ -198,10 +188,29 @@ def _plan(g: ShardedGroup, b: GroupBuffers, all_gather_quantization: str) -> Non
     exact = lambda coll, full, base, part: gather_compute(coll, full, part)  # noqa: E731
     q, int4 = all_gather_quantization, b.est_rs is not None
     b.gather_compute = gather_compute
-    b.plans[Kind.COMMIT] = CollectivePlan(sent_on if int4 else plain, b.delta_ag if q == "int8" else exact, q == "int8")
+    delta_ag, est_ag = (b.delta_ag, b.est_ag) if g.packing is None else map(_packed_delta(g, b), (b.delta_ag, b.est_ag))
+    b.plans[Kind.COMMIT] = CollectivePlan(sent_on if int4 else plain, delta_ag if q == "int8" else exact, q == "int8")
     b.plans[Kind.ESTIMATE] = CollectivePlan(
         (lambda coll, send, acco: b.est_rs(coll, b.shard32, send, residual_out=b.est_residual)) if int4 else plain,
-        b.est_ag if int4 else b.delta_ag if q != "none" else exact, int4 or q != "none")
+        est_ag if int4 else delta_ag if q != "none" else exact, int4 or q != "none")
+
+
+def _packed_delta(g: ShardedGroup, b: GroupBuffers) -> Callable:
+    """A low-bit delta all-gather for a rank-major packed group (FSDP2), whose shard ``r`` is not a slice of the
+    param-major compute buffers: the delta must be taken against the base in the shard's own (rank-major) layout.
+
+    No buffer of its own: the landing buffer ``full`` holds nothing yet, so the base is packed into it, the delta
+    all-gather lands in the gather buffer (free once the reduce-scatter sent), and that is unpacked into ``full``:
+    one model-sized copy more than the exact all-gather, bit for bit the values every rank computes alike."""
+    def wrap(ag):
+        if ag is None:
+            return None
+
+        def gather(coll, full, base, part):
+            ag(coll, b.gather_scratch, g.packing.pack(base, full), part)
+            g.packing.unpack(b.gather_scratch, full)
+        return gather
+    return wrap
 
 
 def round_bytes(buffers: Sequence[GroupBuffers], groups: Sequence[ShardedGroup], world_size: int,

@@ -3,7 +3,7 @@
 A page holds ``<!-- generated:NAME -->`` and, below it, ``<!-- /generated -->``; everything between them is
 :data:`benchmarks.report.pages.tables.TABLES` ``[NAME]()``, and nothing else in the page is touched. Run
 ``python -m benchmarks report`` after a new measurement (or a change to a table's code); ``--check`` only
-compares, as ``tests/test_docs.py`` does.
+compares, as ``tests/test_docs.py`` does. It also rewrites docs/projection.md (``python -m benchmarks.projection``).
 """
 
 from __future__ import annotations
@@ -61,4 +61,7 @@ def main(check: bool = False) -> int:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(new)
             print(f"{rel}: tables rewritten from bench_results/")
+    from benchmarks.projection.__main__ import main as projection  # docs/projection.md and its fit, alike
+
+    stale += projection(["--check"] if check else [], quiet=True)
     return 1 if check and stale else 0

@@ -1,8 +1,7 @@
 """The plain-PyTorch front end: ACCO for an ``nn.Module`` with no framework around it.
 
-The core's own layout: each torch param group becomes one flat buffer, this
-rank's fp32 master shard is cut from it, and the optimizer is built over the
-master shards with the group's hyper-parameters. The training loop is::
+The core's own layout: each torch param group becomes one flat buffer, this rank's fp32 master shard is cut from it, and
+the optimizer is built over the master shards with the group's hyper-parameters. The training loop is::
 
     engine = ds_acco.plain.build(model.parameters(), torch.optim.AdamW, {"lr": 1e-3},
                                  config={"mode": "acco"}, gradient_accumulation_steps=8)

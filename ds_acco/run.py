@@ -6,11 +6,9 @@
     mpiexec -n 2 python -m ds_acco.run train.py ...
     ds_acco-run train.py ...                      # the same, as an installed command
 
-It installs :func:`ds_acco.patch_deepspeed` and then runs the script as
-``__main__`` (``-m package.module`` runs a module instead), so every call to
-``deepspeed.initialize`` (including the one HF Accelerate makes for
-``Trainer``) builds an ACCO engine when the config has an enabled ``"acco"``
-block, and a stock engine otherwise.
+It installs :func:`ds_acco.patch_deepspeed` and then runs the script as ``__main__`` (``-m package.module`` runs a
+module instead), so every call to ``deepspeed.initialize`` (including the one HF Accelerate makes for ``Trainer``)
+builds an ACCO engine when the config has an enabled ``"acco"`` block, and a stock engine otherwise.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Atomic DeepSpeed checkpoints: a save interrupted at any point leaves the last good one.
 
-Both DeepSpeed front ends write their tag through :func:`atomic_save`: every rank writes
-into ``<tag>.partial``, the ranks hash every file into its manifest
-(:mod:`ds_acco.checkpoint.manifest`, :mod:`ds_acco.checkpoint.files`), and only then does
-rank 0 rename it to ``<tag>`` and replace ``latest``, so ``<tag>`` only ever appears complete
-and verifiable (with ``acco.checkpoint.fsync``, also after a node crash or a power loss).
-Stock DeepSpeed writes into ``<tag>`` directly and updates ``latest`` as it goes, so a job
-killed mid-save can resume from a half-written tag. What a crashed save left behind
-(``*.partial``) is reported and removed by the next save. Assumes ``save_dir`` is one shared
+Both DeepSpeed front ends write their tag through :func:`atomic_save`: every rank writes into ``<tag>.partial``, the
+ranks hash every file into its manifest (:mod:`ds_acco.checkpoint.manifest`, :mod:`ds_acco.checkpoint.files`), and only
+then does rank 0 rename it to ``<tag>`` and replace ``latest``, so ``<tag>`` only ever appears complete and verifiable
+(with ``acco.checkpoint.fsync``, also after a node crash or a power loss). Stock DeepSpeed writes into ``<tag>``
+directly and updates ``latest`` as it goes, so a job killed mid-save can resume from a half-written tag. What a crashed
+save left behind (``*.partial``) is reported and removed by the next save. Assumes ``save_dir`` is one shared
 filesystem, as DeepSpeed's own ``latest`` does; the ranks meet at barriers of the default group.
 """
 

@@ -1,17 +1,15 @@
 """Each checkpoint file hashed, and flushed to stable storage, on a background thread as soon as it is written.
 
-Why: verification should not lengthen a save. Hashing every file after the whole
-save re-reads it on the critical path; hashing each one as soon as it is closed, on a
-thread (``xxhash`` releases the GIL), overlaps that with the writing of the next file
-(DeepSpeed writes the model file, then each rank its optimizer file, then ds_acco the
-round state), where the node has a core to spare.
+Why: verification should not lengthen a save. Hashing every file after the whole save re-reads it on the critical path;
+hashing each one as soon as it is closed, on a thread (``xxhash`` releases the GIL), overlaps that with the writing of
+the next file (DeepSpeed writes the model file, then each rank its optimizer file, then ds_acco the round state), where
+the node has a core to spare.
 
-A second thread flushes each file with ``fsync`` (``acco.checkpoint.fsync``, on by
-default, as ``torch.distributed.checkpoint`` does for its own files): the manifest is
-the proof that a tag is complete, and after a power loss or a node crash that proof
-only holds if the files it names reached stable storage before it. DeepSpeed itself
-does not flush. A flush waits on the disk, not the CPU, so the flush of file k
-overlaps the writing of file k+1 on any node.
+A second thread flushes each file with ``fsync`` (``acco.checkpoint.fsync``, on by default, as
+``torch.distributed.checkpoint`` does for its own files): the manifest is the proof that a tag is complete, and after a
+power loss or a node crash that proof only holds if the files it names reached stable storage before it. DeepSpeed
+itself does not flush. A flush waits on the disk, not the CPU, so the flush of file k overlaps the writing of file
+k+1 on any node.
 """
 
 from __future__ import annotations

@@ -1,27 +1,24 @@
 """Verification while the loader parses: the agreed hash verdict gates the first use of a file's contents.
 
-Why: hashing every file a rank reads and agreeing with the other ranks took 8-9% of a
-page-cache load of a 50 M-parameter model (BENCHMARKS.md, "Checkpoint verification")
-while it ran before DeepSpeed read a byte, with nothing to overlap it. But parsing bytes
-is not using them: DeepSpeed's ``torch.load`` of a file may run while the file is hashed,
-as long as the state dict it returns reaches no module, optimizer or scheduler before
-every rank has verified every file. So:
+Why: hashing every file a rank reads and agreeing with the other ranks took 8-9% of a page-cache load of a
+50 M-parameter model (BENCHMARKS.md, "Checkpoint verification") while it ran before DeepSpeed read a byte, with nothing
+to overlap it. But parsing bytes is not using them: DeepSpeed's ``torch.load`` of a file may run while the file is
+hashed, as long as the state dict it returns reaches no module, optimizer or scheduler before every rank has verified
+every file. So:
 
-* the hashes of this rank's files, and the ranks' agreement, run on a background thread,
-  over a process group of their own (:class:`VerificationGroup`): the main thread is inside
-  DeepSpeed's loader meanwhile and may run collectives on the default group, which must
-  never interleave with ours;
-* DeepSpeed's ``checkpoint_engine.load`` is wrapped (:meth:`PendingVerdict.gating`): the file
-  is parsed, but its state dict is not returned before the agreed verdict is in, so a
-  refused load raises on every rank, with the same message, and leaves the engine as it was.
+* the hashes of this rank's files, and the ranks' agreement, run on a background thread, over a process group of their
+  own (:class:`VerificationGroup`): the main thread is inside DeepSpeed's loader meanwhile and may run collectives on
+  the default group, which must never interleave with ours;
+* DeepSpeed's ``checkpoint_engine.load`` is wrapped (:meth:`PendingVerdict.gating`): the file is parsed, but its state
+  dict is not returned before the agreed verdict is in, so a refused load raises on every rank, with the same message,
+  and leaves the engine as it was.
 
-Parsing an unverified file can only raise (the refusal then wins) or yield a state dict that
-is thrown away. A pickle crafted to run code on load was never in the manifest's scope (it
-detects damage, not tampering: :mod:`ds_acco.checkpoint.manifest`).
+Parsing an unverified file can only raise (the refusal then wins) or yield a state dict that is thrown away. A pickle
+crafted to run code on load was never in the manifest's scope (it detects damage, not tampering:
+:mod:`ds_acco.checkpoint.manifest`).
 
-Loads whose first step needs the verdict (a world-size change re-partitions through a
-universal checkpoint; no usable manifest; ``acco.checkpoint.salvage``; a file missing or
-of the wrong size) simply wait for it up front.
+Loads whose first step needs the verdict (a world-size change re-partitions through a universal checkpoint; no usable
+manifest; ``acco.checkpoint.salvage``; a file missing or of the wrong size) simply wait for it up front.
 """
 
 from __future__ import annotations

@@ -1,20 +1,18 @@
 """Checkpoint manifests: the files a ds_acco checkpoint consists of, with their sizes and hashes.
 
-Why: torch's zip reader does not check its CRCs on load, and neither DeepSpeed nor
-``torch.distributed.checkpoint`` checks what it reads, so a file damaged on disk (bytes
-overwritten, truncated, emptied, as a bad disk or a partial copy leaves it) either loads
-as garbage that trains to NaN or fails with an error that names no file. Every ds_acco
-save therefore ends with ``ds_acco_manifest.json`` in the checkpoint folder: each file
-with its size and content hash. It is written last and atomically, so a tag is complete
-exactly when its manifest is there (:mod:`ds_acco.checkpoint.verify` checks it on load).
+Why: torch's zip reader does not check its CRCs on load, and neither DeepSpeed nor ``torch.distributed.checkpoint``
+checks what it reads, so a file damaged on disk (bytes overwritten, truncated, emptied, as a bad disk or a partial copy
+leaves it) either loads as garbage that trains to NaN or fails with an error that names no file. Every ds_acco save
+therefore ends with ``ds_acco_manifest.json`` in the checkpoint folder: each file with its size and content hash. It is
+written last and atomically, so a tag is complete exactly when its manifest is there (:mod:`ds_acco.checkpoint.verify`
+checks it on load).
 
-The hash is xxHash's XXH3-64 (package ``xxhash``) over the file mapped into memory: about
-4 GB/s on one core where ``zlib.crc32``, the fallback without ``xxhash``, reaches 1.1 (BENCHMARKS.md,
-"Checkpoint verification"). Either detects accidental damage, not tampering. Each file is hashed
-in ranges (:data:`RANGE_BYTES`), each range once, by a rank that wrote (on save) or reads (on
-load) its file, and the ranks exchange the results. The manifest also records whether the
-masters and moments were finite at the save (``finite_at_save``), which spares a load whose
-files match their hashes from summing them again.
+The hash is xxHash's XXH3-64 (package ``xxhash``) over the file mapped into memory: about 4 GB/s on one core where
+``zlib.crc32``, the fallback without ``xxhash``, reaches 1.1 (BENCHMARKS.md, "Checkpoint verification"). Either detects
+accidental damage, not tampering. Each file is hashed in ranges (:data:`RANGE_BYTES`), each range once, by a rank that
+wrote (on save) or reads (on load) its file, and the ranks exchange the results. The manifest also records whether the
+masters and moments were finite at the save (``finite_at_save``), which spares a load whose files match their hashes
+from summing them again.
 """
 
 from __future__ import annotations
@@ -117,18 +115,16 @@ class Unit(NamedTuple):
 
 
 def units_of(name: str, size: int, range_bytes: int) -> list[Unit]:
-    """The hashing units of a file: one per range."""
     return [Unit(name, i, max(0, min(range_bytes, size - i * range_bytes)))
             for i in range(range_count(size, range_bytes))]
 
 
 def unit_digests(folder: str, units: Sequence[Unit], ranges_of: dict[str, int],
                  algorithm: str = HASH) -> dict[tuple[str, int], str]:
-    """``{(name, index): digest}`` of ``units``: each file's ranges in order on one thread, the files on up
-    to 4 threads, largest share first (``xxhash`` and ``zlib`` release the GIL). One thread per file, not
-    per range: a file read from the disk then streams in order through the kernel's read-ahead (a cold
-    load waited 0.18-0.20 s so, 0.26-0.36 s with ranges spread over threads). ``ranges_of``: each file's
-    range size (from its manifest entry).
+    """``{(name, index): digest}`` of ``units``: each file's ranges in order on one thread, the files on up to
+    4 threads, largest share first (``xxhash`` and ``zlib`` release the GIL). One thread per file, not per range: a file
+    read from the disk then streams in order through the kernel's read-ahead (a cold load waited 0.18-0.20 s so,
+    0.26-0.36 s with ranges spread over threads). ``ranges_of``: each file's range size (from its manifest entry).
     """
     by_file: dict[str, list[Unit]] = {}
     for unit in units:
@@ -163,10 +159,9 @@ def tag_files(folder: str) -> list[str]:
 def share_out(units: Sequence[Unit], claims: Sequence[Iterable[str]], rank: int) -> list[Unit]:
     """The units ``rank`` hashes, so that every unit is hashed exactly once and the ranks' bytes even out.
 
-    A file only one rank claims is hashed by that rank; a range of a file several ranks claim
-    goes to the one of them with the fewest bytes so far, and a range of a file nobody claims
-    to the rank with the fewest bytes (largest ranges first). Deterministic: every rank computes
-    the same assignment from the same arguments.
+    A file only one rank claims is hashed by that rank; a range of a file several ranks claim goes to the one of them
+    with the fewest bytes so far, and a range of a file nobody claims to the rank with the fewest bytes (largest ranges
+    first). Deterministic: every rank computes the same assignment from the same arguments.
 
     ``claims``: per rank, the files it wrote or reads anyway (hashing them costs no extra network read).
     """
@@ -197,7 +192,6 @@ def fsync_path(path: str) -> None:
 
 
 def fsync_folders(folder: str) -> None:
-    """Flush the entries of ``folder`` and of every folder under it."""
     for root, _, _ in os.walk(folder):
         fsync_path(root)
 

@@ -1,19 +1,16 @@
 """Loading checkpoint files without running code from them.
 
-Why: ``torch.load(weights_only=False)`` unpickles whatever the file names, and a pickle
-can name ``os.system``. Whoever can write to a checkpoint folder (a shared filesystem, a
-downloaded checkpoint, a compromised job) could then run commands in every rank that
-loads it; the manifest's hashes do not stop that, since nothing in them needs a secret.
-So every file ds_acco reads, and every file DeepSpeed reads for a ds_acco engine, is
-unpickled with torch's restricted unpickler (``weights_only=True``): tensors, containers
-and numbers, plus the few classes a front end allow-lists by name (DeepSpeed's ZeRO-1
-files hold a loss scaler, a stage enum and fragment addresses). A file that needs any
-other class fails, naming the file, the class and the switch that restores the old
-behaviour (``acco.checkpoint.weights_only: false``) for files from a source you trust.
+Why: ``torch.load(weights_only=False)`` unpickles whatever the file names, and a pickle can name ``os.system``. Whoever
+can write to a checkpoint folder (a shared filesystem, a downloaded checkpoint, a compromised job) could then run
+commands in every rank that loads it; the manifest's hashes do not stop that, since nothing in them needs a secret. So
+every file ds_acco reads, and every file DeepSpeed reads for a ds_acco engine, is unpickled with torch's restricted
+unpickler (``weights_only=True``): tensors, containers and numbers, plus the few classes a front end allow-lists by name
+(DeepSpeed's ZeRO-1 files hold a loss scaler, a stage enum and fragment addresses). A file that needs any other class
+fails, naming the file, the class and the switch that restores the old behaviour
+(``acco.checkpoint.weights_only: false``) for files from a source you trust.
 
-``torch.distributed.checkpoint`` reads its ``.metadata`` with plain ``pickle.load``;
-:class:`RestrictedUnpickler` reads it with an allow-list of DCP's metadata classes
-instead (the ``find_class`` recipe of the ``pickle`` documentation).
+``torch.distributed.checkpoint`` reads its ``.metadata`` with plain ``pickle.load``; :class:`RestrictedUnpickler` reads
+it with an allow-list of DCP's metadata classes instead (the ``find_class`` recipe of the ``pickle`` documentation).
 """
 
 from __future__ import annotations

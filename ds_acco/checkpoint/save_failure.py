@@ -1,13 +1,12 @@
 """A save that cannot write (full disk, quota, I/O error) fails on every rank with one message.
 
-Why: torch reports a full disk as ``basic_ios::clear: iostream error`` or ``unexpected pos
-895744 vs 895632``, naming neither the file nor the space needed, and it raises on the rank
-that hit it while the others wait for it in DeepSpeed's next barrier. So each write of a
-save goes through :meth:`SaveFailures.guard`: a failed write is noted and its half-written
-file removed, and the save goes on to its next barrier with the other ranks. After the
-writes the ranks :meth:`~SaveFailures.agree`; when any rank failed, the partial tag is
-removed (``latest`` never moved), and every rank gets the same :class:`CheckpointSaveError`
-(:meth:`SaveFailures.abandon`). ``acco.checkpoint.on_save_error`` says what then (:func:`raise_or_continue`).
+Why: torch reports a full disk as ``basic_ios::clear: iostream error`` or ``unexpected pos 895744 vs 895632``, naming
+neither the file nor the space needed, and it raises on the rank that hit it while the others wait for it in DeepSpeed's
+next barrier. So each write of a save goes through :meth:`SaveFailures.guard`: a failed write is noted and its
+half-written file removed, and the save goes on to its next barrier with the other ranks. After the writes the ranks
+:meth:`~SaveFailures.agree`; when any rank failed, the partial tag is removed (``latest`` never moved), and every rank
+gets the same :class:`CheckpointSaveError` (:meth:`SaveFailures.abandon`). ``acco.checkpoint.on_save_error`` says what
+then (:func:`raise_or_continue`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,14 @@
 """Signed checkpoints (opt-in): an HMAC-SHA256 of the manifest, checked before any file is parsed.
 
-Why: the manifest holds every file's size and range hashes, so it detects damage, but nothing
-in it needs a secret: whoever can write the folder can replace a file and rewrite its entry.
-With a key, the save signs the manifest, and a load checks the signature first (the signature
-covers the hashes, the hashes cover every byte), then every file's hashes, and only then lets
-anything parse a file. A tag that is unsigned, signed with another key, or edited after the
+Why: the manifest holds every file's size and range hashes, so it detects damage, but nothing in it needs a secret:
+whoever can write the folder can replace a file and rewrite its entry. With a key, the save signs the manifest, and a
+load checks the signature first (the signature covers the hashes, the hashes cover every byte), then every file's
+hashes, and only then lets anything parse a file. A tag that is unsigned, signed with another key, or edited after the
 save is refused on every rank, naming the tag.
 
-The key is the bytes of a file (at least :data:`MIN_KEY_BYTES`), named by
-``acco.checkpoint.signing_key_file`` or, when that is unset, the environment variable
-:data:`KEY_ENV` (so a key never has to sit in a config file that is copied around). Without
-either, saves are unsigned and loads check nothing more than before.
+The key is the bytes of a file (at least :data:`MIN_KEY_BYTES`), named by ``acco.checkpoint.signing_key_file`` or, when
+that is unset, the environment variable :data:`KEY_ENV` (so a key never has to sit in a config file that is copied
+around). Without either, saves are unsigned and loads check nothing more than before.
 """
 
 from __future__ import annotations

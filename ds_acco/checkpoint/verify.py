@@ -1,18 +1,16 @@
 """Loads that refuse a damaged ds_acco checkpoint, on every rank, before any tensor is used.
 
-Each rank checks that every file of the manifest (:mod:`ds_acco.checkpoint.manifest`)
-is there with its size, and hashes its share of the ranges of the files it is about to
-read; the ranks then exchange what they found, so a bad file seen by one rank fails
-every rank with the same message (:func:`describe`).
+Each rank checks that every file of the manifest (:mod:`ds_acco.checkpoint.manifest`) is there with its size, and hashes
+its share of the ranges of the files it is about to read; the ranks then exchange what they found, so a bad file seen by
+one rank fails every rank with the same message (:func:`describe`).
 
-What is *not* a ds_acco checkpoint (no manifest and none of ds_acco's own files: a
-stock ZeRO-1 or stock DeepSpeed tag) loads unverified with one WARNING from the front
-end; a ds_acco checkpoint without its manifest is an error, since the manifest is
-written last: its absence means the save did not finish, or the folder was damaged.
+What is *not* a ds_acco checkpoint (no manifest and none of ds_acco's own files: a stock ZeRO-1 or stock DeepSpeed tag)
+loads unverified with one WARNING from the front end; a ds_acco checkpoint without its manifest is an error, since the
+manifest is written last: its absence means the save did not finish, or the folder was damaged.
 
-``acco.checkpoint.salvage: true`` turns refusals into WARNINGs when everything that
-failed can be dropped (a front end says which files can: per-rank round or streaming
-state) or when the manifest itself is bad (the files are then loaded unverified).
+``acco.checkpoint.salvage: true`` turns refusals into WARNINGs when everything that failed can be dropped (a front end
+says which files can: per-rank round or streaming state) or when the manifest itself is bad (the files are then loaded
+unverified).
 """
 
 from __future__ import annotations
@@ -171,14 +169,13 @@ def _non_finite(named: Sequence[tuple[str, torch.Tensor]]) -> list[str]:
 
 
 class FiniteCheck:
-    """The finite check of loaded masters and moments; the sums run on a background thread when the
-    tensors are on the CPU, and :meth:`settle` joins them and makes the ranks agree.
+    """The finite check of loaded masters and moments; the sums run on a background thread when the tensors are on the
+    CPU, and :meth:`settle` joins them and makes the ranks agree.
 
-    Why: summing the 75 M floats of a 50 M-parameter model's masters and Adam moments takes
-    ~20 ms of CPU; torch's reductions release the GIL, so a front end can start the check as
-    soon as the optimizer state is in place and load what remains (ds_acco's round state)
-    meanwhile. Tensors on an accelerator are summed where they are, synchronously: that takes
-    well under a millisecond, and a second thread would only add a stream to reason about.
+    Why: summing the 75 M floats of a 50 M-parameter model's masters and Adam moments takes ~20 ms of CPU; torch's
+    reductions release the GIL, so a front end can start the check as soon as the optimizer state is in place and load
+    what remains (ds_acco's round state) meanwhile. Tensors on an accelerator are summed where they are, synchronously:
+    that takes well under a millisecond, and a second thread would only add a stream to reason about.
 
     Args:
         named: ``(name, tensor)`` of every loaded master parameter and optimizer moment.
@@ -213,10 +210,9 @@ class FiniteCheck:
 def finite_at_save(manifest: Optional[dict]) -> bool:
     """The verified manifest says every rank's masters and moments were finite when they were saved.
 
-    Why it spares the load's sums: the files matched their hashes, so the values loaded from
-    them are the values saved. A front end relies on it only where the loaded masters and
-    moments come from those saved tensors alone (not re-partitioned, not rebuilt from the
-    module's weights).
+    Why it spares the load's sums: the files matched their hashes, so the values loaded from them are the values saved.
+    A front end relies on it only where the loaded masters and moments come from those saved tensors alone (not
+    re-partitioned, not rebuilt from the module's weights).
     """
     return manifest is not None and manifest.get("finite_at_save") is True
 

@@ -1,14 +1,12 @@
 """Reduce-scatter of a gradient accumulator in another dtype, cast chunk by chunk.
 
-When ``acco.comm_dtype`` differs from ``acco.grad_accum_dtype`` (e.g. fp32
-accumulators, a bf16 payload) the accumulator must be cast before it travels.
-Casting it whole costs a model-sized buffer of the comm dtype for the whole run.
-Instead each rank's shard is cut into chunks of ``k`` elements; chunk ``j`` of
-the reduce-scatter input is the ``j``-th chunk of every rank's shard (``N`` strided
-pieces of flat space), cast into a ``N·k`` scratch, reduce-scattered into a ``k``
-output and widened into the fp32 gradient shard. Every element is summed across
-ranks exactly as in one reduce-scatter of the whole cast buffer, so the result is
-the same; the scratch is ``CAST_CHUNK_ELEMS`` elements whatever the model size.
+When ``acco.comm_dtype`` differs from ``acco.grad_accum_dtype`` (e.g. fp32 accumulators, a bf16 payload) the accumulator
+must be cast before it travels. Casting it whole costs a model-sized buffer of the comm dtype for the whole run. Instead
+each rank's shard is cut into chunks of ``k`` elements; chunk ``j`` of the reduce-scatter input is the ``j``-th chunk of
+every rank's shard (``N`` strided pieces of flat space), cast into a ``N·k`` scratch, reduce-scattered into a ``k``
+output and widened into the fp32 gradient shard. Every element is summed across ranks exactly as in one reduce-scatter
+of the whole cast buffer, so the result is the same; the scratch is ``CAST_CHUNK_ELEMS`` elements whatever the model
+size.
 """
 
 from __future__ import annotations

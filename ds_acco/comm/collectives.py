@@ -1,29 +1,25 @@
 """The collectives a round issues, with a byte count of what each puts on the wire.
 
-Byte figures follow the bandwidth-optimal (ring) algorithms NCCL and gloo use
-for large payloads: a reduce-scatter or all-gather of an ``M``-byte buffer over
-``N`` ranks sends and receives ``M * (N - 1) / N`` bytes per rank, an all-reduce
-twice that. They are the payload a link must carry, not packet-level counts;
-the benchmark measures the interface counters next to them. All collectives go to the
-engine's own process group (:mod:`ds_acco.comm.engine_lifecycle` says why).
+Byte figures follow the bandwidth-optimal (ring) algorithms NCCL and gloo use for large payloads: a reduce-scatter or
+all-gather of an ``M``-byte buffer over ``N`` ranks sends and receives ``M * (N - 1) / N`` bytes per rank, an all-reduce
+twice that. They are the payload a link must carry, not packet-level counts; the benchmark measures the interface
+counters next to them. All collectives go to the engine's own process group (:mod:`ds_acco.comm.engine_lifecycle` says
+why).
 
 [Note: the reduce-scatter on gloo]
-gloo's ``reduce_scatter`` puts the whole payload on the wire (measured on the
-emulated cluster: 1.0x the payload per rank at 2 ranks, as much as an
-all-reduce), where a bandwidth-optimal one moves ``(N - 1) / N``. On gloo the
-sum is therefore built from an all-to-all, as the int8 exchange already is: rank
-``r`` receives every rank's ``r``-th slice and adds them up locally, so each rank
-sends and receives exactly ``(N - 1) / N`` of the payload. NCCL's reduce-scatter
-is already ring-optimal and is used as it is.
+gloo's ``reduce_scatter`` puts the whole payload on the wire (measured on the emulated cluster: 1.0x the payload per
+rank at 2 ranks, as much as an all-reduce), where a bandwidth-optimal one moves ``(N - 1) / N``. On gloo the sum is
+therefore built from an all-to-all, as the int8 exchange already is: rank ``r`` receives every rank's ``r``-th slice and
+adds them up locally, so each rank sends and receives exactly ``(N - 1) / N`` of the payload. NCCL's reduce-scatter is
+already ring-optimal and is used as it is.
 
 [Note: pieces on gloo]
-On gloo the all-to-all, the reduce-scatter built on it and the all-gather run in
-pieces: never more than ``MAX_PIECE_NUMEL`` elements per rank (a bound on the
-scratch they need), and on a slow link fewer (:mod:`ds_acco.comm.link_pacing`).
-Every rank must cut a collective the same way, and each measured its own rate, so a
-piece size takes effect only once the ranks agreed on it (:meth:`RoundCollectives.adopt_pacing`;
-before any rate is known, :meth:`RoundCollectives._probe`). ``WireBytes.calls`` counts
-collectives as the caller issued them, ``WireBytes.pieces`` the gloo calls that carried them.
+On gloo the all-to-all, the reduce-scatter built on it and the all-gather run in pieces: never more than
+``MAX_PIECE_NUMEL`` elements per rank (a bound on the scratch they need), and on a slow link fewer
+(:mod:`ds_acco.comm.link_pacing`). Every rank must cut a collective the same way, and each measured its own rate, so a
+piece size takes effect only once the ranks agreed on it (:meth:`RoundCollectives.adopt_pacing`; before any rate is
+known, :meth:`RoundCollectives._probe`). ``WireBytes.calls`` counts collectives as the caller issued them,
+``WireBytes.pieces`` the gloo calls that carried them.
 """
 
 from __future__ import annotations
@@ -262,12 +258,11 @@ class RoundCollectives:
         return buf[:numel]
 
     def all_gather(self, full: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
-        """Concatenate every rank's ``shard`` into ``full`` (rank order); ``shard`` may be
-        this rank's own slice of ``full`` (in place).
+        """Concatenate every rank's ``shard`` into ``full`` (rank order); ``shard`` may be this rank's own slice of
+        ``full`` (in place).
 
-        On gloo in pieces of ``MAX_PIECE_NUMEL`` elements per rank: gloo's all-gather
-        allocates a temporary as large as its output (measured: 1x a 100 MB tensor),
-        which a round would otherwise hold next to the model's buffers.
+        On gloo in pieces of ``MAX_PIECE_NUMEL`` elements per rank: gloo's all-gather allocates a temporary as large as
+        its output (measured: 1x a 100 MB tensor), which a round would otherwise hold next to the model's buffers.
         """
         N, S = self.world_size, shard.numel()
         if not self.reduce_scatter_via_all_to_all:

@@ -1,30 +1,26 @@
 """The background thread (and, on GPUs, the CUDA stream) that rounds run on.
 
 [Note: why a thread and a stream]
-A round is a chain of blocking collectives plus a shard optimizer step. Running
-it on a Python thread lets the training thread return to forward/backward at
-once: gloo and NCCL release the GIL while they wait, and so do the optimizer's
-kernels. On a GPU the round's kernels must also not queue behind the training
-thread's kernels, so they go to one dedicated stream, ``comm_stream``, created
-here and nowhere else. Tensors cross between the streams with events:
+A round is a chain of blocking collectives plus a shard optimizer step. Running it on a Python thread lets the training
+thread return to forward/backward at once: gloo and NCCL release the GIL while they wait, and so do the optimizer's
+kernels. On a GPU the round's kernels must also not queue behind the training thread's kernels, so they go to one
+dedicated stream, ``comm_stream``, created here and nowhere else. Tensors cross between the streams with events:
 
-* ``ready`` is recorded on the training (current) stream when a round is
-  launched; the comm stream waits on it before touching the gradient buffer
-  or overwriting the staging parameter buffer the compute stream read last.
-* ``done`` is recorded on the comm stream at the end of the round; the training
-  stream waits on it at the swap, before reading the new parameters or
-  accumulating into the buffer the round zeroed.
+* ``ready`` is recorded on the training (current) stream when a round is launched; the comm stream waits on it before
+  touching the gradient buffer or overwriting the staging parameter buffer the compute stream read last.
+* ``done`` is recorded on the comm stream at the end of the round; the training stream waits on it at the swap, before
+  reading the new parameters or accumulating into the buffer the round zeroed.
 
 Timeline (acco, one optimizer step)::
 
     training |  B_t micro-batches @ θ_t  |swap| A_{t+1} micro-batches @ θ̃_{t+1} |swap|
     comm     |  estimate round E_t       |    |  commit round C_t              |
 
-The thread is a daemon: a collective stuck on a dead peer must never keep the
-process alive after the training thread has raised.
+The thread is a daemon: a collective stuck on a dead peer must never keep the process alive after the training thread
+has raised.
 
-A handle's stamps (launch, stages, end) are on the engine's clock (:mod:`ds_acco.comm.clock`); its time-out
-is on real time whatever the clock.
+A handle's stamps (launch, stages, end) are on the engine's clock (:mod:`ds_acco.comm.clock`); its time-out is on real
+time whatever the clock.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """What every engine that runs rounds on a background thread shares: its life from start to close.
 
-The round engine (sync, dpu, acco) and the streaming engine differ in what a round computes
-and when it launches, not in how they live: each runs its collectives on a process group of
-its own (created with ``acco.timeout_s``, so a collective on a dead peer fails in that time and
-never interleaves with the training thread's), first checks that every rank was started the
-same way (a mismatch fails at start-up with every rank's values, not as a hang), records each
-round in telemetry, keeps at most one round in flight on one communication thread, and closes
-in one order: the round in flight drained (or abandoned), the thread joined, the groups it
-created destroyed. A script may end with a round in flight on every rank (it always does in
-acco): an ``atexit`` hook drains it before the interpreter tears the process group down under
-the thread.
+The round engine (sync, dpu, acco) and the streaming engine differ in what a round computes and when it launches, not in
+how they live: each runs its collectives on a process group of its own (created with ``acco.timeout_s``, so a collective
+on a dead peer fails in that time and never interleaves with the training thread's), first checks that every rank was
+started the same way (a mismatch fails at start-up with every rank's values, not as a hang), records each round in
+telemetry, keeps at most one round in flight on one communication thread, and closes in one order: the round in flight
+drained (or abandoned), the thread joined, the groups it created destroyed. A script may end with a round in flight on
+every rank (it always does in acco): an ``atexit`` hook drains it before the interpreter tears the process group down
+under the thread.
 """
 
 from __future__ import annotations
@@ -40,16 +38,15 @@ logger = logging.getLogger("ds_acco")
 class EngineLifecycle:
     """Process group, peer check, telemetry, communication thread, round in flight, drain at exit, close.
 
-    Subclasses call :meth:`_start_thread` once their buffers exist, launch rounds with
-    :meth:`submit`, keep what they need about the round in flight in ``_inflight`` (any
-    object with a ``handle``), and implement :meth:`_drain` (wait for it and apply it),
-    :meth:`_release` (anything else they hold) and :meth:`startup_fields`.
+    Subclasses call :meth:`_start_thread` once their buffers exist, launch rounds with :meth:`submit`, keep what they
+    need about the round in flight in ``_inflight`` (any object with a ``handle``), and implement :meth:`_drain` (wait
+    for it and apply it), :meth:`_release` (anything else they hold) and :meth:`startup_fields`.
 
     Args:
         process_group: the data-parallel group (None: WORLD); rounds run on a private copy.
         device: where the round's tensors live (picks the CUDA stream or none).
-        on_stop: called on the training thread after the swap or merge of the round in which every rank learned
-            of a SIGTERM (:mod:`ds_acco.comm.stop_signal`): front ends save and exit there. None: :meth:`preempt`.
+        on_stop: called on the training thread after the swap or merge of the round in which every rank learned of a
+            SIGTERM (:mod:`ds_acco.comm.stop_signal`): front ends save and exit there. None: :meth:`preempt`.
         clock: what rounds and swaps are stamped with (:mod:`ds_acco.comm.clock`; default ``time.perf_counter``).
     """
 
@@ -91,9 +88,8 @@ class EngineLifecycle:
             self.on_stop()
 
     def preempt(self) -> None:
-        """Stop after a SIGTERM without saving: the ranks agree on the rounds launched (:meth:`quiesce`),
-        then every rank raises :class:`~ds_acco.errors.AccoPreempted` (exit status
-        ``acco.preemption.exit_code``)."""
+        """Stop after a SIGTERM without saving: the ranks agree on the rounds launched (:meth:`quiesce`), then every
+        rank raises :class:`~ds_acco.errors.AccoPreempted` (exit status ``acco.preemption.exit_code``)."""
         self.quiesce()
         raise AccoPreempted(self.config.preemption.exit_code)
 
@@ -171,24 +167,21 @@ class _ExitOrder:
     """Every live engine, and whether ds_acco owns the default process group: torn down at interpreter exit.
 
     [Note: the order at exit]
-    A process whose gloo process groups are still alive when the interpreter finalizes can abort
-    (SIGABRT, "terminate called without an active exception"): gloo's worker threads may still hold
-    work objects with tensors, and destroying those takes the GIL of an interpreter being torn down.
-    torch leaves destroying groups to the program (pytorch/pytorch#190489; an atexit fix in torch,
-    pytorch/pytorch#179291, was abandoned), and a training script often ends without it: HF Trainer
-    scripts and most DeepSpeed scripts do. Measured here: a 5-rank gloo job that leaves an all-reduce
-    in flight and exits aborted in 9 of 15 runs, in 0 of 15 with the groups destroyed first. So, while
-    the interpreter is still whole, ds_acco closes every live engine (the round in flight drained, the
-    communication thread joined, the groups the engine created destroyed), newest first, and then
-    destroys the default group when ds_acco owns it: ``ds_acco.run`` ran the script, or the group was
-    created inside a ds_acco call. A script that creates the default group itself owns it, and should
-    call ``torch.distributed.destroy_process_group()`` before it ends, as torch's documentation asks.
-    The hook is registered with the first engine (or front end: :meth:`arm`), so the ``atexit``
-    hooks a script registers after building its engines (a last save, say) still find them open.
-    Last it runs the cycle collector: FSDP2 modules and DeepSpeed engines sit in reference
-    cycles that hold process groups and finished collectives' work objects, which would otherwise
-    be freed only during finalization, the state the abort above needs (seen once in a stock FSDP2
-    run that had destroyed its groups itself).
+    A process whose gloo process groups are still alive when the interpreter finalizes can abort (SIGABRT, "terminate
+    called without an active exception"): gloo's worker threads may still hold work objects with tensors, and destroying
+    those takes the GIL of an interpreter being torn down. torch leaves destroying groups to the program
+    (pytorch/pytorch#190489; an atexit fix in torch, pytorch/pytorch#179291, was abandoned), and a training script often
+    ends without it: HF Trainer scripts and most DeepSpeed scripts do. Measured here: a 5-rank gloo job that leaves an
+    all-reduce in flight and exits aborted in 9 of 15 runs, in 0 of 15 with the groups destroyed first. So, while the
+    interpreter is still whole, ds_acco closes every live engine (the round in flight drained, the communication thread
+    joined, the groups the engine created destroyed), newest first, and then destroys the default group when ds_acco
+    owns it: ``ds_acco.run`` ran the script, or the group was created inside a ds_acco call. A script that creates the
+    default group itself owns it, and should call ``torch.distributed.destroy_process_group()`` before it ends, as
+    torch's documentation asks. The hook is registered with the first engine (or front end: :meth:`arm`), so the
+    ``atexit`` hooks a script registers after building its engines (a last save, say) still find them open. Last it runs
+    the cycle collector: FSDP2 modules and DeepSpeed engines sit in reference cycles that hold process groups and
+    finished collectives' work objects, which would otherwise be freed only during finalization, the state the abort
+    above needs (seen once in a stock FSDP2 run that had destroyed its groups itself).
     """
 
     def __init__(self) -> None:

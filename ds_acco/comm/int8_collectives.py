@@ -1,9 +1,8 @@
 """Quantised collectives: an int8 reduce-scatter and a reduced-precision all-gather.
 
 [Note: the int8 reduce-scatter]
-A summing reduce-scatter cannot run on int8 payloads (the sum of int8 blocks
-with different scales is meaningless, and it would overflow), so it is built
-from an all-to-all, as in torchft's ``collectives.py``::
+A summing reduce-scatter cannot run on int8 payloads (the sum of int8 blocks with different scales is meaningless, and
+it would overflow), so it is built from an all-to-all, as in torchft's ``collectives.py``::
 
     rank r:   full (numel)  --pad-->  N chunks of `chunk` elements
               chunk d --quantise (blockwise absmax)--> wire row d  ----all_to_all---->  rank d
@@ -13,20 +12,16 @@ A *wire row* packs one chunk for one destination as bytes::
 
     [ fp32 scales: 4 * num_blocks(chunk) | int8 payload: chunk | 0-3 bytes to the next multiple of 4 ]
 
-so scales and payload travel in one collective, and every row's scales start on
-a 4-byte boundary (they are read back through ``Tensor.view(torch.float32)``).
-Each rank keeps its own row, so it sends and receives ``(N - 1) * row_bytes``
-bytes, which :meth:`RoundCollectives.all_to_all` adds to ``coll.wire`` exactly.
-Padding (``numel`` not divisible by ``N``) is zeros, quantised and sent; block
-padding is not needed (a row's last block may be short).
+so scales and payload travel in one collective, and every row's scales start on a 4-byte boundary (they are read back
+through ``Tensor.view(torch.float32)``). Each rank keeps its own row, so it sends and receives ``(N - 1) * row_bytes``
+bytes, which :meth:`RoundCollectives.all_to_all` adds to ``coll.wire`` exactly. Padding (``numel`` not divisible by
+``N``) is zeros, quantised and sent; block padding is not needed (a row's last block may be short).
 
 [Note: error feedback]
-With ``error_feedback`` the local quantisation residual ``x - dequant(quant(x))``
-is kept (one fp32 buffer the size of the input, per buffer exchanged) and added
-to the next call's input. The sum over calls of what was sent then differs from
-the sum of the inputs by only the last residual, instead of by the sum of all
-residuals. A residual that is not finite (inf/NaN input, a step that
-``check_finite`` skips) is reset to zero so it cannot poison later rounds.
+With ``error_feedback`` the local quantisation residual ``x - dequant(quant(x))`` is kept (one fp32 buffer the size of
+the input, per buffer exchanged) and added to the next call's input. The sum over calls of what was sent then differs
+from the sum of the inputs by only the last residual, instead of by the sum of all residuals. A residual that is not
+finite (inf/NaN input, a step that ``check_finite`` skips) is reset to zero so it cannot poison later rounds.
 """
 
 from __future__ import annotations
@@ -213,10 +208,9 @@ class Int8ReduceScatter:
         """Reduce-scatter ``full`` (sum) into ``out`` through quantised wire rows.
 
         Args:
-            out: this rank's chunk of the sum, ``chunk`` elements (fp32 recommended;
-                another dtype receives the fp32 sum rounded once).
-            full: this rank's contribution, ``numel`` elements of any floating dtype;
-                read only.
+            out: this rank's chunk of the sum, ``chunk`` elements (fp32 recommended; another dtype receives the fp32 sum
+                rounded once).
+            full: this rank's contribution, ``numel`` elements of any floating dtype; read only.
             residual_out: ``numel`` elements: receives what this rank's quantisation lost,
                 ``full - dequant(quant(full))`` (acco's commit sends it after an int4 estimate).
         """
@@ -342,33 +336,28 @@ class Int8DeltaAllGather:
     """All-gather of new parameter shards as blockwise int8 *deltas* from what every rank holds.
 
     [Note: the int8 delta all-gather]
-    After a round, every rank needs every rank's new shard. All of them already hold
-    ``base``, the compute parameters the round started from, bit-identically. So the
-    owner of shard ``r`` sends only ``int8(new_r - base_r)`` (one byte per element
-    plus one fp32 scale per block), and every rank, the owner included, writes::
+    After a round, every rank needs every rank's new shard. All of them already hold ``base``, the compute parameters
+    the round started from, bit-identically. So the owner of shard ``r`` sends only ``int8(new_r - base_r)`` (one byte
+    per element plus one fp32 scale per block), and every rank, the owner included, writes::
 
         out_r = base_r + dequant(wire row r)          (in fp32, then cast to out's dtype)
 
-    from the *received* rows, so all replicas stay bit-identical. ``new - base`` is
-    one optimizer step (or, for an acco commit, the difference between the commit
-    and its own lookahead), small and well scaled, so the round-trip error per
-    element is at most ``absmax(block) / 254``. Nothing accumulates: the next
-    round's delta is taken against the replicas' values again, so it carries this
-    round's error (error feedback without a residual buffer), and the distance of
-    the replicas to the fp32 master is one quantisation step of the last delta.
+    from the *received* rows, so all replicas stay bit-identical. ``new - base`` is one optimizer step (or, for an acco
+    commit, the difference between the commit and its own lookahead), small and well scaled, so the round-trip error per
+    element is at most ``absmax(block) / 254``. Nothing accumulates: the next round's delta is taken against the
+    replicas' values again, so it carries this round's error (error feedback without a residual buffer), and the
+    distance of the replicas to the fp32 master is one quantisation step of the last delta.
 
-    The shard travels in pieces of whole blocks, one all-gather each, so the receive
-    buffer is ``N`` wire rows of one piece, not a model-sized one; blocks never
-    straddle pieces, so the result is the same as in one piece. By default a piece's
-    wire row (scales and payload) fits in one of the pieces
-    :meth:`RoundCollectives.all_gather` cuts on gloo, so nothing is cut and copied twice.
+    The shard travels in pieces of whole blocks, one all-gather each, so the receive buffer is ``N`` wire rows of one
+    piece, not a model-sized one; blocks never straddle pieces, so the result is the same as in one piece. By default a
+    piece's wire row (scales and payload) fits in one of the pieces :meth:`RoundCollectives.all_gather` cuts on gloo, so
+    nothing is cut and copied twice.
 
     Args:
-        piece_numel: elements per rank per all-gather (rounded down to whole blocks); None:
-            :func:`default_piece_numel`.
+        piece_numel: elements per rank per all-gather (rounded down to whole blocks); None: :func:`default_piece_numel`.
         device: where the wire buffers and the ``shard_numel`` fp32 scratch live.
-        bits: 8, or 4 (acco's estimate rounds: their lookahead only steers where the next gradients
-            are computed, and the commit's delta, taken against what landed, carries the error).
+        bits: 8, or 4 (acco's estimate rounds: their lookahead only steers where the next gradients are computed, and
+            the commit's delta, taken against what landed, carries the error).
     """
 
     def __init__(self, shard_numel: int, world_size: int, *, block_size: int = DEFAULT_BLOCK_SIZE,

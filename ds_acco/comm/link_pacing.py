@@ -1,24 +1,19 @@
 """How large a piece of a gloo collective may be, from the rate this rank's link was measured at.
 
-Why pieces at all: a round's all-to-all or all-gather sends in both directions at
-once. Where the path holds a deep queue (a shaped WAN link, a router or VPN
-gateway with a large buffer; on the emulated cluster, ``tbf`` with 0.5 s of
-queue), each host's queue fills with its own bulk data and the acknowledgements
-of the other direction's transfer wait behind it, so one direction stalls until
-the other has drained: a 3.3 MB low-bit round moved at 13-14 Mbit/s of a 25 Mbit/s
-link, 22 Mbit/s paced (BENCHMARKS.md, "Time to loss"). A collective cut into pieces
-that each take a few tens of milliseconds of link time keeps no more than one piece
-queued in each direction, so the other direction's acknowledgements wait at most that long.
+Why pieces at all: a round's all-to-all or all-gather sends in both directions at once. Where the path holds a deep
+queue (a shaped WAN link, a router or VPN gateway with a large buffer; on the emulated cluster, ``tbf`` with 0.5 s of
+queue), each host's queue fills with its own bulk data and the acknowledgements of the other direction's transfer wait
+behind it, so one direction stalls until the other has drained: a 3.3 MB low-bit round moved at 13-14 Mbit/s of a
+25 Mbit/s link, 22 Mbit/s paced (BENCHMARKS.md, "Time to loss"). A collective cut into pieces that each take a few tens
+of milliseconds of link time keeps no more than one piece queued in each direction, so the other direction's
+acknowledgements wait at most that long.
 
-Why measured, not configured: the piece that suits a 10 Mbit/s link (tens of KiB)
-would cut a loopback or datacenter round into thousands of collectives, each
-paying a fixed latency. The piece size follows the send rate of earlier pieces (or
-of the head of a job's first large collective, :meth:`LinkPacer.probe`):
-``PIECE_SECONDS`` of link time, never below ``MIN_PIECE_BYTES`` and never above the
-caller's bound; the ranks then agree on one (:mod:`ds_acco.comm.collectives`). A
-piece's time includes waiting for the slowest rank to arrive, which makes the rate
-look lower, never higher; the estimate therefore keeps the best recent rate and lets
-it decay only by half per observation.
+Why measured, not configured: the piece that suits a 10 Mbit/s link (tens of KiB) would cut a loopback or datacenter
+round into thousands of collectives, each paying a fixed latency. The piece size follows the send rate of earlier pieces
+(or of the head of a job's first large collective, :meth:`LinkPacer.probe`): ``PIECE_SECONDS`` of link time, never below
+``MIN_PIECE_BYTES`` and never above the caller's bound; the ranks then agree on one (:mod:`ds_acco.comm.collectives`). A
+piece's time includes waiting for the slowest rank to arrive, which makes the rate look lower, never higher; the
+estimate therefore keeps the best recent rate and lets it decay only by half per observation.
 """
 
 from __future__ import annotations

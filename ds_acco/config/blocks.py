@@ -1,7 +1,6 @@
 """The nested blocks of the ``"acco"`` config: telemetry, checkpoints, preemption, auto, streaming.
 
-Validated like the top level (why pydantic: :mod:`ds_acco.config.schema`). Each field's docstring is
-its documentation.
+Validated like the top level (why pydantic: :mod:`ds_acco.config.schema`). Each field's docstring is its documentation.
 """
 
 from __future__ import annotations
@@ -88,11 +87,10 @@ class AutoConfig(_Block):
     """How ``mode: "auto"`` chooses between ``sync`` and ``acco`` (and, with ``policy: "auto"``, acco's policy; see
     ``ds_acco.rounds.auto.mode``).
 
-    Why a model and not a trial of each mode: a trial of ``acco`` costs little, but a trial's loss
-    says nothing after a few steps; the time a step takes does. The choice compares seconds per
-    nominal step (``G`` micro-batches per worker) measured in the running mode with those predicted
-    for the other one from the same measurements, charges ``acco`` the loss cost of its delay, and
-    switches only for a clear gain."""
+    Why a model and not a trial of each mode: a trial of ``acco`` costs little, but a trial's loss says nothing after a
+    few steps; the time a step takes does. The choice compares seconds per nominal step (``G`` micro-batches per worker)
+    measured in the running mode with those predicted for the other one from the same measurements, charges ``acco`` the
+    loss cost of its delay, and switches only for a clear gain."""
 
     measure_steps: int = Field(default=1, ge=1)
     """Synchronous steps measured before the first choice (which comes after ``max(warmup_steps,

@@ -1,12 +1,11 @@
 """``python -m ds_acco.config.reference``: docs/configuration.md, written from the schema itself.
 
-Why generated: a field documented by hand drifts from the code (a default changes, a field is added and
-never written down). Every field of the ``"acco"`` block and its nested blocks is documented once, in its
-docstring in :mod:`~ds_acco.config.schema` or :mod:`~ds_acco.config.blocks`; this module reads those
-docstrings (``ast``: pydantic keeps no attribute docstrings at run time unless told to, which would
-change the schema's own behaviour) and the types, bounds and defaults pydantic holds, and renders one
-table per block. ``tests/test_docs.py`` regenerates the page and fails on any difference, and fails when
-a field has no docstring.
+Why generated: a field documented by hand drifts from the code (a default changes, a field is added and never written
+down). Every field of the ``"acco"`` block and its nested blocks is documented once, in its docstring in
+:mod:`~ds_acco.config.schema` or :mod:`~ds_acco.config.blocks`; this module reads those docstrings (``ast``: pydantic
+keeps no attribute docstrings at run time unless told to, which would change the schema's own behaviour) and the types,
+bounds and defaults pydantic holds, and renders one table per block. ``tests/test_docs.py`` regenerates the page and
+fails on any difference, and fails when a field has no docstring.
 
     python -m ds_acco.config.reference            # rewrite docs/configuration.md
     python -m ds_acco.config.reference --check    # exit 1 if it is not what the schema says
@@ -110,7 +109,6 @@ def _cell(text: str) -> str:
 
 
 def render() -> str:
-    """The whole page."""
     missing = missing_docs()
     if missing:
         raise ValueError(f"fields without a docstring in ds_acco/config: {', '.join(missing)}")

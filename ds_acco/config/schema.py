@@ -1,11 +1,10 @@
 """The ``"acco"`` config block, validated before any process-group work.
 
-Why pydantic: DeepSpeed validates its own blocks with pydantic models that forbid
-unknown keys (``deepspeed/runtime/config_utils.py``). The ``"acco"`` block sits
-next to them in the same JSON file, so it is checked the same way, and a typo
-such as ``"polcy"`` fails at start-up instead of silently training in the
-default mode. Errors are re-raised as :class:`AccoConfigError` (a ``ValueError``)
-whose message names the field, the value and what is allowed.
+Why pydantic: DeepSpeed validates its own blocks with pydantic models that forbid unknown keys
+(``deepspeed/runtime/config_utils.py``). The ``"acco"`` block sits next to them in the same JSON file, so it is checked
+the same way, and a typo such as ``"polcy"`` fails at start-up instead of silently training in the default mode. Errors
+are re-raised as :class:`AccoConfigError` (a ``ValueError``) whose message names the field, the value and what is
+allowed.
 """
 
 from __future__ import annotations
@@ -201,9 +200,8 @@ class AccoConfig(_Block):
         return gradient_accumulation_steps
 
     def check_accumulation(self, gradient_accumulation_steps: int) -> None:
-        """Reject a ``gradient_accumulation_steps`` that the mode cannot split, and the
-        ``streaming`` mode, whose rounds are not gradient rounds (every front end that
-        starts a round engine calls this first)."""
+        """Reject a ``gradient_accumulation_steps`` that the mode cannot split, and the ``streaming`` mode, whose rounds
+        are not gradient rounds (every front end that starts a round engine calls this first)."""
         if self.mode == "streaming":
             raise AccoConfigError(
                 "acco.mode: got 'streaming'; Streaming DiLoCo runs through ds_acco.streaming.build(model, ...) "

@@ -1,35 +1,34 @@
 """Every piece of DeepSpeed below its public API that ds_acco touches, in one place, checked by name.
 
-The ACCO engine takes over DeepSpeed's ZeRO-1 buffers instead of copying them, and the
-streaming engine turns a stage-0 engine into a Streaming DiLoCo worker; both need a few
-attributes DeepSpeed does not document. If a DeepSpeed release renames one, :func:`check`
-fails at take-over with the DeepSpeed version and every missing name instead of training
-wrongly (``ds_acco.deepspeed.checks`` also pins the tested releases). The FSDP2 front end
-does the same for FSDP2 in ``ds_acco/fsdp/_fsdp2.py``.
+The ACCO engine takes over DeepSpeed's ZeRO-1 buffers instead of copying them, and the streaming engine turns a
+stage-0 engine into a Streaming DiLoCo worker; both need a few attributes DeepSpeed does not document. If a DeepSpeed
+release renames one, :func:`check` fails at take-over with the DeepSpeed version and every missing name instead of
+training wrongly (``ds_acco.deepspeed.checks`` also pins the tested releases). The FSDP2 front end does the same for
+FSDP2 in ``ds_acco/fsdp/_fsdp2.py``.
 
 Public API used
-    ``deepspeed.initialize`` (called with the engine class swapped, see below), ``DeepSpeedEngine``
-    methods and counters (``global_steps``, ``global_samples``, ``skipped_steps``, ``micro_steps``,
-    ``save_checkpoint``, ``load_checkpoint``, ``gradient_clipping()``...), ``deepspeed.comm``.
+    ``deepspeed.initialize`` (called with the engine class swapped, see below), ``DeepSpeedEngine`` methods and counters
+    (``global_steps``, ``global_samples``, ``skipped_steps``, ``micro_steps``, ``save_checkpoint``, ``load_checkpoint``,
+    ``gradient_clipping()``...), ``deepspeed.comm``.
 
 Internals used (DeepSpeed 0.19)
-    * ``deepspeed.DeepSpeedEngine``: the class ``deepspeed.initialize`` instantiates, replaced for the
-      duration of one call (:func:`engine_class`).
-    * ``DeepSpeedZeroOptimizer``: ``_grad_acc_hooks`` (removed: rounds own the gradients),
-      ``bit16_groups_flat``, ``round_robin_bit16_groups``, ``round_robin_bit16_offsets``,
-      ``single_partition_of_fp32_groups``, ``real_dp_process_group``, and at every swap
-      ``parallel_partitioned_bit16_groups`` with ``get_data_parallel_partitions`` (kept pointing at the
-      buffer the model reads, for DeepSpeed's checkpointing), ``loss_scale``, ``loss_scaler``.
-    * ``DeepSpeedEngine``: ``enable_backward_allreduce`` (off), ``_global_grad_norm`` and
-      ``_step_applied`` (what ``get_global_grad_norm()`` and ``was_step_applied()`` report),
-      ``_config.load_universal_checkpoint`` (read, and set for one load), ``checkpoint_engine`` (its ``load`` and
-      ``save`` wrapped for one call), and the overridden hooks ``_backward_epilogue`` (ACCO: every
-      backward ends a micro-batch) and ``_take_model_step`` (streaming: every inner step).
+    * ``deepspeed.DeepSpeedEngine``: the class ``deepspeed.initialize`` instantiates, replaced for the duration of one
+      call (:func:`engine_class`).
+    * ``DeepSpeedZeroOptimizer``: ``_grad_acc_hooks`` (removed: rounds own the gradients), ``bit16_groups_flat``,
+      ``round_robin_bit16_groups``, ``round_robin_bit16_offsets``, ``single_partition_of_fp32_groups``,
+      ``real_dp_process_group``, and at every swap ``parallel_partitioned_bit16_groups`` with
+      ``get_data_parallel_partitions`` (kept pointing at the buffer the model reads, for DeepSpeed's checkpointing),
+      ``loss_scale``, ``loss_scaler``.
+    * ``DeepSpeedEngine``: ``enable_backward_allreduce`` (off), ``_global_grad_norm`` and ``_step_applied`` (what
+      ``get_global_grad_norm()`` and ``was_step_applied()`` report), ``_config.load_universal_checkpoint`` (read, and
+      set for one load), ``checkpoint_engine`` (its ``load`` and ``save`` wrapped for one call), and the overridden
+      hooks ``_backward_epilogue`` (ACCO: every backward ends a micro-batch) and ``_take_model_step`` (streaming: every
+      inner step).
     * ``deepspeed.checkpoint.ds_to_universal.main`` (re-partitioning a checkpoint for another world size),
       ``deepspeed.runtime.tensor_parallel.init_utils.load_ds_config`` (a config path or base64 string),
       ``deepspeed.comm.comm.cdb.shm_comm_op`` (whether DeepSpeed made shared-memory segments),
-      ``deepspeed.comm.comm.mpi_discovery`` with ``in_aml``/``in_dlts``/``in_aws_sm`` (run where
-      ``init_distributed`` would run it, under a watchdog: :func:`mpi_discovery_within_acco_timeout_s`).
+      ``deepspeed.comm.comm.mpi_discovery`` with ``in_aml``/``in_dlts``/``in_aws_sm`` (run where ``init_distributed``
+      would run it, under a watchdog: :func:`mpi_discovery_within_acco_timeout_s`).
 """
 
 from __future__ import annotations
@@ -184,12 +183,11 @@ _LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK
 def mpi_discovery_within_acco_timeout_s(timeout_s: float, distributed_port: int) -> None:
     """DeepSpeed's MPI discovery, where ``deepspeed.init_distributed`` would run it, ended after ``timeout_s``.
 
-    Without a launcher's variables DeepSpeed finds the ranks through mpi4py: ``MPI_Init`` and two
-    collectives, none with a time limit. Under MPICH's ``mpiexec`` a rank that exits before them
-    leaves the others blocked in C with the interpreter lock held, where no Python code (a thread,
-    a signal handler) can raise. faulthandler's watchdog is a C thread: it prints every thread's
-    stack ("Timeout (h:mm:ss)!", then this function's name) and exits with status 1, which ends
-    the job under ``mpiexec``.
+    Without a launcher's variables DeepSpeed finds the ranks through mpi4py: ``MPI_Init`` and two collectives, none with
+    a time limit. Under MPICH's ``mpiexec`` a rank that exits before them leaves the others blocked in C with the
+    interpreter lock held, where no Python code (a thread, a signal handler) can raise. faulthandler's watchdog is a C
+    thread: it prints every thread's stack ("Timeout (h:mm:ss)!", then this function's name) and exits with status
+    1, which ends the job under ``mpiexec``.
     """
     from deepspeed.comm import comm as ds_comm
 

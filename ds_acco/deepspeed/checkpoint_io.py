@@ -54,10 +54,9 @@ class LoadOptions:
 
 
 class StatePart(Protocol):
-    """An engine's own state in its checkpoints (a ``Stateful`` part with a file of its own per rank), and what
-    only the engine knows of loading it: the round engine's on ZeRO-1 (:class:`~ds_acco.deepspeed.engine.
-    RoundCheckpoint`), the streaming engine's on stage 0 (:class:`~ds_acco.deepspeed.streaming_engine.
-    StreamingCheckpoint`)."""
+    """An engine's own state in its checkpoints (a ``Stateful`` part with a file of its own per rank), and what only the
+    engine knows of loading it: the round engine's on ZeRO-1 (:class:`~ds_acco.deepspeed.engine. RoundCheckpoint`), the
+    streaming engine's on stage 0 (:class:`~ds_acco.deepspeed.streaming_engine. StreamingCheckpoint`)."""
 
     state_file: str  # the per-rank state file's name, with a ``{rank}`` field
     restart_note: str  # what starts afresh when some rank has no state file, for the WARNING

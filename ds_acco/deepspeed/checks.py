@@ -1,8 +1,7 @@
 """What the DeepSpeed front end supports, checked before any process-group work.
 
-DeepSpeed's own config parser has already accepted the file; these checks
-reject combinations the ACCO engine cannot honour, naming the field, the value
-and what is allowed, so a job fails at start-up instead of after hours.
+DeepSpeed's own config parser has already accepted the file; these checks reject combinations the ACCO engine cannot
+honour, naming the field, the value and what is allowed, so a job fails at start-up instead of after hours.
 """
 
 from __future__ import annotations

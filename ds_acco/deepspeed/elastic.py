@@ -1,14 +1,11 @@
 """Loading an ACCO/ZeRO-1 checkpoint with a different data-parallel world size.
 
-DeepSpeed refuses a ZeRO-1 optimizer checkpoint saved with another DP size;
-its supported route is the *universal checkpoint*: ``ds_to_universal`` turns the
-per-rank partitions into per-parameter fp32 fragments (weights, Adam moments,
-step), and ``load_universal`` re-partitions them for the current world. This
-module runs that conversion once (rank 0, into ``<load_dir>/<tag>.universal``)
-and loads from it. The ACCO round state is per-rank and ``O(params / N)``; it
-does not survive a change of N, so rounds bootstrap afresh, and the module's
-compute parameters are restored from the checkpoint so training resumes from
-exactly the weights it was saved with.
+DeepSpeed refuses a ZeRO-1 optimizer checkpoint saved with another DP size; its supported route is the *universal
+checkpoint*: ``ds_to_universal`` turns the per-rank partitions into per-parameter fp32 fragments (weights, Adam moments,
+step), and ``load_universal`` re-partitions them for the current world. This module runs that conversion once (rank
+0, into ``<load_dir>/<tag>.universal``) and loads from it. The ACCO round state is per-rank and ``O(params / N)``; it
+does not survive a change of N, so rounds bootstrap afresh, and the module's compute parameters are restored from the
+checkpoint so training resumes from exactly the weights it was saved with.
 """
 
 from __future__ import annotations

@@ -89,10 +89,9 @@ class AccoDeepSpeedEngine(CheckpointedEngine):
             gradient_accumulation_steps=G,
             clip_grad_norm=self.gradient_clipping(),
             process_group=dp_group,
-            # Backward leaves each micro-batch's gradient divided by G: by DeepSpeed
-            # (scale_wrt_gas=True) or by the caller (HF Trainer divides the loss itself and
-            # passes scale_wrt_gas=False). Undoing that 1/G and dividing by the micro-batch
-            # count the round received gives mean(X), and equals stock ZeRO-1 when counts are G.
+            # Backward leaves each micro-batch's gradient divided by G: by DeepSpeed (scale_wrt_gas=True) or by the
+            # caller (HF Trainer divides the loss itself and passes scale_wrt_gas=False). Undoing that 1/G and dividing
+            # by the micro-batch count the round received gives mean(X), and equals stock ZeRO-1 when counts are G.
             grad_scale=lambda: float(opt.loss_scale if self.fp16_enabled() else 1.0) / G,
             on_swap=self._acco_on_swap,
             on_stop=self.acco_checkpoints.note_stop,

@@ -1,15 +1,13 @@
 """The end of an HF ``Trainer.train()`` drains and commits ACCO's rounds, with no change to the script.
 
-Transformers' Trainer builds the DeepSpeed engine inside ``train()`` (through
-Accelerate, which calls ``deepspeed.initialize``) and never tells it that training
-ended, so the last round would stay in flight: the learning rate one commit short
-and, for a Streaming DiLoCo run, replicas that are not the global model. When
-``ds_acco.initialize`` builds an ACCO engine while ``transformers.trainer`` is
-loaded, it wraps ``Trainer._finalize_training`` (called once after the training
-loop, before the final metrics, best-model loading and ``on_train_end`` callbacks)
-so that it first calls :func:`finish_training` on the Trainer's engine. The wrapper
-is installed on the class at that moment, which is still inside the ``train()``
-call that needs it: the method is looked up when the loop ends.
+Transformers' Trainer builds the DeepSpeed engine inside ``train()`` (through Accelerate, which calls
+``deepspeed.initialize``) and never tells it that training ended, so the last round would stay in flight: the learning
+rate one commit short and, for a Streaming DiLoCo run, replicas that are not the global model. When
+``ds_acco.initialize`` builds an ACCO engine while ``transformers.trainer`` is loaded, it wraps
+``Trainer._finalize_training`` (called once after the training loop, before the final metrics, best-model loading and
+``on_train_end`` callbacks) so that it first calls :func:`finish_training` on the Trainer's engine. The wrapper is
+installed on the class at that moment, which is still inside the ``train()`` call that needs it: the method is looked up
+when the loop ends.
 """
 
 from __future__ import annotations

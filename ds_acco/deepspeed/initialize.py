@@ -1,17 +1,14 @@
 """``ds_acco.initialize``: ``deepspeed.initialize`` that honours an ``"acco"`` config block.
 
-It reads the config the way DeepSpeed does (``config`` / ``config_params`` /
-``args.deepspeed_config``, dict or JSON path), validates the ``"acco"`` block and
-the combination with the rest of the file before any process-group work, then
+It reads the config the way DeepSpeed does (``config`` / ``config_params`` / ``args.deepspeed_config``, dict or JSON
+path), validates the ``"acco"`` block and the combination with the rest of the file before any process-group work, then
 calls DeepSpeed's own ``initialize`` with the engine class pointed at
-:class:`~ds_acco.deepspeed.engine.AccoDeepSpeedEngine` for the duration of the
-call (:class:`~ds_acco.deepspeed.streaming_engine.StreamingDeepSpeedEngine` for
-``mode: "streaming"``). Everything else (mesh set-up, config resolution, the returned 4-tuple) is
-DeepSpeed's code, unforked.
+:class:`~ds_acco.deepspeed.engine.AccoDeepSpeedEngine` for the duration of the call
+(:class:`~ds_acco.deepspeed.streaming_engine.StreamingDeepSpeedEngine` for ``mode: "streaming"``). Everything else (mesh
+set-up, config resolution, the returned 4-tuple) is DeepSpeed's code, unforked.
 
-:func:`patch_deepspeed` installs it as ``deepspeed.initialize``, so an unmodified
-script (or HF Accelerate / Transformers' Trainer, which look the function up at
-call time) gets ACCO from its config file alone.
+:func:`patch_deepspeed` installs it as ``deepspeed.initialize``, so an unmodified script (or HF Accelerate /
+Transformers' Trainer, which look the function up at call time) gets ACCO from its config file alone.
 """
 
 from __future__ import annotations

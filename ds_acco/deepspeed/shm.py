@@ -1,17 +1,14 @@
 """DeepSpeed's per-rank shared-memory segments, unlinked once every rank has mapped them.
 
-Why: when a launcher starts every rank on one CPU node (``LOCAL_SIZE`` equal to the
-world size, as the ``deepspeed`` launcher sets it), DeepSpeed's communication backend
-creates a 66 MB ``/dev/shm`` segment per rank for its shared-memory all-reduce
-(``deepspeed/ops/csrc/cpu/comm/shm.cpp``, named
-``deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>``) and never
-unlinks it. ``/dev/shm`` is memory: every launch leaves ``world_size x 66 MB`` behind,
-after a clean exit as after a crash, until the node reboots (found on the CI machine:
-254 segments, 16 GB of its 24 GB, after a day of test and benchmark launches; a full
-``/dev/shm`` later kills jobs with SIGBUS). A segment's name is only needed until every
-rank has mapped it, which each rank does before DeepSpeed's initialisation returns; after
-that the mappings stay valid without the name, and the kernel frees the memory when the
-last process using it exits, however it exits.
+Why: when a launcher starts every rank on one CPU node (``LOCAL_SIZE`` equal to the world size, as the ``deepspeed``
+launcher sets it), DeepSpeed's communication backend creates a 66 MB ``/dev/shm`` segment per rank for its shared-memory
+all-reduce (``deepspeed/ops/csrc/cpu/comm/shm.cpp``, named
+``deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>``) and never unlinks it. ``/dev/shm`` is memory:
+every launch leaves ``world_size x 66 MB`` behind, after a clean exit as after a crash, until the node reboots (found on
+the CI machine: 254 segments, 16 GB of its 24 GB, after a day of test and benchmark launches; a full ``/dev/shm`` later
+kills jobs with SIGBUS). A segment's name is only needed until every rank has mapped it, which each rank does before
+DeepSpeed's initialisation returns; after that the mappings stay valid without the name, and the kernel frees the memory
+when the last process using it exits, however it exits.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Verification of DeepSpeed-layout checkpoints, shared by both DeepSpeed front ends.
 
 A ds_acco DeepSpeed tag holds DeepSpeed's files (``mp_rank_00_model_states.pt``, one
-``zero_pp_rank_<r>_mp_rank_00_optim_states.pt`` per rank under ZeRO-1) plus one
-ds_acco state file per rank (round state or streaming state) and the manifest. With
-the saved world size each rank reads the model file, its own optimizer file and its
-own state file, and hashes its own files and its share of the model file's ranges (see
-:func:`ds_acco.checkpoint.manifest.share_out`), while DeepSpeed parses them (see
-:mod:`ds_acco.checkpoint.gate`); after a world-size change every rank may read every
-file, so every file is hashed, before anything is read.
+``zero_pp_rank_<r>_mp_rank_00_optim_states.pt`` per rank under ZeRO-1) plus one ds_acco state file per rank (round state
+or streaming state) and the manifest. With the saved world size each rank reads the model file, its own optimizer file
+and its own state file, and hashes its own files and its share of the model file's ranges (see
+:func:`ds_acco.checkpoint.manifest.share_out`), while DeepSpeed parses them (see :mod:`ds_acco.checkpoint.gate`); after
+a world-size change every rank may read every file, so every file is hashed, before anything is read.
 """
 
 from __future__ import annotations
@@ -34,16 +32,15 @@ OPTIM_FILE = "zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
 
 def start_verify_tag(load_dir: str, tag: str, *, state_file: str, dp_rank: int, dp_world: int, salvage: bool,
                      group, timeout_s: float, key: Optional[bytes] = None, weights_only: bool = True) -> PendingVerdict:
-    """Start verifying ``load_dir/tag`` in the background (see :mod:`ds_acco.checkpoint.gate`); collective
-    over ``group`` (a :class:`~ds_acco.checkpoint.gate.VerificationGroup`'s), on a background thread.
+    """Start verifying ``load_dir/tag`` in the background (see :mod:`ds_acco.checkpoint.gate`); collective over
+    ``group`` (a :class:`~ds_acco.checkpoint.gate.VerificationGroup`'s), on a background thread.
 
-    The manifest is read and every file's size checked here, on the calling thread: that is
-    cheap, and tells whether the load may run while the hashes do (``pending.up_front``
-    False) or must wait for the verdict first: no usable manifest, another world size than
-    at the save, salvage on, a file missing or of the wrong size, or a signing key (a signed
-    checkpoint's files are parsed only once the signature and every hash are checked).
-    ``state_file`` has a ``{rank}`` field; ``weights_only`` refuses files whose pickles name classes
-    beyond DeepSpeed's (:mod:`ds_acco.checkpoint.safe_load`).
+    The manifest is read and every file's size checked here, on the calling thread: that is cheap, and tells whether the
+    load may run while the hashes do (``pending.up_front`` False) or must wait for the verdict first: no usable
+    manifest, another world size than at the save, salvage on, a file missing or of the wrong size, or a signing key (a
+    signed checkpoint's files are parsed only once the signature and every hash are checked). ``state_file`` has a
+    ``{rank}`` field; ``weights_only`` refuses files whose pickles name classes beyond DeepSpeed's
+    (:mod:`ds_acco.checkpoint.safe_load`).
     """
     folder = os.path.join(load_dir, tag)
     if tag.endswith(".partial") or not os.path.isdir(folder):

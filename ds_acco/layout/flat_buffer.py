@@ -3,15 +3,14 @@
 Index spaces (the vocabulary every other module uses):
 
 * **param space**: a parameter's own elements, ``0 .. p.numel()``.
-* **flat space**: one contiguous buffer per parameter group, ``0 .. padded_numel``;
-  parameter ``i`` lives at ``[offsets[i], offsets[i] + numel_i)``. Zero padding at
-  the end makes ``padded_numel`` a multiple of ``world_size * alignment``.
-* **shard space**: rank ``r`` owns flat elements ``[r * shard_numel, (r + 1) * shard_numel)``,
-  the ZeRO-1 partition; its fp32 master copy and optimizer state cover exactly that.
+* **flat space**: one contiguous buffer per parameter group, ``0 .. padded_numel``; parameter ``i`` lives at
+  ``[offsets[i], offsets[i] + numel_i)``. Zero padding at the end makes ``padded_numel`` a multiple of
+  ``world_size * alignment``.
+* **shard space**: rank ``r`` owns flat elements ``[r * shard_numel, (r + 1) * shard_numel)``, the ZeRO-1 partition; its
+  fp32 master copy and optimizer state cover exactly that.
 
-Model parameters and gradients are *views* into flat buffers, so a swap at a
-round boundary re-points ``p.data`` (a pointer move per parameter) instead of
-copying the model.
+Model parameters and gradients are *views* into flat buffers, so a swap at a round boundary re-points ``p.data`` (a
+pointer move per parameter) instead of copying the model.
 """
 
 from __future__ import annotations
@@ -56,11 +55,9 @@ class FlatLayout:
         return slice(rank * self.shard_numel, (rank + 1) * self.shard_numel)
 
     def shard(self, flat: torch.Tensor, rank: int) -> torch.Tensor:
-        """Rank ``rank``'s partition of a flat buffer (a view)."""
         return flat[self.shard_slice(rank)]
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Per-parameter views of ``flat``, shaped like the parameters."""
         if flat.numel() != self.padded_numel:
             raise ValueError(f"flat buffer has {flat.numel()} elements, layout needs {self.padded_numel}")
         return [flat.narrow(0, o, n).view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
@@ -70,7 +67,6 @@ class FlatLayout:
 
 
 def flatten_into(params: Sequence[nn.Parameter], layout: FlatLayout, flat: torch.Tensor) -> None:
-    """Copy parameter values into ``flat`` and make each parameter a view of it."""
     for p, view in zip(params, layout.views(flat)):
         view.copy_(p.detach())
         p.data = view

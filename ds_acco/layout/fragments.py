@@ -1,16 +1,14 @@
 """Which parameters form each Streaming DiLoCo fragment.
 
-A fragment is a group of whole layers. The default split finds the model's
-stack of blocks (the longest ``nn.ModuleList`` of modules holding parameters:
-``transformer.h`` in GPT-2, ``model.layers`` in Llama, ``encoder.layer`` in BERT),
-cuts it into ``P`` runs of consecutive blocks of (almost) equal length, and adds
-the parameters registered before the stack (embeddings) to the first fragment
-and those registered after it (final norm, untied head) to the last. A model
-without such a stack (e.g. an ``nn.Sequential``) uses its top-level children that
-hold parameters as the layers.
+A fragment is a group of whole layers. The default split finds the model's stack of blocks (the longest
+``nn.ModuleList`` of modules holding parameters: ``transformer.h`` in GPT-2, ``model.layers`` in Llama,
+``encoder.layer`` in BERT), cuts it into ``P`` runs of consecutive blocks of (almost) equal length, and adds the
+parameters registered before the stack (embeddings) to the first fragment and those registered after it (final norm,
+untied head) to the last. A model without such a stack (e.g. an ``nn.Sequential``) uses its top-level children that hold
+parameters as the layers.
 
-Only trainable parameters (``requires_grad``) are placed; tied parameters count
-once, with the module that registers them first.
+Only trainable parameters (``requires_grad``) are placed; tied parameters count once, with the module that registers
+them first.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """Two gradient accumulators per parameter group, one filled, one in a round.
 
-Backward writes micro-batch gradients into the *active* accumulator while the
-round in flight reads the other one. At each launch the engine hands the active
-one to the round and activates the other, which the previous round zeroed after
-its reduce-scatter, so the training thread never copies or clears a model-sized
-buffer.
+Backward writes micro-batch gradients into the *active* accumulator while the round in flight reads the other one. At
+each launch the engine hands the active one to the round and activates the other, which the previous round zeroed after
+its reduce-scatter, so the training thread never copies or clears a model-sized buffer.
 
-When the accumulation dtype equals the parameter dtype, ``p.grad`` is a view of
-the active accumulator and autograd accumulates in place (DDP's
-``gradient_as_bucket_view`` trick). Otherwise (e.g. bf16 parameters accumulating
-in fp32) a post-accumulate-grad hook adds ``p.grad`` into the accumulator and
-drops it.
+When the accumulation dtype equals the parameter dtype, ``p.grad`` is a view of the active accumulator and autograd
+accumulates in place (DDP's ``gradient_as_bucket_view`` trick). Otherwise (e.g. bf16 parameters accumulating in fp32) a
+post-accumulate-grad hook adds ``p.grad`` into the accumulator and drops it.
 """
 
 from __future__ import annotations
@@ -55,9 +51,8 @@ class GradBuffers:
     def repair(self) -> None:
         """Fold gradients that escaped the accumulator back into it.
 
-        User code may call ``model.zero_grad()`` (which sets ``p.grad = None``) or an
-        optimizer may replace ``p.grad``; then autograd allocated a fresh tensor. This
-        adds it into the accumulator and re-binds, so nothing is lost.
+        User code may call ``model.zero_grad()`` (which sets ``p.grad = None``) or an optimizer may replace ``p.grad``;
+        then autograd allocated a fresh tensor. This adds it into the accumulator and re-binds, so nothing is lost.
         """
         if self._use_hooks:
             return

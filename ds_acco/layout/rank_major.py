@@ -1,22 +1,18 @@
 """Several dim-0-sharded parameters in one collective: FSDP2's rank-major packing.
 
-FSDP2 shards every parameter on dim 0 with ``torch.chunk`` semantics (each rank
-holds ``c = ceil(d0 / N)`` rows, zero-padded) and keeps each rank's chunk of each
-parameter as its own tensor. One reduce-scatter or all-gather per *parameter*
-pays the link's latency hundreds of times a round on a GPT; FSDP2 itself issues
-one per ``fully_shard`` unit by packing the unit's chunks **rank-major**: rank
-``r``'s region of the collective buffer is the concatenation of every
-parameter's ``r``-th chunk, so a reduce-scatter hands rank ``r`` exactly its
-chunks and an all-gather of the concatenated shards rebuilds the whole unit.
+FSDP2 shards every parameter on dim 0 with ``torch.chunk`` semantics (each rank holds ``c = ceil(d0 / N)`` rows,
+zero-padded) and keeps each rank's chunk of each parameter as its own tensor. One reduce-scatter or all-gather per
+*parameter* pays the link's latency hundreds of times a round on a GPT; FSDP2 itself issues one per ``fully_shard`` unit
+by packing the unit's chunks **rank-major**: rank ``r``'s region of the collective buffer is the concatenation of every
+parameter's ``r``-th chunk, so a reduce-scatter hands rank ``r`` exactly its chunks and an all-gather of the
+concatenated shards rebuilds the whole unit.
 
-The compute parameters and the gradient accumulators cannot be views of a
-rank-major buffer (a parameter's rows are spread over ``N`` regions), so they
-stay in a **param-major** buffer whose layout (:attr:`RankMajorPacking.layout`)
-pads each parameter to ``N * c`` rows. Viewed as ``(N, c * row)``, parameter
-``i``'s block and its column band of the rank-major buffer viewed as ``(N, S)``
-hold the same rows, and packing is one ``torch.cat`` along dim 1 (FSDP2's
-``chunk_cat``), unpacking one ``torch.split_with_sizes_copy`` (FSDP2's copy-out).
-Both run on the communication thread, inside the round.
+The compute parameters and the gradient accumulators cannot be views of a rank-major buffer (a parameter's rows are
+spread over ``N`` regions), so they stay in a **param-major** buffer whose layout (:attr:`RankMajorPacking.layout`) pads
+each parameter to ``N * c`` rows. Viewed as ``(N, c * row)``, parameter ``i``'s block and its column band of the
+rank-major buffer viewed as ``(N, S)`` hold the same rows, and packing is one ``torch.cat`` along dim 1 (FSDP2's
+``chunk_cat``), unpacking one ``torch.split_with_sizes_copy`` (FSDP2's copy-out). Both run on the communication thread,
+inside the round.
 """
 
 from __future__ import annotations
@@ -60,7 +56,6 @@ class RankMajorPacking:
         return [flat.narrow(0, o, N * m).view(N, m) for o, m in zip(self.layout.offsets, self.chunk_numels)]
 
     def pack(self, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """Copy a param-major buffer into the rank-major ``out`` (casting to its dtype); returns ``out``."""
         torch.cat(self._blocks(flat), dim=1, out=out.view(self.world_size, self.shard_numel))
         return out
 
@@ -70,11 +65,9 @@ class RankMajorPacking:
                                     out=self._blocks(flat))
 
     def shard(self, flat: torch.Tensor, rank: int) -> torch.Tensor:
-        """Rank ``rank``'s rank-major region of a param-major buffer (a new tensor)."""
         return torch.cat([b[rank] for b in self._blocks(flat)])
 
     def read_masters(self, out: torch.Tensor) -> None:
-        """Concatenate this rank's master shards into ``out`` (casting to its dtype)."""
         torch.cat([m.detach() for m in self.masters], out=out)
 
     def split_shard(self, shard: torch.Tensor) -> list[torch.Tensor]:

@@ -25,16 +25,13 @@ class ShardedGroup:
     Attributes:
         params: the compute parameters, views into ``flat``.
         flat: compute-parameter buffer (compute dtype, ``layout.padded_numel``).
-        master: this rank's fp32 master shard, the tensor the shard optimizer steps
-            (``layout.shard_numel`` elements); None with ``packing``, whose masters
-            are one tensor per parameter.
-        rebind: called with a flat buffer at a swap; the default re-points
-            ``params`` at it. Adapters override it when their framework keeps
-            references to the flat buffer.
-        packing: set when the group's shards are per-parameter dim-0 chunks
-            (FSDP2): rank ``r``'s shard is then not a slice of ``flat`` but the
-            rank-major concatenation of the parameters' ``r``-th chunks, and the
-            round packs and unpacks around its collectives.
+        master: this rank's fp32 master shard, the tensor the shard optimizer steps (``layout.shard_numel`` elements);
+            None with ``packing``, whose masters are one tensor per parameter.
+        rebind: called with a flat buffer at a swap; the default re-points ``params`` at it. Adapters override it when
+            their framework keeps references to the flat buffer.
+        packing: set when the group's shards are per-parameter dim-0 chunks (FSDP2): rank ``r``'s shard is then not a
+            slice of ``flat`` but the rank-major concatenation of the parameters' ``r``-th chunks, and the round packs
+            and unpacks around its collectives.
     """
 
     params: list[nn.Parameter]

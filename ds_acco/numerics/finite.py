@@ -1,12 +1,11 @@
-"""The one test for inf/NaN that every layer uses: gradients before a commit, int8 residuals and
-deltas, masters and moments at a save and a load.
+"""The one test for inf/NaN that every layer uses: gradients before a commit, int8 residuals and deltas, masters and
+moments at a save and a load.
 
-Why not ``torch.isfinite(t).all()``: it builds a bool tensor the size of ``t`` (a model-sized
-temporary for a gradient accumulator). A finite fp32 sum proves every element finite (one inf
-or NaN makes the sum inf or NaN), and only a sum that overflowed needs a second look; the
-minimum and maximum carry any inf/NaN too. The sum is the faster of the two on CPU (1.2x),
-but only in the tensor's own dtype: summing a 16-bit tensor into fp32 makes an fp32 copy of
-it first, so 16-bit tensors go straight to the minimum and maximum.
+Why not ``torch.isfinite(t).all()``: it builds a bool tensor the size of ``t`` (a model-sized temporary for a gradient
+accumulator). A finite fp32 sum proves every element finite (one inf or NaN makes the sum inf or NaN), and only a sum
+that overflowed needs a second look; the minimum and maximum carry any inf/NaN too. The sum is the faster of the two on
+CPU (1.2x), but only in the tensor's own dtype: summing a 16-bit tensor into fp32 makes an fp32 copy of it first, so
+16-bit tensors go straight to the minimum and maximum.
 """
 
 from __future__ import annotations

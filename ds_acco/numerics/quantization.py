@@ -1,24 +1,19 @@
 """Blockwise absmax int8 (and int4) quantisation of fp32/bf16/fp16 tensors.
 
-A tensor is cut into rows (one row per destination rank in the collectives, a
-single row otherwise) and every row into blocks of ``block_size`` consecutive
-elements; the last block of a row may be shorter, so no size needs to divide by
-the block size and nothing is padded. Each block keeps one fp32 *scale*, its
-absolute maximum ``s``, and stores every element as ``q = round(127 * x / s)`` in
-``[-127, 127]``. Dequantisation is ``q * s / 127``, so the round-trip error of an
-element is at most half a step, ``s / 254`` (plus fp32 rounding), within the
-``s / 127`` the spec allows. An all-zero block has scale 0 and dequantises to 0.
+A tensor is cut into rows (one row per destination rank in the collectives, a single row otherwise) and every row into
+blocks of ``block_size`` consecutive elements; the last block of a row may be shorter, so no size needs to divide by the
+block size and nothing is padded. Each block keeps one fp32 *scale*, its absolute maximum ``s``, and stores every
+element as ``q = round(127 * x / s)`` in ``[-127, 127]``. Dequantisation is ``q * s / 127``, so the round-trip error of
+an element is at most half a step, ``s / 254`` (plus fp32 rounding), within the ``s / 127`` the spec allows. An all-zero
+block has scale 0 and dequantises to 0.
 
-Int4 is the same with ``qmax = 7`` (``q`` in ``[-7, 7]``, error at most ``s / 14``),
-stored two elements per byte by :func:`pack_int4` (``q + 8``, low nibble first);
-acco's estimate rounds send it (``acco.estimate_quantization``).
+Int4 is the same with ``qmax = 7`` (``q`` in ``[-7, 7]``, error at most ``s / 14``), stored two elements per byte by
+:func:`pack_int4` (``q + 8``, low nibble first); acco's estimate rounds send it (``acco.estimate_quantization``).
 
-Non-finite inputs are not special-cased: a block holding inf/NaN gets a
-non-finite scale and dequantises to NaN, which ``check_finite`` then catches
-after the exchange, exactly as it would for an fp32 payload.
+Non-finite inputs are not special-cased: a block holding inf/NaN gets a non-finite scale and dequantises to NaN, which
+``check_finite`` then catches after the exchange, exactly as it would for an fp32 payload.
 
-Everything here is a pure function of its arguments; callers that want to reuse
-memory pass ``out`` tensors.
+Everything here is a pure function of its arguments; callers that want to reuse memory pass ``out`` tensors.
 """
 
 from __future__ import annotations
@@ -73,12 +68,11 @@ def _split(rows: torch.Tensor, block_size: int) -> tuple[Optional[torch.Tensor],
 
 
 # [Note: a whole buffer in a few operations]
-# A round quantises and dequantises model-sized buffers, and each operation it issues holds the
-# Python interpreter the training thread needs (issue 49), so the work is done per buffer, not per
-# block, row or piece: the parts below are the one or two views (whole blocks, the short last block)
-# that cover a 2-D buffer, made once per buffer by the callers that keep buffers (the wire rows);
-# two parts go through one ``torch._foreach_*`` operation. The arithmetic is the per-part one, op
-# for op, so results are bit-identical to it (tests/test_round_ops.py checks against a reference).
+# A round quantises and dequantises model-sized buffers, and each operation it issues holds the Python interpreter the
+# training thread needs (issue 49), so the work is done per buffer, not per block, row or piece: the parts below are the
+# one or two views (whole blocks, the short last block) that cover a 2-D buffer, made once per buffer by the callers
+# that keep buffers (the wire rows); two parts go through one ``torch._foreach_*`` operation. The arithmetic is the
+# per-part one, op for op, so results are bit-identical to it (tests/test_round_ops.py checks against a reference).
 
 def block_parts(rows: torch.Tensor, block_size: int) -> list[torch.Tensor]:
     """The views that cover a 2-D ``(rows, numel)`` tensor block by block: ``(rows, k, block_size)`` for the
@@ -238,13 +232,12 @@ LOG_CODES = 255
 def quantize_log(x: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> Quantized:
     """Non-negative values to one byte each on a per-block logarithmic scale.
 
-    For Adam's second moment, whose values in one block span tens of octaves: a linear scale would round
-    the small ones to 0, and a 0 there becomes a step of ``lr * m / eps``. Here code 0 is an exact 0 and
-    codes 1-255 spread the log2 range of a block's positive values evenly, so no positive value becomes 0
-    and each is off by at most the factor ``2 ** (range / 508)`` (1.4% for a block spanning 10 octaves,
-    2.8% for 20). Returns a uint8 payload shaped like ``x``'s rows and, as scales, each block's lowest and
-    highest log2 side by side, ``(rows, 2 * num_blocks)`` (a piece of whole blocks keeps its scales together).
-    Finite, non-negative input only (callers check).
+    For Adam's second moment, whose values in one block span tens of octaves: a linear scale would round the small ones
+    to 0, and a 0 there becomes a step of ``lr * m / eps``. Here code 0 is an exact 0 and codes 1-255 spread the log2
+    range of a block's positive values evenly, so no positive value becomes 0 and each is off by at most the factor
+    ``2 ** (range / 508)`` (1.4% for a block spanning 10 octaves, 2.8% for 20). Returns a uint8 payload shaped like
+    ``x``'s rows and, as scales, each block's lowest and highest log2 side by side, ``(rows, 2 * num_blocks)`` (a piece
+    of whole blocks keeps its scales together). Finite, non-negative input only (callers check).
     """
     check_block_size(block_size)
     rows = _as_rows(x).float()

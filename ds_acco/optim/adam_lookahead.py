@@ -1,36 +1,28 @@
 """Adam/AdamW's lookahead step computed functionally, chunk by chunk, into the publish buffer.
 
-The estimate round needs ``Opt_lookahead(θ, S, g)``: what the next commit would
-produce, with ``θ`` and ``S`` left untouched. Stepping the optimizer on a
-snapshot costs a copy of the master shard and of every state tensor (12 bytes
-per shard element for Adam), held for the whole run. For Adam and AdamW the step
-is an elementwise formula of ``θ``, ``m``, ``v``, ``g`` and the step count, so this
-module evaluates it on chunks of :func:`chunk_elems` elements into scratch that
+The estimate round needs ``Opt_lookahead(θ, S, g)``: what the next commit would produce, with ``θ`` and ``S`` left
+untouched. Stepping the optimizer on a snapshot costs a copy of the master shard and of every state tensor (12 bytes per
+shard element for Adam), held for the whole run. For Adam and AdamW the step is an elementwise formula of ``θ``, ``m``,
+``v``, ``g`` and the step count, so this module evaluates it on chunks of :func:`chunk_elems` elements into scratch that
 is allocated once, and writes the result straight where the all-gather reads it.
 
-Recognised optimizers (exact types; a subclass may change ``step`` and takes the
-snapshot path):
+Recognised optimizers (exact types; a subclass may change ``step`` and takes the snapshot path):
 
-* ``torch.optim.Adam`` and ``torch.optim.AdamW`` (single-tensor, ``foreach`` or
-  ``fused``; not ``capturable`` or ``differentiable``), with ``amsgrad`` and
-  ``maximize``. The arithmetic below is the single-tensor implementation's, op
-  for op, so its result is bit-identical to stepping a snapshot with the default
-  (single-tensor) path on CPU; ``foreach`` runs the same ops per tensor, and
-  ``fused`` kernels may round differently (fp32 rounding).
-* DeepSpeed's ``FusedAdam`` (``adam_w_mode``, ``bias_correction``) and
-  ``DeepSpeedCPUAdam`` (``adamw_mode``; not ``amsgrad``). On CPU both run the same
-  kernel (``ds_adam_step`` in DeepSpeed's ``csrc/adam/cpu_adam_impl.cpp``), and
-  :meth:`FunctionalAdam._chunk_deepspeed` evaluates its formula with its fp32
-  scalars and its fused multiply-adds (torch's formula with fp64 scalars was 1e-5 of
-  the update away). Against DeepSpeed 0.19.8's CPU ``FusedAdam``: bit-identical except
-  in the last ``numel % lanes`` elements of a tensor, which the kernel steps in scalar
-  C++ (about two fp32 ulps), and in a resumed run, where the kernel's ``beta ** step``
-  starts from ``pow`` (see :func:`_running_power`); tests/test_shard_optimizer.py checks
-  this. Only the estimate is affected: a commit is always the optimizer's own step. (On
-  CUDA, FusedAdam's kernel uses another formula: as close as torch's, not measured.)
+* ``torch.optim.Adam`` and ``torch.optim.AdamW`` (single-tensor, ``foreach`` or ``fused``; not ``capturable`` or
+  ``differentiable``), with ``amsgrad`` and ``maximize``. The arithmetic below is the single-tensor implementation's, op
+  for op, so its result is bit-identical to stepping a snapshot with the default (single-tensor) path on CPU;
+  ``foreach`` runs the same ops per tensor, and ``fused`` kernels may round differently (fp32 rounding).
+* DeepSpeed's ``FusedAdam`` (``adam_w_mode``, ``bias_correction``) and ``DeepSpeedCPUAdam`` (``adamw_mode``; not
+  ``amsgrad``). On CPU both run the same kernel (``ds_adam_step`` in DeepSpeed's ``csrc/adam/cpu_adam_impl.cpp``), and
+  :meth:`FunctionalAdam._chunk_deepspeed` evaluates its formula with its fp32 scalars and its fused multiply-adds
+  (torch's formula with fp64 scalars was 1e-5 of the update away). Against DeepSpeed 0.19.8's CPU ``FusedAdam``:
+  bit-identical except in the last ``numel % lanes`` elements of a tensor, which the kernel steps in scalar C++ (about
+  two fp32 ulps), and in a resumed run, where the kernel's ``beta ** step`` starts from ``pow`` (see
+  :func:`_running_power`); tests/test_shard_optimizer.py checks this. Only the estimate is affected: a commit is always
+  the optimizer's own step. (On CUDA, FusedAdam's kernel uses another formula: as close as torch's, not measured.)
 
-Masters and state must be fp32 (DeepSpeed's ZeRO-1 partitions and ds_acco's own
-masters are); anything else takes the snapshot path.
+Masters and state must be fp32 (DeepSpeed's ZeRO-1 partitions and ds_acco's own masters are); anything else takes the
+snapshot path.
 """
 
 from __future__ import annotations

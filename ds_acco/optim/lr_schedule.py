@@ -1,14 +1,12 @@
 """How far a commit moves the learning-rate schedule: one step, or the tokens it committed.
 
-A schedule is written for a token budget: ``S`` optimizer steps of ``G`` micro-batches
-per worker on ``N`` workers. Under the fixed policy every commit covers exactly
-``G × N`` micro-batches, so one scheduler step per commit is that budget. Under the
-adaptive policy a commit covers however many micro-batches the workers finished while
-the round was in flight (on a fast link about half of ``G × N``), so stepping once per
-commit would run the schedule out early. There the schedule follows tokens: it is at
-nominal step ``floor(committed micro-batches / (G × N))``, and a commit advances it by
-as many steps as it crossed (several, or none). Skipped commits (non-finite gradients)
-move nothing, as in stock DeepSpeed.
+A schedule is written for a token budget: ``S`` optimizer steps of ``G`` micro-batches per worker on ``N`` workers.
+Under the fixed policy every commit covers exactly ``G × N`` micro-batches, so one scheduler step per commit is that
+budget. Under the adaptive policy a commit covers however many micro-batches the workers finished while the round was in
+flight (on a fast link about half of ``G × N``), so stepping once per commit would run the schedule out early. There the
+schedule follows tokens: it is at nominal step ``floor(committed micro-batches / (G × N))``, and a commit advances it by
+as many steps as it crossed (several, or none). Skipped commits (non-finite gradients) move nothing, as in stock
+DeepSpeed.
 """
 
 from __future__ import annotations

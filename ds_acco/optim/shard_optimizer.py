@@ -1,16 +1,13 @@
 """The optimizer step on this rank's fp32 master shards: commit and lookahead.
 
-Any ``torch.optim.Optimizer`` built over the master shards works. The commit is
-its ordinary ``step()`` followed by the LR-scheduler steps it earns; for torch's Adam
-and AdamW stepping single-tensor or ``foreach`` it is the same arithmetic done chunk
-by chunk (:meth:`ds_acco.optim.adam_lookahead.FunctionalAdam.step`), because torch's
-step holds two shard-sized temporaries for its denominator (8 bytes per shard
-element) at the moment the round's buffers are all live. The lookahead
-(``Opt_lookahead`` in docs/algorithms.md) leaves the shard and the optimizer state
-untouched: functional for Adam and AdamW (:mod:`ds_acco.optim.adam_lookahead`); any
-other optimizer is stepped on the real tensors after a snapshot into scratch that is
-allocated once, the result is copied out, and the snapshot is copied back in place,
-so tensor identities (which DeepSpeed and user code may hold) never change.
+Any ``torch.optim.Optimizer`` built over the master shards works. The commit is its ordinary ``step()`` followed by the
+LR-scheduler steps it earns; for torch's Adam and AdamW stepping single-tensor or ``foreach`` it is the same arithmetic
+done chunk by chunk (:meth:`ds_acco.optim.adam_lookahead.FunctionalAdam.step`), because torch's step holds two
+shard-sized temporaries for its denominator (8 bytes per shard element) at the moment the round's buffers are all live.
+The lookahead (``Opt_lookahead`` in docs/algorithms.md) leaves the shard and the optimizer state untouched: functional
+for Adam and AdamW (:mod:`ds_acco.optim.adam_lookahead`); any other optimizer is stepped on the real tensors after a
+snapshot into scratch that is allocated once, the result is copied out, and the snapshot is copied back in place, so
+tensor identities (which DeepSpeed and user code may hold) never change.
 """
 
 from __future__ import annotations

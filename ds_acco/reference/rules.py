@@ -1,13 +1,11 @@
 """A single-process, unsharded implementation of ``docs/algorithms.md``.
 
-It simulates ``N`` workers in one process with no threads, buffers or
-collectives, so it reads like the spec; the tests compare the distributed
-engines' trajectories against it. Worker ``w`` consumes its micro-batches in
-order ``0, 1, 2, ...`` exactly as a real rank iterates its data loader.
+It simulates ``N`` workers in one process with no threads, buffers or collectives, so it reads like the spec; the tests
+compare the distributed engines' trajectories against it. Worker ``w`` consumes its micro-batches in order
+``0, 1, 2, ...`` exactly as a real rank iterates its data loader.
 
-``counts`` (optional) gives, for every round in launch order, the number of
-micro-batches each worker contributed to it; the adaptive policy records these
-in telemetry (``RoundRecord.counts``). Without it the fixed-policy quotas apply.
+``counts`` (optional) gives, for every round in launch order, the number of micro-batches each worker contributed to it;
+the adaptive policy records these in telemetry (``RoundRecord.counts``). Without it the fixed-policy quotas apply.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """A single-process, unsharded Streaming DiLoCo (``docs/algorithms.md``, section streaming).
 
-It simulates ``N`` workers in one process with no threads or collectives and
-full-precision exchanges (no int8, fp32 all-gather), so it reads like the spec;
-the tests compare :mod:`ds_acco.streaming` against it. Worker ``w`` consumes
-one micro-batch per inner step, in order ``0, 1, 2, ...``, exactly as a real
-rank iterates its data loader. With ``P = 1`` and ``tau = 0`` it is plain DiLoCo.
+It simulates ``N`` workers in one process with no threads or collectives and full-precision exchanges (no int8, fp32
+all-gather), so it reads like the spec; the tests compare :mod:`ds_acco.streaming` against it. Worker ``w`` consumes one
+micro-batch per inner step, in order ``0, 1, 2, ...``, exactly as a real rank iterates its data loader. With ``P = 1``
+and ``tau = 0`` it is plain DiLoCo.
 """
 
 from __future__ import annotations
@@ -47,11 +46,10 @@ def streaming_reference(
     outer_lr: float = 0.7,
     outer_momentum: float = 0.9,
 ) -> StreamingTrace:
-    """Run ``steps`` inner steps of Streaming DiLoCo on ``world_size`` simulated workers from ``θ_0 = params``
-    (every worker's and ``θ_g``); ``grad_fn(worker, k, params)`` is the gradient of a worker's ``k``-th micro-batch,
+    """Run ``steps`` inner steps of Streaming DiLoCo on ``world_size`` simulated workers from ``θ_0 = params`` (every
+    worker's and ``θ_g``); ``grad_fn(worker, k, params)`` is the gradient of a worker's ``k``-th micro-batch,
     ``fragments`` are ``P`` lists of indices into ``params``, and ``sync_every`` / ``overlap_steps`` / ``alpha`` /
-    ``outer_lr`` / ``outer_momentum`` are ``H``, ``tau``, ``α`` and the outer Nesterov SGD, as in
-    ``acco.streaming``."""
+    ``outer_lr`` / ``outer_momentum`` are ``H``, ``tau``, ``α`` and the outer Nesterov SGD, as in ``acco.streaming``."""
     N, H, P, tau = world_size, sync_every, len(fragments), overlap_steps
     workers = [[torch.nn.Parameter(p.detach().clone().float()) for p in params] for _ in range(N)]
     inner = [make_inner_optimizer(ws) for ws in workers]

@@ -1,30 +1,23 @@
 """Exports see the committed parameters; the round schedule never notices.
 
-With ACCO a round is nearly always in flight, so the module a training script holds
-is rarely the committed model: between an estimate swap and the commit swap it holds
-the lookahead estimate, and while a commit is in flight the committed result sits in
-the buffer the round engine's all-gather landed in. A script that exports after its loop
-(``model.state_dict()``, ``save_16bit_model``, HF ``Trainer.save_model``) must get
-the committed parameters anyway, and an export in the middle of training must not
-change what training does next.
+With ACCO a round is nearly always in flight, so the module a training script holds is rarely the committed model:
+between an estimate swap and the commit swap it holds the lookahead estimate, and while a commit is in flight the
+committed result sits in the buffer the round engine's all-gather landed in. A script that exports after its loop
+(``model.state_dict()``, ``save_16bit_model``, HF ``Trainer.save_model``) must get the committed parameters anyway, and
+an export in the middle of training must not change what training does next.
 
-Both come from :meth:`RoundEngine.committed_buffers`: it waits for the round in
-flight without swapping it in (the swap still happens at the quota, so under the
-fixed policy the trajectory is bit-for-bit the one without exports), then points at
-whichever buffer holds the committed parameters, cast to the compute dtype: the
-landing buffer while a commit was in flight, the compute buffers otherwise. No
-communication is needed, so an export called on one rank only (``if rank == 0:
-torch.save(model.state_dict(), ...)``) cannot hang under the fixed policy. The
-export all-gathers the master shards instead, which every rank must then call, after
-an explicit ``wait()`` that swapped an estimate in, and with
-``all_gather_quantization: "int8"`` (every gathered buffer trails the masters by an
-int8 delta's rounding). Under the adaptive policy the ranks first agree on the rounds
-launched (:mod:`ds_acco.rounds.alignment`), also a collective.
+Both come from :meth:`RoundEngine.committed_buffers`: it waits for the round in flight without swapping it in (the swap
+still happens at the quota, so under the fixed policy the trajectory is bit-for-bit the one without exports), then
+points at whichever buffer holds the committed parameters, cast to the compute dtype: the landing buffer while a commit
+was in flight, the compute buffers otherwise. No communication is needed, so an export called on one rank only
+(``if rank == 0: torch.save(model.state_dict(), ...)``) cannot hang under the fixed policy. The export all-gathers the
+master shards instead, which every rank must then call, after an explicit ``wait()`` that swapped an estimate in, and
+with ``all_gather_quantization: "int8"`` (every gathered buffer trails the masters by an int8 delta's rounding). Under
+the adaptive policy the ranks first agree on the rounds launched (:mod:`ds_acco.rounds.alignment`), also a collective.
 
-:class:`CommittedStateDict` substitutes those tensors into ``module.state_dict()``
-(a state-dict post-hook), so every export built on it is covered;
-:func:`committed_parameters` binds them as the compute parameters for the duration
-of a ``with`` block (evaluation on the committed model).
+:class:`CommittedStateDict` substitutes those tensors into ``module.state_dict()`` (a state-dict post-hook), so every
+export built on it is covered; :func:`committed_parameters` binds them as the compute parameters for the duration of a
+``with`` block (evaluation on the committed model).
 """
 
 from __future__ import annotations
@@ -59,9 +52,8 @@ def committed_buffers(engine: RoundEngine) -> list[torch.Tensor]:
 def committed_parameters(engine: RoundEngine) -> Iterator[None]:
     """Inside the block the model computes with the committed parameters (e.g. for evaluation).
 
-    No backward inside the block. The compute parameters the rounds own are bound back
-    on exit, so training continues exactly as without the block (in a streaming phase: the
-    replica, and the block sees ``θ_g``; collective there).
+    No backward inside the block. The compute parameters the rounds own are bound back on exit, so training continues
+    exactly as without the block (in a streaming phase: the replica, and the block sees ``θ_g``; collective there).
     """
     rebound = []
     for g, buf in zip(engine.groups, committed_buffers(engine)):
@@ -79,11 +71,9 @@ def committed_parameters(engine: RoundEngine) -> Iterator[None]:
 class CommittedStateDict:
     """A state-dict post-hook on ``module``: trained parameters come out as committed values.
 
-    Entries are views of the engine's buffers, like stock ``state_dict()`` entries are
-    views of the live parameters; ``keep_vars=True`` calls (which ask for the
-    ``nn.Parameter`` objects themselves) are left alone. :meth:`suspended` turns the
-    substitution off, for a checkpoint that must hold the compute parameters to
-    resume exactly.
+    Entries are views of the engine's buffers, like stock ``state_dict()`` entries are views of the live parameters;
+    ``keep_vars=True`` calls (which ask for the ``nn.Parameter`` objects themselves) are left alone. :meth:`suspended`
+    turns the substitution off, for a checkpoint that must hold the compute parameters to resume exactly.
     """
 
     def __init__(self, module: nn.Module, engine: RoundEngine):

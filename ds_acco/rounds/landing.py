@@ -1,28 +1,23 @@
 """Where a round's parameter all-gather lands, and how the swap makes it the compute parameters.
 
 [Note: no staging buffer]
-A round reduce-scatters its gradient accumulator first and all-gathers the new
-parameters last; in between, the accumulator holds nothing anyone needs. So the
-all-gather lands in it, and acco holds the compute parameters plus two gradient
-buffers, like the ACCO paper, instead of a fourth model-sized staging buffer:
+A round reduce-scatters its gradient accumulator first and all-gathers the new parameters last; in between, the
+accumulator holds nothing anyone needs. So the all-gather lands in it, and acco holds the compute parameters plus two
+gradient buffers, like the ACCO paper, instead of a fourth model-sized staging buffer:
 
-* accumulation dtype = compute dtype (``rotate``): at the swap the round's
-  accumulator *becomes* the compute parameters (a re-bind, no copy) and the
-  buffer the model read until then takes its place among the accumulators,
-  zeroed on the training thread (one memset of the parameters per swap, which
-  the training thread must do before the next backward writes into it);
-* accumulation dtype wider than the compute dtype, e.g. fp32 accumulators for
-  bf16 parameters (``copy``): the all-gather lands in the accumulator's bytes
-  viewed in the compute dtype; the swap copies it into the compute parameters
-  and zeroes the accumulator (both on the training thread);
-* narrower (``staging``): a separate staging buffer, swapped in by pointer, and
-  the round zeroes its accumulator right after the reduce-scatter.
+* accumulation dtype = compute dtype (``rotate``): at the swap the round's accumulator *becomes* the compute parameters
+  (a re-bind, no copy) and the buffer the model read until then takes its place among the accumulators, zeroed on the
+  training thread (one memset of the parameters per swap, which the training thread must do before the next backward
+  writes into it);
+* accumulation dtype wider than the compute dtype, e.g. fp32 accumulators for bf16 parameters (``copy``): the all-gather
+  lands in the accumulator's bytes viewed in the compute dtype; the swap copies it into the compute parameters and
+  zeroes the accumulator (both on the training thread);
+* narrower (``staging``): a separate staging buffer, swapped in by pointer, and the round zeroes its accumulator right
+  after the reduce-scatter.
 
-Each round publishes this rank's new shard straight into its own slice of the
-landing buffer (an in-place all-gather), so no publish shard is held either.
-The buffer a round writes is never the one the model reads while the round is
-in flight, so the int8-delta all-gather can still take its base from the
-compute parameters of the launch.
+Each round publishes this rank's new shard straight into its own slice of the landing buffer (an in-place all-gather),
+so no publish shard is held either. The buffer a round writes is never the one the model reads while the round is in
+flight, so the int8-delta all-gather can still take its base from the compute parameters of the launch.
 """
 
 from __future__ import annotations

@@ -2,14 +2,12 @@
 reduce-scatter, kept estimate, mean, clip, lookahead or step, all-gather (the schedules say *when*).
 
 [Note: how acco's estimate/commit is computed with two gradient buffers]
-docs/algorithms.md keeps ``A_t`` in the local accumulator so ``B_t`` adds on top of it
-and the commit reduce-scatters ``A_t + B_t``. Reduce-scatter is linear, so this
-round reduce-scatters ``A_t`` in the estimate round, keeps this rank's summed
-shard of it (``O(params / N)`` fp32), and lets the commit reduce-scatter only
-``B_t`` and add the kept shard. The update is the same (up to fp32 summation
-order), and the commit moves the same bytes. The accumulator a round has
-reduce-scattered is where its all-gather lands (no staging buffer; see the note
-in ds_acco/rounds/landing.py), and it comes back to the training thread zeroed at the swap.
+docs/algorithms.md keeps ``A_t`` in the local accumulator so ``B_t`` adds on top of it and the commit reduce-scatters
+``A_t + B_t``. Reduce-scatter is linear, so this round reduce-scatters ``A_t`` in the estimate round, keeps this rank's
+summed shard of it (``O(params / N)`` fp32), and lets the commit reduce-scatter only ``B_t`` and add the kept shard. The
+update is the same (up to fp32 summation order), and the commit moves the same bytes. The accumulator a round has
+reduce-scattered is where its all-gather lands (no staging buffer; see the note in ds_acco/rounds/landing.py), and it
+comes back to the training thread zeroed at the swap.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Streaming DiLoCo for a plain PyTorch model: fragments from the model or the config, then the engine.
 
-Which layers form each fragment: explicit ones passed by the caller, else
-``acco.streaming.fragment_modules`` by name, else the default split (consecutive blocks
-of the model's layer stack, :mod:`ds_acco.layout.fragments`). The DeepSpeed front end uses
-the same :func:`fragments_of` on the module DeepSpeed wraps.
+Which layers form each fragment: explicit ones passed by the caller, else ``acco.streaming.fragment_modules`` by name,
+else the default split (consecutive blocks of the model's layer stack, :mod:`ds_acco.layout.fragments`). The DeepSpeed
+front end uses the same :func:`fragments_of` on the module DeepSpeed wraps.
 """
 
 from __future__ import annotations
@@ -60,15 +59,14 @@ def build(
     """Split ``model`` into fragments, build its inner optimizer and start a streaming engine.
 
     Args:
-        model: this rank's full replica (same architecture on every rank; rank 0's
-            values are broadcast at start-up).
-        inner_optimizer_cls / inner_optimizer_kwargs: the inner optimizer (any
-            ``torch.optim``), available as ``engine.inner_optimizer``.
+        model: this rank's full replica (same architecture on every rank; rank 0's values are broadcast at start-up).
+        inner_optimizer_cls / inner_optimizer_kwargs: the inner optimizer (any ``torch.optim``), available as
+            ``engine.inner_optimizer``.
         config: the ``"acco"`` block, ``mode: "streaming"``.
-        fragments: optional explicit fragments, one entry per fragment (modules and/or
-            parameters); default: :func:`fragments_of`.
-        param_groups: what to pass to the inner optimizer (default: the model's
-            trainable parameters), e.g. groups with and without weight decay.
+        fragments: optional explicit fragments, one entry per fragment (modules and/or parameters); default:
+            :func:`fragments_of`.
+        param_groups: what to pass to the inner optimizer (default: the model's trainable parameters), e.g. groups with
+            and without weight decay.
 
     Returns:
         The :class:`StreamingEngine`; call ``after_inner_step()`` after every inner step.

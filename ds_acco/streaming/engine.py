@@ -1,18 +1,16 @@
 """Streaming DiLoCo: local inner steps, one fragment of the model synchronised at a time.
 
-The rules are in ``docs/algorithms.md`` (section streaming). Every rank keeps a
-full replica ``θ_i`` of the model and its own inner optimizer. The global
-parameters ``θ_g`` and the outer Nesterov-SGD momentum are sharded ZeRO-1 style:
-rank ``r`` owns slice ``r`` of every fragment's flat buffer in fp32 (the
-*master shard*). The training loop calls :meth:`StreamingEngine.after_inner_step` after every
-inner optimizer step, and :meth:`~StreamingEngine.finish` at the end (:func:`ds_acco.streaming.build`).
+The rules are in ``docs/algorithms.md`` (section streaming). Every rank keeps a full replica ``θ_i`` of the model and
+its own inner optimizer. The global parameters ``θ_g`` and the outer Nesterov-SGD momentum are sharded ZeRO-1 style:
+rank ``r`` owns slice ``r`` of every fragment's flat buffer in fp32 (the *master shard*). The training loop calls
+:meth:`StreamingEngine.after_inner_step` after every inner optimizer step, and :meth:`~StreamingEngine.finish` at the
+end (:func:`ds_acco.streaming.build`).
 
 Buffers of fragment ``p`` (flat space as in :mod:`ds_acco.layout.flat_buffer`):
 
 * ``flat``: ``θ_i,p``, the compute parameters (views), compute dtype.
-* ``anchor``: ``θ̂_g,p``, the global fragment as every rank last received it from
-  the all-gather (fp32; equals ``θ_g,p`` when the all-gather is fp32, its bf16 or
-  int8 rounding otherwise).
+* ``anchor``: ``θ̂_g,p``, the global fragment as every rank last received it from the all-gather (fp32; equals ``θ_g,p``
+  when the all-gather is fp32, its bf16 or int8 rounding otherwise).
 * ``master``: this rank's fp32 slice of ``θ_g,p``, stepped by the outer optimizer.
 
 [Note: one round of fragment p, launched at inner step s]
@@ -21,16 +19,13 @@ Buffers of fragment ``p`` (flat space as in :mod:`ds_acco.layout.flat_buffer`):
     training | inner steps s+1 .. s+tau (θ_i,p keeps training)              |merge|
     comm     | RS(int8(anchor − flat)) / N -> outer step -> AG(master) -> anchor |
 
-The training thread computes ``d = anchor − flat`` at launch (the snapshot of
-``θ_i,p`` that the pseudo-gradient uses), then the round runs on the
-communication thread (:class:`~ds_acco.comm.engine_lifecycle.EngineLifecycle`). Each owner turns
-the mean of ``d`` into the exact pseudo-gradient of its slice by adding
-``master − anchor`` (zero with an fp32 all-gather; the bf16/int8 rounding of the
-previous all-gather otherwise), so ``θ_g`` never accumulates all-gather rounding.
-``tau`` inner steps after the launch (at once when ``tau = 0``) the training
-thread waits for the round and merges ``θ_i,p ← α θ_i,p + (1 − α) anchor``.
-``tau < H / P`` (checked by the config) keeps at most one round in flight, so the
-delta scratch is shared by all fragments.
+The training thread computes ``d = anchor − flat`` at launch (the snapshot of ``θ_i,p`` that the pseudo-gradient uses),
+then the round runs on the communication thread (:class:`~ds_acco.comm.engine_lifecycle.EngineLifecycle`). Each owner
+turns the mean of ``d`` into the exact pseudo-gradient of its slice by adding ``master − anchor`` (zero with an fp32
+all-gather; the bf16/int8 rounding of the previous all-gather otherwise), so ``θ_g`` never accumulates all-gather
+rounding. ``tau`` inner steps after the launch (at once when ``tau = 0``) the training thread waits for the round and
+merges ``θ_i,p ← α θ_i,p + (1 − α) anchor``. ``tau < H / P`` (checked by the config) keeps at most one round in flight,
+so the delta scratch is shared by all fragments.
 """
 
 from __future__ import annotations
@@ -123,12 +118,11 @@ class StreamingEngine(EngineLifecycle):
 
     Args:
         model: this rank's replica; its fragment parameters become views of flat buffers.
-        inner_optimizer: steps the replica (built over the model's parameters); may be
-            None at construction and set afterwards, as :func:`build` does, because the
-            engine re-points the parameters at flat buffers first.
+        inner_optimizer: steps the replica (built over the model's parameters); may be None at construction and set
+            afterwards, as :func:`build` does, because the engine re-points the parameters at flat buffers first.
         fragments: ``P`` lists of parameters, as :mod:`ds_acco.layout.fragments` makes them.
-        broadcast: start every replica from rank 0's weights (False: the caller knows they are equal, as
-            at auto's switch, where a broadcast would send the whole model over the link for nothing).
+        broadcast: start every replica from rank 0's weights (False: the caller knows they are equal, as at auto's
+            switch, where a broadcast would send the whole model over the link for nothing).
         clock: what rounds are stamped with (:mod:`ds_acco.comm.clock`; default ``time.perf_counter``).
     """
 
@@ -272,10 +266,9 @@ class StreamingEngine(EngineLifecycle):
     def consolidate(self) -> None:
         """Make every replica the global parameters ``θ_g``, exactly (fp32 all-gather of the master shards).
 
-        The model Streaming DiLoCo trains is ``θ_g``; the replicas only approach it between
-        syncs. Call this (on every rank) before exporting or evaluating "the" model. The
-        round in flight is merged first. Training may continue afterwards: it is a merge
-        with ``alpha = 0`` of every fragment at once.
+        The model Streaming DiLoCo trains is ``θ_g``; the replicas only approach it between syncs. Call this (on every
+        rank) before exporting or evaluating "the" model. The round in flight is merged first. Training may continue
+        afterwards: it is a merge with ``alpha = 0`` of every fragment at once.
         """
         self.finish()
         for frag in self.fragments:

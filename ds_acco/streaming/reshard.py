@@ -1,11 +1,10 @@
 """A streaming state saved by one number of ranks, continued on another.
 
-Each rank saved its shard of every fragment's global parameters and outer momentum; with
-another number of ranks they are concatenated and cut again, exactly. What cannot be
-re-cut starts afresh: the int8 error-feedback residuals (each is one rank's view of its
-own sends) restart at zero, and a round that was waiting to be merged is merged now (its
-result is already in the saved anchor). The replica and the inner optimizer are the front
-end's to load (rank ``r`` continues saved rank ``r mod N_saved``'s).
+Each rank saved its shard of every fragment's global parameters and outer momentum; with another number of ranks they
+are concatenated and cut again, exactly. What cannot be re-cut starts afresh: the int8 error-feedback residuals (each is
+one rank's view of its own sends) restart at zero, and a round that was waiting to be merged is merged now (its result
+is already in the saved anchor). The replica and the inner optimizer are the front end's to load (rank ``r`` continues
+saved rank ``r mod N_saved``'s).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Per-round measurements and the running "communication hidden" figure.
 
-A round's communication is hidden to the extent the training thread did not
-wait for it: ``hidden = 1 - waited / round_time``, summed over rounds. In sync
-mode the training thread waits for the whole round, so it reads ~0%; in acco
-adaptive it should read ~100%.
+A round's communication is hidden to the extent the training thread did not wait for it:
+``hidden = 1 - waited / round_time``, summed over rounds. In sync mode the training thread waits for the whole round, so
+it reads ~0%; in acco adaptive it should read ~100%.
 """
 
 from __future__ import annotations

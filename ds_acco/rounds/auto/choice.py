@@ -1,47 +1,40 @@
 """``mode: "auto"``: run ``sync`` or ``acco`` (and with ``policy: "auto"`` fixed or adaptive), whichever the
 measurements say reaches a loss sooner.
 
-Why a model of the step, not a trial of each mode: a few steps' loss says nothing about
-which mode trains faster, but the time a step takes is measured exactly, and the two
-modes' step times follow from the same two figures. With ``c`` the compute of one
-micro-batch (the slowest worker's), ``R`` the time of one round on the wire and ``G``
-micro-batches per worker per step:
+Why a model of the step, not a trial of each mode: a few steps' loss says nothing about which mode trains faster, but
+the time a step takes is measured exactly, and the two modes' step times follow from the same two figures. With ``c``
+the compute of one micro-batch (the slowest worker's), ``R`` the time of one round on the wire and ``G`` micro-batches
+per worker per step:
 
 * ``sync`` computes, then communicates: ``G·c + R`` per step;
-* ``acco`` (fixed policy) overlaps two rounds of ``G/2`` micro-batches with their
-  communication: ``2·max(G/2·c', R)``, where ``c' = k·c`` is the compute of a micro-batch
-  while a round is in flight (the communication thread shares the core on a CPU; ``k`` is
-  measured once ``acco`` has run, 1 before);
-* ``acco`` (adaptive policy) ends a round at the first micro-batch boundary after its
-  communication ends, every worker contributing what it computed meanwhile: ``2·T`` per
-  ``2·Σ T/c'_r`` micro-batches with ``T = max_r max(c'_r, R + c'_r/2)`` (:data:`LANDING`),
-  scaled to ``G`` micro-batches per worker.
+* ``acco`` (fixed policy) overlaps two rounds of ``G/2`` micro-batches with their communication: ``2·max(G/2·c', R)``,
+  where ``c' = k·c`` is the compute of a micro-batch while a round is in flight (the communication thread shares the
+  core on a CPU; ``k`` is measured once ``acco`` has run, 1 before);
+* ``acco`` (adaptive policy) ends a round at the first micro-batch boundary after its communication ends, every worker
+  contributing what it computed meanwhile: ``2·T`` per ``2·Σ T/c'_r`` micro-batches with
+  ``T = max_r max(c'_r, R + c'_r/2)`` (:data:`LANDING`), scaled to ``G`` micro-batches per worker.
 
-The running mode's step is *measured* (wall time between two commits, per ``G·N``
-micro-batches committed); only the other mode's is predicted, with the round time scaled by
-the *wire factor*: in ``acco`` a round shares the core with compute (its CPU work, ds_acco's
-quantisation and sums and the network stack's, competes with the training thread) and takes
-longer than the same round in ``sync`` (1.55x on a one-core host at 100 Mbit/s), which the
-factor measures across the first switch (1 before). ``acco`` is charged
-``auto.acco_step_penalty`` for the extra steps its one-step delay costs to reach the same
-loss, and a switch needs a gain of ``auto.switch_margin``. Every rank computes the same choice from the
-same integers, so no rank disagrees: in acco the figures ride the count all-gather each round already
-makes (:mod:`ds_acco.rounds.round_work`); in sync the choice comes after the step's round, and one tiny
-all-gather brings every rank's figures including it (:meth:`AutoMode.gathered`), so the first choice
-can come after step 1. When ``R`` exceeds the whole compute of a step, ``acco`` cannot hide it and
-``sync`` wins; when ``R`` is tiny, hiding it is not worth the penalty; between the two,
-``acco`` wins. Where even the best of them costs :data:`STREAMING_HINT` times a step's bare compute,
-``acco.auto.streaming`` switches the job to streaming (:meth:`ds_acco.streaming.phase.PhaseFactory.enter`).
+The running mode's step is *measured* (wall time between two commits, per ``G·N`` micro-batches committed); only the
+other mode's is predicted, with the round time scaled by the *wire factor*: in ``acco`` a round shares the core with
+compute (its CPU work, ds_acco's quantisation and sums and the network stack's, competes with the training thread) and
+takes longer than the same round in ``sync`` (1.55x on a one-core host at 100 Mbit/s), which the factor measures across
+the first switch (1 before). ``acco`` is charged ``auto.acco_step_penalty`` for the extra steps its one-step delay costs
+to reach the same loss, and a switch needs a gain of ``auto.switch_margin``. Every rank computes the same choice from
+the same integers, so no rank disagrees: in acco the figures ride the count all-gather each round already makes
+(:mod:`ds_acco.rounds.round_work`); in sync the choice comes after the step's round, and one tiny all-gather brings
+every rank's figures including it (:meth:`AutoMode.gathered`), so the first choice can come after step 1. When ``R``
+exceeds the whole compute of a step, ``acco`` cannot hide it and ``sync`` wins; when ``R`` is tiny, hiding it is not
+worth the penalty; between the two, ``acco`` wins. Where even the best of them costs :data:`STREAMING_HINT` times a
+step's bare compute, ``acco.auto.streaming`` switches the job to streaming
+(:meth:`ds_acco.streaming.phase.PhaseFactory.enter`).
 
-With ``policy: "auto"`` both acco policies are candidates. The adaptive policy commits fewer
-micro-batches per step, and a smaller batch may buy as much loss per step: each candidate's
-time to a loss is its seconds per ``G·N`` micro-batches times ``1 + B/B_noise``, with ``B`` its
-micro-batches per committed step and ``B_noise`` the gradient noise scale measured from the
-rounds (:mod:`ds_acco.rounds.auto.noise_scale`; per sample alone before it is measured; per committed
-step when it measures 0, the model's limit: a larger batch is not free there). While
-acco runs, its measured step calibrates the other policy's prediction (the model's error is
-shared), and a near tie goes to the fixed policy, which is deterministic. ``policy:
-"adaptive"`` prices sync's full batches against adaptive's the same way.
+With ``policy: "auto"`` both acco policies are candidates. The adaptive policy commits fewer micro-batches per step, and
+a smaller batch may buy as much loss per step: each candidate's time to a loss is its seconds per ``G·N`` micro-batches
+times ``1 + B/B_noise``, with ``B`` its micro-batches per committed step and ``B_noise`` the gradient noise scale
+measured from the rounds (:mod:`ds_acco.rounds.auto.noise_scale`; per sample alone before it is measured; per committed
+step when it measures 0, the model's limit: a larger batch is not free there). While acco runs, its measured step
+calibrates the other policy's prediction (the model's error is shared), and a near tie goes to the fixed policy, which
+is deterministic. ``policy: "adaptive"`` prices sync's full batches against adaptive's the same way.
 """
 from __future__ import annotations
 
@@ -91,18 +84,16 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     """The mode to run from ``figures`` (one row of :data:`FIGURES` per rank); None while they do not suffice.
 
     ``policy``: the acco policy running (``current == "acco"``), or :data:`HALF` where sync runs at half the
-    accumulation; ``noise``: the gradient noise scale in
-    micro-batches (:mod:`ds_acco.rounds.auto.noise_scale`; None: not measured, or ``inf``: batches are then priced per
-    sample; 0: below what the rounds resolve, priced per committed step, the model's limit);
-    ``batch``: micro-batches per step measured in the running mode (the adaptive policy's varies);
-    ``estimate_fraction``: an estimate round's bytes over a commit's (``acco.estimate_quantization``); round
-    times are commit rounds' (the timer scales estimates up by it); ``streaming``: ``acco.auto.streaming``, the
-    job may switch to streaming where the chosen gradient mode costs :data:`STREAMING_HINT` or more;
-    ``noise_measured``: False where ``noise`` is the small-noise limit taken before two rounds measured it;
-    ``penalty``: acco's delay penalty now (None: ``acco.auto.acco_step_penalty``; :meth:`AutoMode.penalty`);
-    ``sync_half``: whether sync at half the accumulation is a candidate (None: where the policy may change the
-    batch, as the adaptive policy does, and ``G`` is even); ``penalty_note``/``noise_note``: how the penalty and the
-    noise scale were taken, for the line."""
+    accumulation; ``noise``: the gradient noise scale in micro-batches (:mod:`ds_acco.rounds.auto.noise_scale`; None:
+    not measured, or ``inf``: batches are then priced per sample; 0: below what the rounds resolve, priced per committed
+    step, the model's limit); ``batch``: micro-batches per step measured in the running mode (the adaptive policy's
+    varies); ``estimate_fraction``: an estimate round's bytes over a commit's (``acco.estimate_quantization``); round
+    times are commit rounds' (the timer scales estimates up by it); ``streaming``: ``acco.auto.streaming``, the job may
+    switch to streaming where the chosen gradient mode costs :data:`STREAMING_HINT` or more; ``noise_measured``: False
+    where ``noise`` is the small-noise limit taken before two rounds measured it; ``penalty``: acco's delay penalty now
+    (None: ``acco.auto.acco_step_penalty``; :meth:`AutoMode.penalty`); ``sync_half``: whether sync at half the
+    accumulation is a candidate (None: where the policy may change the batch, as the adaptive policy does, and ``G`` is
+    even); ``penalty_note``/``noise_note``: how the penalty and the noise scale were taken, for the line."""
     N = len(figures)
     # compute per micro-batch with a round in flight over without, from ranks that measured both
     interference = max((r[1] / r[0] for r in figures if r[0] > 0 and r[1] > 0), default=1.0)

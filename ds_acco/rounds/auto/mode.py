@@ -218,10 +218,9 @@ class AutoMode:
 
     def decision(self, figures: Optional[list], state, step: int, lr: Optional[float] = None) -> Optional[Decision]:
         """The mode (and, under ``policy: "auto"``, the acco policy; in sync, the full or half accumulation) to run
-        after ``step``, from every rank's ``figures`` and the round ``state`` running now; None while the figures do
-        not suffice (or inside the warm-up, where only streaming may start). Logs the figures and starts the
-        timer's figures afresh for a new mode; ``state`` is read, never changed. ``lr``: the learning rate now
-        (:meth:`penalty`)."""
+        after ``step``, from every rank's ``figures`` and the round ``state`` running now; None while the figures do not
+        suffice (or inside the warm-up, where only streaming may start). Logs the figures and starts the timer's figures
+        afresh for a new mode; ``state`` is read, never changed. ``lr``: the learning rate now (:meth:`penalty`)."""
         running = state.policy if state.mode == ACCO else (HALF if state.sync_quota else None)
         summary = self.noise.summary() if self.noise else None
         noise, note = (summary["value"], _noise_note(summary)) if summary else (None, "")

@@ -1,36 +1,31 @@
 """The gradient noise scale, measured from what a round already has: why smaller batches may reach a loss sooner.
 
-``policy: "auto"`` weighs the adaptive policy's smaller commits against the fixed policy's
-full ones, and batch size changes how much loss a step buys. The empirical model of
-McCandlish et al. (2018, "An Empirical Model of Large-Batch Training") says the samples
-needed to reach a loss grow as ``E = E_min·(1 + B / B_noise)`` with the batch ``B``, where
-``B_noise = tr(Σ) / |g|²`` is the ratio of the per-sample gradient variance to the squared
-true gradient. Below ``B_noise`` a sample buys as much at any batch; above it, a larger
-batch wastes samples. Seconds to a loss are then seconds per sample times ``E``.
+``policy: "auto"`` weighs the adaptive policy's smaller commits against the fixed policy's full ones, and batch size
+changes how much loss a step buys. The empirical model of McCandlish et al. (2018, "An Empirical Model of Large-Batch
+Training") says the samples needed to reach a loss grow as ``E = E_min·(1 + B / B_noise)`` with the batch ``B``, where
+``B_noise = tr(Σ) / |g|²`` is the ratio of the per-sample gradient variance to the squared true gradient. Below
+``B_noise`` a sample buys as much at any batch; above it, a larger batch wastes samples. Seconds to a loss are then
+seconds per sample times ``E``.
 
-The two figures come from two batch sizes the round already sees: each rank's own
-accumulator (``b_r`` micro-batches, its squared norm computed on the communication thread
-before the reduce-scatter and shared in the count all-gather) and the reduced mean over
-all ``B`` micro-batches (its squared norm from the shards, one scalar all-reduce). With
+The two figures come from two batch sizes the round already sees: each rank's own accumulator (``b_r`` micro-batches,
+its squared norm computed on the communication thread before the reduce-scatter and shared in the count all-gather) and
+the reduced mean over all ``B`` micro-batches (its squared norm from the shards, one scalar all-reduce). With
 ``E|ḡ_b|² = |g|² + tr(Σ)/b``::
 
     tr(Σ) ≈ (mean_r |ḡ_r|² − |ḡ|²) / (mean_r 1/b_r − 1/B)      |g|² ≈ |ḡ|² − tr(Σ)/B
 
-One round's estimate is noisy (two ranks are two samples), so the numerator and the
-denominator are averaged separately over the last rounds, as the paper does. Units are
-micro-batches: ``B_noise`` is in micro-batches too. Every rank holds the same gathered
-and all-reduced values, so every rank computes the same figure.
+One round's estimate is noisy (two ranks are two samples), so the numerator and the denominator are averaged separately
+over the last rounds, as the paper does. Units are micro-batches: ``B_noise`` is in micro-batches too. Every rank holds
+the same gathered and all-reduced values, so every rank computes the same figure.
 
-Noise must not read as a small noise scale. Early in training the per-round ``tr(Σ)``
-estimates scatter around a small mean, and a mean that happens to fall near or below zero
-would price every smaller batch as free (the estimate clamped at zero: benchmark logs read 0.0
-and 0.05 micro-batches, and auto then preferred the smallest commits whatever they cost).
-So the mean ``tr(Σ)`` carries its confidence interval (:data:`Z` standard errors of the
-window's rounds): where the interval excludes zero the estimate is used as measured (0.1
-micro-batches was measured, and resolved, early in the benchmark runs); where it does not,
-``B_noise`` is not resolved from zero and is priced at the interval's *upper* end, the
-largest scale the rounds allow, which credits a smaller batch only with what the
-measurement supports; and never below :data:`FLOOR`.
+Noise must not read as a small noise scale. Early in training the per-round ``tr(Σ)`` estimates scatter around a small
+mean, and a mean that happens to fall near or below zero would price every smaller batch as free (the estimate clamped
+at zero: benchmark logs read 0.0 and 0.05 micro-batches, and auto then preferred the smallest commits whatever they
+cost). So the mean ``tr(Σ)`` carries its confidence interval (:data:`Z` standard errors of the window's rounds): where
+the interval excludes zero the estimate is used as measured (0.1 micro-batches was measured, and resolved, early in the
+benchmark runs); where it does not, ``B_noise`` is not resolved from zero and is priced at the interval's *upper* end,
+the largest scale the rounds allow, which credits a smaller batch only with what the measurement supports; and never
+below :data:`FLOOR`.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     r.add_argument("--sweep", default="smoke", help="smoke or full")
     r.add_argument("--out", default="bench_results", help="output folder (runs/ holds per-run logs)")
     r.add_argument("--only", default=None, help=f"comma list of parts, from {','.join(PARTS)} (default: "
-                   f"{','.join(DEFAULT_PARTS)}; the smoke sweep adds fsdp)")
+                   f"{','.join(DEFAULT_PARTS)}; the smoke sweep adds fsdp_time_to_loss)")
     r.add_argument("--configs", default=None, help=f"comma list of configs, from {','.join(cfgs.CONFIGS)} (default: "
                    f"{','.join(cfgs.DEFAULT_CONFIGS)}; part streaming: {','.join(cfgs.STREAMING_COMPARISON)}; parts "
                    f"fsdp*: {','.join(cfgs.FSDP_CONFIGS)})")

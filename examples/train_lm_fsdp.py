@@ -25,8 +25,9 @@ Launch (from the repository root):
     launchers/fsdp_torchrun.sh -n 2 ds_configs/fsdp_acco.json --steps 80 --save-dir runs/fsdp --resume
 
 Data are a pure function of (rank, micro-batch index, seed), so a resumed run sees the
-micro-batches an uninterrupted one would. The run ends when ``acco.commits >= --steps``;
-rank 0 then prints one line::
+micro-batches an uninterrupted one would. The run ends when ``acco.commits >= --steps`` (or, with
+``--max-tokens``, at the step whose committed tokens reach it: the benchmark's budget, equal data for
+configs whose steps hold different numbers of micro-batches); rank 0 then prints one line::
 
     [train_lm_fsdp] done: steps 51 | ranks 2 | final train loss 2.93 | val loss 2.98 | tokens/s 5123 | comm hidden 97.4%
 
@@ -65,6 +66,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="load the newest checkpoint in --save-dir, if any")
     p.add_argument("--log-every", type=int, default=10, help="rank 0 prints the loss every N steps")
     p.add_argument("--eval-every", type=int, default=0, help="validation loss every N steps (0: only at the end)")
+    p.add_argument("--max-tokens", type=int, default=0,
+                   help="also stop after the optimizer step at which the committed tokens (all ranks) reach this "
+                        "many (0: at --steps); the adaptive policy commits more micro-batches per step, so a token "
+                        "budget is the same data for every config")
+    p.add_argument("--eval-every-tokens", type=int, default=0,
+                   help="validate after the first optimizer step past every multiple of this many committed tokens")
     p.add_argument("--stock", action="store_true",
                    help="train with stock FSDP2 (as \"enabled\": false in the acco block): same model, data, optimizer")
     p.add_argument("--shard-blocks", action="store_true",
@@ -85,9 +92,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not os.path.isfile(args.config):
         p.error(f"--config: no such file: {args.config}")
-    if args.steps < 1 or args.save_every < 0 or args.eval_every < 0 or args.compute_delay_ms < 0 or (
-            args.seq_len is not None and args.seq_len < 2):
-        p.error("--steps must be >= 1, --save-every, --eval-every and --compute-delay-ms >= 0, --seq-len >= 2")
+    if args.steps < 1 or min(args.save_every, args.eval_every, args.compute_delay_ms, args.max_tokens,
+                             args.eval_every_tokens) < 0 or (args.seq_len is not None and args.seq_len < 2):
+        p.error("--steps must be >= 1, --save-every, --eval-every, --max-tokens, --eval-every-tokens and "
+                "--compute-delay-ms >= 0, --seq-len >= 2")
     if (args.save_every or args.resume) and not args.save_dir:
         p.error("--save-every and --resume need --save-dir")
     return args
@@ -118,6 +126,18 @@ def _init_distributed(distributed_port: int = 29500):
         device = torch.device("cpu")
         dist.init_process_group("gloo")
     return device
+
+
+def _token_counter(acco, tokens_per_step: int, needed: bool):
+    """Committed tokens (all ranks) as the learning-rate schedule counts them: its nominal steps (one per commit,
+    or under the adaptive policy the committed micro-batches over G x world: ds_acco.optim.lr_schedule), read from
+    the swap's telemetry record, which the training thread writes, so every rank reads the same number."""
+    if needed and acco.telemetry is not None and not acco.config.telemetry.enabled:
+        raise SystemExit("--max-tokens and --eval-every-tokens read the round telemetry: acco.telemetry.enabled "
+                         "must not be false")
+    if acco.telemetry is None:  # stock FSDP2: a step is G micro-batches on every rank
+        return lambda: acco.commits * tokens_per_step
+    return lambda: acco.telemetry.nominal_steps * tokens_per_step
 
 
 def main(argv=None) -> int:
@@ -201,7 +221,10 @@ def main(argv=None) -> int:
     val_batches = [to_device(b) for b in validation_batches(args.eval_batches, micro_bs, seq_len)]
     meter = StepMeter(micro_bs * seq_len, world)
     step = acco.commits
-    while acco.commits < args.steps:
+    committed_tokens = _token_counter(acco, micro_bs * seq_len * job.gradient_accumulation_steps * world,
+                                      args.max_tokens or args.eval_every_tokens)
+    next_eval_tokens = args.eval_every_tokens
+    while acco.commits < args.steps and not (args.max_tokens and committed_tokens() >= args.max_tokens):
         loss = model(**to_device(micro_batch("train", rank, index, micro_bs, seq_len, args.seed))).loss
         loss.backward()
         if args.compute_delay_ms:
@@ -215,7 +238,11 @@ def main(argv=None) -> int:
         step_loss = meter.end_step()
         if recorder is not None:
             recorder.step(step, index, meter.train_s, step_loss)
-        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
+        by_tokens = bool(next_eval_tokens) and committed_tokens() >= next_eval_tokens
+        while next_eval_tokens and committed_tokens() >= next_eval_tokens:
+            next_eval_tokens += args.eval_every_tokens
+        last_step = step >= args.steps or bool(args.max_tokens and committed_tokens() >= args.max_tokens)
+        if (by_tokens or (args.eval_every and step % args.eval_every == 0)) and not last_step:
             with meter.pause():  # what the compute parameters give now (in acco: the latest estimate or commit)
                 val = distributed_validation_loss(model, val_batches, rank, world, lockstep=True)
             if recorder is not None:

@@ -303,7 +303,7 @@ def test_bench_smoke_sweep(smoke):
     expected = {("bandwidth", "zero1", 2), ("bandwidth", "acco_adaptive", 2), ("slow_host", "acco_adaptive", 2),
                 ("alone", "zero1", 1), ("streaming", "zero1", 2), ("streaming", "streaming_int8", 2),
                 ("time_to_loss", "zero1", 2), ("time_to_loss", "acco_lowbit_adaptive", 2),
-                ("fsdp", "fsdp_stock", 2), ("fsdp", "fsdp_acco_adaptive", 2)}
+                ("fsdp_time_to_loss", "fsdp_stock", 2), ("fsdp_time_to_loss", "fsdp_acco_adaptive_lowbit", 2)}
     assert {(r["scenario"], r["config"], r["hosts"]) for r in runs.values()} == expected
     assert len(runs) == 11 and all(r["ok"] for r in runs.values()), [r.get("error_tail") for r in runs.values()]
     # one ZeRO-1 run stands for three parts (the same steps, tokens and validations); its rows say so
@@ -324,7 +324,7 @@ def test_bench_smoke_sweep(smoke):
 
 def test_smoke_bandwidth_memory_and_slow_host(smoke):
     _, result, runs = smoke
-    for r in (r for r in runs.values() if r["scenario"] not in ("time_to_loss", "fsdp")):
+    for r in (r for r in runs.values() if r["scenario"] not in ("time_to_loss", "fsdp_time_to_loss")):
         assert _finite_positive(r["tokens_per_s"]) and _finite_positive(r["summary_tokens_per_s"]), r["id"]
         assert r["steps"] == 3 and _finite_positive(r["steps_per_s"])
         assert math.isfinite(r["final_train_loss"]) and 0 < r["val_loss"] < UNIFORM, r["id"]
@@ -397,14 +397,29 @@ def test_smoke_time_to_loss_and_repeats(smoke, tmp_path):
     assert row["vs_zero1"] == (None if row["median_s"] is None else pytest.approx(row["median_s"] / (1.5 * a)))
 
 
-def test_smoke_fsdp(smoke):
-    """The FSDP2 front end through the same driver: 6 steps, validation at 3 and 6, rounds only for ds_acco."""
-    _, _, runs = smoke
-    for r in (r for r in runs.values() if r["scenario"] == "fsdp"):
-        assert _finite_positive(r["tokens_per_s"]) and r["steps"] >= 6 and len(r["evals"]) >= 2, r["id"]
+def test_smoke_fsdp_time_to_loss(smoke):
+    """The FSDP2 front end through the same driver with the DeepSpeed protocol: a budget of 6 nominal steps' tokens,
+    the rate decayed over them (WarmupDecayLR in the job file train_lm_fsdp reads), a validation every step, rounds
+    (int4 estimates) only for ds_acco, and the report's seconds to stock's losses from the rows."""
+    from benchmarks.report.fsdp import ttl_collect, ttl_summary, ttl_table
+
+    out, result, runs = smoke
+    stock, lowbit = runs["fsdp_time_to_loss-fsdp_stock-unshaped-2h"], runs[
+        "fsdp_time_to_loss-fsdp_acco_adaptive_lowbit-unshaped-2h"]
+    for r in (stock, lowbit):
+        assert _finite_positive(r["tokens_per_s"]) and len(r["evals"]) >= 4, r["id"]  # a commit may span 2 steps
         assert all(0 < e["val_loss"] < UNIFORM for e in r["evals"]), r["evals"]
-    assert runs["fsdp-fsdp_acco_adaptive-unshaped-2h"]["rounds_per_step"] > 0
-    assert "collectives_per_step" in runs["fsdp-fsdp_stock-unshaped-2h"]
+        sched = json.loads((out / "runs" / r["id"] / "config.json").read_text())["scheduler"]
+        assert sched["type"] == "WarmupDecayLR" and sched["params"]["total_num_steps"] == 6
+    assert stock["steps"] == 6 and len(stock["evals"]) == 6  # 6 steps of G micro-batches: the budget, 1 val each
+    assert "collectives_per_step" in stock
+    rank0 = json.loads((out / "runs" / lowbit["id"] / "fsdp_rank0.json").read_text())
+    assert rank0["summary"]["nominal_steps"] >= 6 and lowbit["rounds_per_step"] > 0  # by the schedule's tokens
+    block = ttl_summary(ttl_collect([result]))["unshaped"]
+    assert set(block["configs"]) == {"fsdp_stock", "fsdp_acco_adaptive_lowbit"}
+    st = block["configs"]["fsdp_stock"]
+    assert st["seconds_vs_stock"] == 1.0 and 0 < st["seconds_final_median"] <= stock["evals"][-1]["train_s"]
+    assert "refused on FSDP2" in ttl_table({"unshaped": block})
 
 
 def test_smoke_plots_and_the_plot_command(smoke, tmp_path, capsys):

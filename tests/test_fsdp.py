@@ -230,7 +230,7 @@ def test_reduce_dtype_becomes_grad_accum_dtype():
 
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
 def test_json_config_means_what_it_means_to_deepspeed():
-    from deepspeed.runtime.lr_schedules import WarmupLR
+    from deepspeed.runtime.lr_schedules import WarmupDecayLR, WarmupLR
 
     from ds_acco.fsdp.options import load_job_config, warmup_lr
 
@@ -245,14 +245,28 @@ def test_json_config_means_what_it_means_to_deepspeed():
         load_job_config({"fp16": {"enabled": True}})
     with pytest.raises(AccoConfigError, match="acco.backend: got 'deepspeed'"):
         load_job_config({"acco": {"backend": "deepspeed"}})
-    for kind in ("linear", "log"):  # WarmupLR: the same learning rate at every step as DeepSpeed's
+    with pytest.raises(AccoConfigError, match="total_num_steps: missing with type 'WarmupDecayLR'"):
+        load_job_config({"scheduler": {"type": "WarmupDecayLR", "params": {}}})
+    with pytest.raises(AccoConfigError, match="total_num_steps: given with type 'WarmupLR'"):
+        load_job_config({"scheduler": {"type": "WarmupLR", "params": {"total_num_steps": 9}}})
+    decay = {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 1e-4, "warmup_max_lr": 1e-3, "warmup_num_steps": 5,
+                                                 "warmup_type": "log", "total_num_steps": 9}}
+    for kind, total in (("linear", None), ("log", None), ("linear", 9), ("log", 9)):
+        # WarmupLR and WarmupDecayLR (read from a job file): the same learning rate at every step as DeepSpeed's
         ours, theirs = [torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.5) for _ in range(2)]
-        sched = warmup_lr(1e-4, 1e-3, 5, kind)(ours)
-        ds = WarmupLR(theirs, warmup_min_lr=1e-4, warmup_max_lr=1e-3, warmup_num_steps=5, warmup_type=kind)
-        for _ in range(8):
-            assert ours.param_groups[0]["lr"] == theirs.param_groups[0]["lr"]
+        kw = dict(warmup_min_lr=1e-4, warmup_max_lr=1e-3, warmup_num_steps=5, warmup_type=kind)
+        if total is None:
+            sched, ds = warmup_lr(**kw)(ours), WarmupLR(theirs, **kw)
+        else:
+            job = load_job_config({"scheduler": dict(decay, params=dict(decay["params"], warmup_type=kind))})
+            sched, ds = job.lr_scheduler(ours), WarmupDecayLR(theirs, total_num_steps=total, **kw)
+        lrs = []
+        for _ in range(12):
+            assert ours.param_groups[0]["lr"] == pytest.approx(theirs.param_groups[0]["lr"], rel=1e-12, abs=1e-15)
+            lrs.append(ours.param_groups[0]["lr"])
             sched.step()
             ds.step()
+        assert lrs[-1] == pytest.approx(1e-4 if total else 1e-3) and max(lrs) == pytest.approx(1e-3)  # decayed to min
 
 
 def test_rank_major_packing_is_fsdp2s_chunk_layout():

@@ -6,6 +6,7 @@ Reads the rows of the sweep part ``fsdp`` (``results.json``'s ``runs``), and als
 
 from __future__ import annotations
 
+import statistics
 import sys
 from typing import Optional
 
@@ -55,6 +56,9 @@ def analyse(rows: list[dict]) -> dict:
 
 def report(result: dict, out=sys.stdout) -> None:
     rows = fsdp_rows(result)
+    ttl = ttl_summary(ttl_collect([result]))
+    if ttl:  # the part fsdp_time_to_loss: seconds to stock's losses first
+        print(ttl_table(ttl) + "\n", file=out)
     analysis = analyse(rows)
     p = lambda *s: print(*s, file=out)  # noqa: E731
     rates = [r for r in RATES if any(x["rate"] == r for x in rows)]
@@ -122,3 +126,135 @@ def plot(result: dict, path: str) -> None:
     bx.set_title(f"validation loss against time at {rates[-1]}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+# ---- time to a loss over seeds: the sweep part ``fsdp_time_to_loss``, one results.json per seed and link
+
+TTL_SCENARIO = "fsdp_time_to_loss"
+AT = 0.75
+"""The early target: stock FSDP2's validation loss at this fraction of its budget (a validation point)."""
+TOLERANCE = 0.001
+"""As :data:`benchmarks.report.time_to_loss.TOLERANCE`: reached at ``target * (1 + TOLERANCE)``."""
+TARGETS = {"25mbit": 0.5, "100mbit": 0.8}
+"""The issue's targets: the best ds_acco-FSDP config's seconds to the loss over stock FSDP2's, at most this."""
+
+
+def val_time_points(row: dict) -> list[tuple[float, float]]:
+    """``(training seconds, validation loss)`` at every validation, the final one included (rank 0's clock:
+    validations are collectives, so every rank is at the same step)."""
+    return [(e["train_s"], e["val_loss"]) for e in row["evals"]]
+
+
+def ttl_seconds_to(points: list[tuple[float, float]], target: float) -> Optional[float]:
+    """First training second the validation loss is at or below ``target``, interpolated; None if never."""
+    prev = None
+    for t, v in points:
+        if v <= target:
+            return t if prev is None or prev[1] == v else prev[0] + (t - prev[0]) * (prev[1] - target) / (prev[1] - v)
+        prev = (t, v)
+    return None
+
+
+def ttl_collect(results: list[dict]) -> dict:
+    """``{rate: {config: [sample per seed]}}``; each sample's targets come from the stock run of its own sweep."""
+    groups: dict = {}
+    for result in results:
+        rows = [r for r in fsdp_rows(result) if r["scenario"] == TTL_SCENARIO and r.get("evals")]
+        for rate in sorted({r["rate"] for r in rows}, key=lambda x: parse_rate(x) or 1e30, reverse=True):
+            here = {r["config"]: r for r in rows if r["rate"] == rate}
+            stock = here.get("fsdp_stock")
+            if stock is None:
+                continue
+            curve = [(e["step"], e["val_loss"]) for e in stock["evals"]]  # stock: a step is a fixed token count
+            early = _interp(curve, AT * curve[-1][0])
+            final = curve[-1][1]
+            for c, r in here.items():
+                pts = val_time_points(r)
+                groups.setdefault(rate, {}).setdefault(c, []).append({
+                    "id": r["id"], "seed": r["workload"]["seed"], "early_target": early, "final_target": final,
+                    "seconds": ttl_seconds_to(pts, early * (1 + TOLERANCE)),
+                    "seconds_final": ttl_seconds_to(pts, final * (1 + TOLERANCE)), "final_loss": pts[-1][1],
+                    "train_s": pts[-1][0], "steps": r["steps"], "mb_per_round": r.get("micro_batches_per_round")})
+    return groups
+
+
+def _interp(curve: list[tuple[float, float]], x: float) -> float:
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return curve[-1][1]
+
+
+def ttl_summary(groups: dict) -> dict:
+    """Per link and config: every seed's seconds, their median and spread, the ratio of medians to stock FSDP2's;
+    per link the best ds_acco config against the issue's target."""
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    out = {}
+    for rate, by_config in groups.items():
+        rows = {}
+        for c in [c for c in FSDP_CONFIGS if c in by_config]:
+            samples = sorted(by_config[c], key=lambda s: s["seed"])
+            row = {"seeds": [s["seed"] for s in samples], "ids": [s["id"] for s in samples],
+                   "final_loss": [s["final_loss"] for s in samples], "steps": [s["steps"] for s in samples]}
+            for key in ("seconds", "seconds_final"):
+                xs = [s[key] for s in samples]
+                got = [x for x in xs if x is not None]
+                row[key] = xs
+                row[key + "_median"] = med(got) if len(got) == len(xs) else None  # a seed that never got there
+                row[key + "_reached"] = f"{len(got)}/{len(xs)}"
+            row["early_target"] = [s["early_target"] for s in samples]
+            rows[c] = row
+        stock = rows.get("fsdp_stock", {})
+        for row in rows.values():
+            for key in ("seconds", "seconds_final"):
+                a, b = row[key + "_median"], stock.get(key + "_median")
+                row[key + "_vs_stock"] = a / b if a and b else None
+        mine = [(row["seconds_vs_stock"], c) for c, row in rows.items()
+                if c != "fsdp_stock" and row["seconds_vs_stock"]]
+        best = min(mine) if mine else (None, None)
+        out[rate] = {"configs": rows, "best": best[1], "best_vs_stock": best[0], "target": TARGETS.get(rate),
+                     "met": None if best[0] is None or rate not in TARGETS else best[0] <= TARGETS[rate]}
+    return out
+
+
+def _spread(xs: list) -> str:
+    got = [x for x in xs if x is not None]
+    return f"{min(got):.1f}-{max(got):.1f}" if got else "-"
+
+
+def ttl_table(summary: dict) -> str:
+    """BENCHMARKS.md's FSDP2 table: per config and link, seconds to stock's loss at 75% of its budget (median over
+    seeds, min-max) and to its final loss (seeds that reached it), each with the ratio of medians to stock FSDP2;
+    the final validation losses. Each link's heading holds the issue's target and its verdict; streaming has no
+    row: the FSDP2 front end refuses it (ds_acco.config.front_ends), which the first heading says."""
+    rates = list(summary)
+    ratio = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+    head = ["config (streaming: refused on FSDP2 at start-up, not run)"]
+    for rate, b in summary.items():
+        verdict = "" if b["target"] is None else (
+            f"; target: the best at most {b['target']:.1f}x stock's: {'met' if b['met'] else 'not met'} "
+            f"({FSDP_LABELS_SHORT.get(b['best'], b['best'])}, {ratio(b['best_vs_stock'])})")
+        head.append(f"{rate}: s to stock's loss at {AT:.0%} of its budget (min-max) / to its final loss{verdict}")
+    head.append("final val loss (" + ", ".join(rates) + ")")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in [c for c in FSDP_CONFIGS if any(c in b["configs"] for b in summary.values())]:
+        cells, finals = [], []
+        for rate in rates:
+            r = summary[rate]["configs"].get(c)
+            if r is None:
+                cells.append("-")
+                continue
+            early = "never" if r["seconds_median"] is None else f"{r['seconds_median']:.1f} s"
+            final = "not every seed" if r["seconds_final_median"] is None else f"{r['seconds_final_median']:.1f} s"
+            cells.append(f"{early} ({_spread(r['seconds'])}) {ratio(r['seconds_vs_stock'])} / {final} "
+                         f"({r['seconds_final_reached']}) {ratio(r['seconds_final_vs_stock'])}")
+            finals.append(f"{statistics.median(r['final_loss']):.3f}")
+        lines.append(f"| {FSDP_LABELS_SHORT.get(c, LABELS[c])} | " + " | ".join(cells) + f" | {', '.join(finals)} |")
+    return "\n".join(lines)
+
+
+FSDP_LABELS_SHORT = {"fsdp_stock": "stock FSDP2", "fsdp_sync": "sync fp32", "fsdp_sync_lowbit": "sync low-bit",
+                     "fsdp_acco_fixed_lowbit": "acco fixed low-bit",
+                     "fsdp_acco_adaptive_lowbit": "acco adaptive low-bit",
+                     "fsdp_auto": "auto (`fsdp_auto_lowbit.json`)", "fsdp_dpu": "dpu", "fsdp_acco_fixed": "acco fixed",
+                     "fsdp_acco_adaptive": "acco adaptive"}

@@ -24,6 +24,7 @@ def fsdp_args(wl: Workload, config_path: str, run_dir: str) -> list[str]:
     return ["--config", config_path, "--shard-blocks", "--model-size", wl.model_size, "--steps", str(wl.steps),
             "--seq-len", str(wl.seq_len), "--eval-every", str(wl.eval_every), "--eval-batches", str(wl.eval_batches),
             "--seed", str(wl.seed), "--compute-delay-ms", wl.compute_delay_ms, "--log-every", "0",
+            "--max-tokens", str(wl.max_tokens), "--eval-every-tokens", str(wl.eval_every_tokens),
             "--metrics-out", run_dir]
 
 
@@ -87,7 +88,8 @@ def prepare_run(spec: RunSpec, out_dir: str) -> tuple[str, str]:
             os.remove(path)
     wl = spec.workload
     if wl.frontend == "fsdp":
-        cfg = cfgs.make_fsdp_config(spec.config)
+        cfg = cfgs.make_fsdp_config(spec.config, lr_schedule=wl.lr_schedule, lr_total_steps=wl.lr_total_steps or None,
+                                    micro_batch=wl.micro_batch, grad_accum=wl.grad_accum)
     else:
         cfg = cfgs.make_config("zero1" if is_torchft(spec) else spec.config, micro_batch=wl.micro_batch,
                                grad_accum=wl.grad_accum, warmup_steps=wl.warmup_steps,

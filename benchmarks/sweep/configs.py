@@ -255,16 +255,33 @@ def validate(cfg: dict) -> None:
         acco_config_of(config=cfg)
 
 
-FSDP_CONFIGS = ("fsdp_stock", "fsdp_sync", "fsdp_dpu", "fsdp_acco_fixed", "fsdp_acco_adaptive")
-"""The FSDP2 front end against stock FSDP2 (``examples.train_lm_fsdp --shard-blocks``, ds_configs/fsdp_acco.json)."""
+FSDP_CONFIGS = ("fsdp_stock", "fsdp_sync", "fsdp_dpu", "fsdp_acco_fixed", "fsdp_acco_adaptive", "fsdp_sync_lowbit",
+                "fsdp_acco_fixed_lowbit", "fsdp_acco_adaptive_lowbit", "fsdp_auto")
+"""The FSDP2 front end against stock FSDP2 (``examples.train_lm_fsdp --shard-blocks``, ds_configs/fsdp_acco.json); the
+low-bit ones carry the DeepSpeed low-bit configs' blocks (``sync_lowbit``, ``acco_lowbit_int4_fixed``,
+``acco_lowbit_int4_adaptive``), ``fsdp_auto`` ds_configs/fsdp_auto_lowbit.json's (auto_lowbit.json's, backend fsdp).
+Streaming is refused on FSDP2 (ds_acco.config.front_ends), so no FSDP config streams."""
+FSDP_TIME_TO_LOSS = ("fsdp_stock", "fsdp_sync", "fsdp_sync_lowbit", "fsdp_acco_fixed_lowbit",
+                     "fsdp_acco_adaptive_lowbit", "fsdp_auto")
+"""The configs of the sweep part ``fsdp_time_to_loss``."""
 FSDP_LABELS = {"fsdp_stock": "stock FSDP2", "fsdp_sync": "ds_acco-FSDP sync", "fsdp_dpu": "ds_acco-FSDP dpu",
-               "fsdp_acco_fixed": "ds_acco-FSDP acco fixed", "fsdp_acco_adaptive": "ds_acco-FSDP acco adaptive"}
+               "fsdp_acco_fixed": "ds_acco-FSDP acco fixed", "fsdp_acco_adaptive": "ds_acco-FSDP acco adaptive",
+               "fsdp_sync_lowbit": "ds_acco-FSDP sync low-bit",
+               "fsdp_acco_fixed_lowbit": "ds_acco-FSDP acco low-bit fixed, int4 estimates",
+               "fsdp_acco_adaptive_lowbit": "ds_acco-FSDP acco low-bit adaptive, int4 estimates",
+               "fsdp_auto": "ds_acco-FSDP auto low-bit (fsdp_auto_lowbit.json)"}
 LABELS.update(FSDP_LABELS)
+_FSDP_LOWBIT = {"fsdp_sync_lowbit": "sync_lowbit", "fsdp_acco_fixed_lowbit": "acco_lowbit_int4_fixed",
+                "fsdp_acco_adaptive_lowbit": "acco_lowbit_int4_adaptive"}
 
 
-def make_fsdp_config(name: str, template_dir: str = TEMPLATE_DIR) -> dict:
+def make_fsdp_config(name: str, template_dir: str = TEMPLATE_DIR, lr_schedule: Optional[str] = None,
+                     lr_total_steps: Optional[int] = None, micro_batch: Optional[int] = None,
+                     grad_accum: Optional[int] = None) -> dict:
     """The job config of FSDP benchmark config ``name`` (one of :data:`FSDP_CONFIGS`): fsdp_acco.json with
-    only the gradient path changed."""
+    only the gradient path changed; ``lr_schedule``: as :func:`make_config`'s (the FSDP front end reads
+    WarmupDecayLR too); ``micro_batch``, ``grad_accum``: the workload's (None: the template's), which a token
+    budget is counted in."""
     block = {"backend": "fsdp", "warmup_steps": 2, "telemetry": {"log_every": 0}}
     kind = name.removeprefix("fsdp_")
     if kind == "stock":
@@ -275,10 +292,19 @@ def make_fsdp_config(name: str, template_dir: str = TEMPLATE_DIR) -> dict:
         block.update(mode="acco", policy="fixed")
     elif kind == "acco_adaptive":
         block.update(mode="acco", policy="adaptive", max_micro_batches_per_round=16)
+    elif name in _FSDP_LOWBIT:  # the DeepSpeed config's block, so both front ends run the same rounds
+        ds = make_config(_FSDP_LOWBIT[name], micro_batch=4, grad_accum=4, template_dir=template_dir)["acco"]
+        block = dict(ds, backend="fsdp", telemetry={"log_every": 0})
+    elif kind == "auto":
+        block = dict(_load("fsdp_auto_lowbit.json", template_dir)["acco"], telemetry={"log_every": 0})
     else:
         raise ValueError(f"config: got {name!r}; allowed: {', '.join(FSDP_CONFIGS)}")
     cfg = _load("fsdp_acco.json", template_dir)
     cfg["acco"] = block
+    cfg["train_micro_batch_size_per_gpu"] = micro_batch or cfg["train_micro_batch_size_per_gpu"]
+    cfg["gradient_accumulation_steps"] = grad_accum or cfg["gradient_accumulation_steps"]
+    if lr_schedule:
+        cfg["scheduler"] = decayed_scheduler(cfg["scheduler"], lr_schedule, lr_total_steps)
     return cfg
 
 

@@ -49,7 +49,7 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
     bad = [c for c in set(configs + streaming_configs) if c not in known]
     if bad:
         raise ValueError(f"configs: unknown {bad}; allowed: {', '.join(known)}")
-    parts = set(only or (DEFAULT_PARTS + ("fsdp",) if smoke else DEFAULT_PARTS))
+    parts = set(only or (DEFAULT_PARTS + ("fsdp_time_to_loss",) if smoke else DEFAULT_PARTS))
     unknown = parts - set(PARTS)
     if unknown:
         raise ValueError(f"only: unknown part(s) {sorted(unknown)}; allowed: {', '.join(PARTS)}")
@@ -129,6 +129,8 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
         runs.extend(_real_compute_runs(smoke, only_configs, rates, steps, netns, root, pin, parts))
     if parts & {"fsdp", "fsdp_slow_host"}:
         runs.extend(_fsdp_runs(smoke, only_configs, rates, steps, netns, root, pin, parts))
+    if "fsdp_time_to_loss" in parts:
+        runs.extend(_fsdp_time_to_loss_runs(smoke, only_configs, rates, steps, netns, pin))
     notes = []
     if parts & set(LONG_PARTS):  # benchmarks.protocol.plans: a decayed rate over a long budget, each bed unshaped too
         if smoke:
@@ -297,6 +299,31 @@ def _fsdp_runs(smoke: bool, configs: Optional[Sequence[str]], rates: Optional[Se
     return runs
 
 
+def _fsdp_time_to_loss_runs(smoke: bool, configs: Optional[Sequence[str]], rates: Optional[Sequence[str]],
+                            steps: Optional[int], netns: bool, pin: bool) -> list[RunSpec]:
+    """Time to a loss against stock FSDP2 with the DeepSpeed protocol: the part ``fsdp``'s bed and workload, a token
+    budget (the adaptive policy's commits hold more micro-batches), the learning rate decayed over its nominal
+    steps, a validation every eighth of it (75% is a validation point). Read by
+    :func:`benchmarks.report.fsdp.ttl_collect`."""
+    smoke_configs = ("fsdp_stock", "fsdp_acco_adaptive_lowbit")
+    wanted = [c for c in (configs or (smoke_configs if smoke else cfgs.FSDP_TIME_TO_LOSS)) if c in cfgs.FSDP_CONFIGS]
+    nominal_steps = 6 if smoke else (steps or FSDP_TTL_STEPS)  # smoke: past the steady-state window's first step
+    per_step = (2 * 2 * 32 if smoke else 4 * 4 * 128) * 2  # micro-batch x accumulation x seq x 2 hosts
+    wl = Workload(model_size="tiny", seq_len=32 if smoke else 128, micro_batch=2 if smoke else 4,
+                  grad_accum=2 if smoke else 4, steps=100_000, warmup_steps=2, eval_batches=2 if smoke else 8,
+                  compute_delay_ms="0" if smoke else "30", frontend="fsdp", max_tokens=nominal_steps * per_step,
+                  eval_every_tokens=max(1, nominal_steps // 8) * per_step, lr_schedule="decay",
+                  lr_total_steps=nominal_steps)
+    runs = []
+    for rate in ([None] if smoke else (list(rates) if rates else ["100mbit", "25mbit"])):
+        if rate is not None and parse_rate(rate) is not None and not netns:
+            continue
+        runs.extend(RunSpec("fsdp_time_to_loss", c, wl, rate=rate, cpus=_pins(2, pin)) for c in wanted)
+    return runs
+
+
+FSDP_TTL_STEPS = 64
+"""Nominal steps of the FSDP time-to-loss budget (a multiple of 8: validations at every eighth)."""
 PARTS = ("bandwidth", "slow_host", "slow_host_small", "memory", "convergence", "streaming", "time_to_loss",
-         "time_to_loss_real", "time_to_loss_real_slow_host", "fsdp", "fsdp_slow_host") + LONG_PARTS
+         "time_to_loss_real", "time_to_loss_real_slow_host", "fsdp", "fsdp_slow_host", "fsdp_time_to_loss") + LONG_PARTS
 DEFAULT_PARTS = ("bandwidth", "slow_host", "memory", "convergence", "streaming", "time_to_loss")

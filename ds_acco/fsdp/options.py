@@ -15,7 +15,8 @@ what they mean to DeepSpeed::
     gradient_accumulation_steps      G
     gradient_clipping                clip_grad_norm
     optimizer {type, params}         AdamW, Adam (DeepSpeed's Adam is AdamW unless adam_w_mode is false), SGD
-    scheduler {type, params}         WarmupLR (linear or log warm-up, then constant)
+    scheduler {type, params}         WarmupLR (linear or log warm-up, then constant), WarmupDecayLR (then linear
+                                     to 0 at total_num_steps)
     bf16 {enabled}                   MixedPrecisionPolicy(param_dtype=torch.bfloat16); fp32 master shards
     acco {...}                       ds_acco's block (see README)
 
@@ -123,18 +124,25 @@ def _positive_int(config: Mapping, key: str, default: int) -> int:
     return value
 
 
+_SCHEDULERS = ("WarmupLR", "WarmupDecayLR")
 _WARMUP_DEFAULT = 1000
 """``WarmupLR``'s ``warmup_num_steps`` when its block gives none (DeepSpeed's default)."""
 
 
 def warmup_lr(warmup_min_lr: float = 0.0, warmup_max_lr: float = 0.001, warmup_num_steps: int = _WARMUP_DEFAULT,
-              warmup_type: str = "log") -> Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LambdaLR]:
-    """DeepSpeed's ``WarmupLR`` as a torch ``LambdaLR`` factory (the optimizer's lr is set to ``warmup_max_lr``).
+              warmup_type: str = "log", total_num_steps: Optional[int] = None,
+              ) -> Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LambdaLR]:
+    """DeepSpeed's ``WarmupLR`` (or, with ``total_num_steps``, ``WarmupDecayLR``) as a torch ``LambdaLR`` factory
+    (the optimizer's lr is set to ``warmup_max_lr``).
 
     Like DeepSpeed, the lr is ``warmup_min_lr`` until the first step, then after step ``s``
     ``min + (max - min) * gamma(s - 1)`` with ``gamma(i) = i / W`` (linear) or
-    ``log(i + 1) / log(W)`` (log) for ``i < W = max(2, warmup_num_steps)``, then ``max``.
+    ``log(i + 1) / log(W)`` (log) for ``i < W = max(2, warmup_num_steps)``, then ``1``, or for the decay
+    ``max(0, (T - i) / max(1, T - W))``: a budget's rate falls to ``min`` at its last step.
     """
+    if total_num_steps is not None and (isinstance(total_num_steps, bool) or not isinstance(total_num_steps, int)
+                                        or total_num_steps < 1):
+        raise AccoConfigError(f"scheduler.params.total_num_steps: got {total_num_steps!r}; allowed: an integer >= 1")
     if warmup_type not in ("linear", "log"):
         raise AccoConfigError(f"scheduler.params.warmup_type: got {warmup_type!r}; allowed: 'linear', 'log'")
     if isinstance(warmup_num_steps, bool) or not isinstance(warmup_num_steps, int) or warmup_num_steps < 1:
@@ -148,7 +156,8 @@ def warmup_lr(warmup_min_lr: float = 0.0, warmup_max_lr: float = 0.001, warmup_n
         if i < 0:
             gamma = 0.0
         elif i >= steps:
-            gamma = 1.0
+            gamma = 1.0 if total_num_steps is None else max(0.0, (total_num_steps - i)
+                                                            / max(1, total_num_steps - steps))
         else:
             gamma = i / steps if warmup_type == "linear" else math.log(i + 1) / math.log(steps)
         return (warmup_min_lr + (warmup_max_lr - warmup_min_lr) * gamma) / warmup_max_lr
@@ -194,10 +203,7 @@ def load_job_config(config: Union[str, os.PathLike, Mapping[str, Any]]) -> FSDPJ
     job.optimizer_kwargs = {k: v for k, v in params.items() if k not in _DEEPSPEED_ONLY_OPTIMIZER_PARAMS}
     sched = config.get("scheduler")
     if sched:
-        if sched.get("type") != "WarmupLR":
-            raise AccoConfigError(f"scheduler.type: got {sched.get('type')!r}; the FSDP backend reads 'WarmupLR' "
-                                  "(or pass lr_scheduler= to acco_fully_shard yourself)")
-        job.lr_scheduler = warmup_lr(**(sched.get("params") or {}))
+        job.lr_scheduler = _scheduler(sched)
     if "acco" in config:
         backend, _ = split_backend(config["acco"])
         if isinstance(config["acco"], Mapping) and "backend" in config["acco"] and backend != "fsdp":
@@ -207,6 +213,21 @@ def load_job_config(config: Union[str, os.PathLike, Mapping[str, Any]]) -> FSDPJ
     return job
 
 
+def _scheduler(sched: Mapping) -> Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LambdaLR]:
+    """The ``scheduler`` block's factory; a ``total_num_steps`` decides between WarmupLR and WarmupDecayLR, so a
+    block whose type and steps disagree would train at another rate than the one DeepSpeed reads from it."""
+    if sched.get("type") not in _SCHEDULERS:
+        raise AccoConfigError(f"scheduler.type: got {sched.get('type')!r}; the FSDP backend reads "
+                              f"{', '.join(map(repr, _SCHEDULERS))} (or pass lr_scheduler= to acco_fully_shard "
+                              "yourself)")
+    params = dict(sched.get("params") or {})
+    if (sched["type"] == "WarmupDecayLR") != ("total_num_steps" in params):
+        got = "given" if "total_num_steps" in params else "missing"
+        raise AccoConfigError(f"scheduler.params.total_num_steps: {got} with type {sched['type']!r}; allowed: "
+                              "WarmupDecayLR with it (DeepSpeed's has no default), WarmupLR without")
+    return warmup_lr(**params)
+
+
 def _scheduler_warmup(block: dict, sched: Optional[Mapping]) -> dict:
     """``warmup_steps: "scheduler"`` read from the ``WarmupLR`` block, as the DeepSpeed front end reads it (one number
     in the file)."""
@@ -214,6 +235,7 @@ def _scheduler_warmup(block: dict, sched: Optional[Mapping]) -> dict:
         return block
     if not sched:
         raise AccoConfigError("acco.warmup_steps: got 'scheduler', but the config has no scheduler block; allowed: "
-                              "'scheduler' with a WarmupLR block (its params.warmup_num_steps), or an integer >= 0")
+                              "'scheduler' with a WarmupLR or WarmupDecayLR block (its params.warmup_num_steps), or "
+                              "an integer >= 0")
     steps = (sched.get("params") or {}).get("warmup_num_steps", _WARMUP_DEFAULT)
     return dict(block, warmup_steps=steps)

@@ -240,24 +240,21 @@ def losses() -> str:
     return md_table(["where", "measured"], out)
 
 
-def fsdp(path: Optional[str] = None) -> str:
-    """ds_acco-FSDP against stock FSDP2: seconds to a loss per link (one run each)."""
-    from ..fsdp import analyse, fsdp_rows
+def fsdp() -> str:
+    """ds_acco-FSDP against stock FSDP2: seconds to stock's loss per link, medians over seeds
+    (:func:`benchmarks.report.fsdp.ttl_table`; the folders are sets.json's ``fsdp``)."""
+    import glob
 
-    path = path or os.path.join(rs.ROOT, "bench_results", rs.index()["fsdp"]["file"])
-    with open(path, encoding="utf-8") as f:
-        result = json.load(f)
-    configs = ("fsdp_stock", "fsdp_sync", "fsdp_dpu", "fsdp_acco_fixed", "fsdp_acco_adaptive")
-    rows = []
-    for rate, a in analyse(fsdp_rows(result)).items():
-        got = a["seconds_to_target"]
-        stock = got.get("fsdp_stock")
-        cells = [rate, f"{a['target_val_loss']:.3f}"]
-        for c in configs:
-            v = got.get(c)
-            cells.append("-" if v is None else f"{v:.1f} s" + ("" if c == "fsdp_stock" else f" ({v / stock:.2f}x)"))
-        rows.append(cells)
-    return md_table(["link", "target loss", "stock FSDP2", "sync", "dpu", "acco fixed", "acco adaptive"], rows)
+    from ..fsdp import ttl_collect, ttl_summary, ttl_table
+
+    results = []
+    for pattern in rs.index()["fsdp"]["folders"]:
+        for folder in sorted(glob.glob(os.path.join(rs.ROOT, "bench_results", pattern))):
+            with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
+                results.append(json.load(f))
+    if not results:
+        raise FileNotFoundError(f"{rs.INDEX}: fsdp: nothing matches {rs.index()['fsdp']['folders']}")
+    return ttl_table(ttl_summary(ttl_collect(results)))
 
 
 TABLES: dict[str, Callable[[], str]] = {

@@ -86,10 +86,13 @@ def test_the_plan_adapts_to_the_machine_and_leaves_the_other_sweeps_alone():
     with pytest.raises(ValueError, match="run in sweep 'full'"):
         plans.build_sweep("smoke", netns=True, root=True, only=["long_sleep"])
     assert not set(plans_long.PARTS) & set(plans.DEFAULT_PARTS)
-    others = [p for p in plans.PARTS if p not in plans_long.PARTS]
+    decayed = ("fsdp_time_to_loss",)  # the FSDP2 comparison follows the protocol: its budget decays too
+    others = [p for p in plans.PARTS if p not in plans_long.PARTS + decayed]
     for name in ("smoke", "full"):
         runs = plans.build_sweep(name, netns=True, root=True, only=others).runs
         assert runs and all(r.workload.lr_schedule == "" and r.workload.lr_total_steps == 0 for r in runs)
+        fsdp = plans.build_sweep(name, netns=True, root=True, only=list(decayed)).runs
+        assert fsdp and all(r.workload.lr_schedule == "decay" and r.workload.lr_total_steps > 0 for r in fsdp)
 
 
 def _tokens_per_schedule_step(cfg: dict, hosts: int, seq_len: int) -> int:

@@ -290,7 +290,8 @@ def test_the_page_block_reads_the_protocol_folders_or_says_no_runs_yet(tmp_path)
     (empty / "bench_results").mkdir(parents=True)
     (empty / "bench_results" / "sets.json").write_text(json.dumps({"sets": {}}))
     assert page.long_runs(str(empty)) == f"{page.describe()}\n\n{page.NO_RUNS}"
-    assert page.long_runs().endswith(page.NO_RUNS)  # the repository: the protocol has not run yet
+    ours = page.long_runs()  # the repository: 2 and 8 workers ran (bench_results/long_runs/workers_*)
+    assert page.NO_RUNS not in ours and "| 8 | 100mbit |" in ours and "**Not run yet**" in ours
     assert f"{plans_long.REAL_STEPS} nominal steps on real compute, {plans_long.SLEEP_STEPS} on" in page.describe()
     _protocol(tmp_path)
     text = page.long_runs(str(tmp_path))

@@ -167,5 +167,13 @@ def long_runs(root: str = rs.ROOT) -> str:
              ("More workers (the light sleep bed unless said; each keeps its batch): seconds to the 75% loss",
               workers_table(summary)),
              ("The issue's targets", targets_table(summary))]
-    return "\n\n".join([describe()] + [f"**{caption}**: not run yet." if len(table.splitlines()) < 3 else
-                                       f"**{caption}**:\n\n{table}" for caption, table in parts])
+    shown = [f"**{caption}**:\n\n{table}" for caption, table in parts if not _empty(table)]
+    missing = [caption.split(":")[0] for caption, table in parts if _empty(table)]
+    tail = [f"**Not run yet** (no runs of their beds): {'; '.join(missing)}."] if missing else []
+    return "\n\n".join([describe()] + shown + tail)
+
+
+def _empty(table: str) -> bool:
+    """A table without a row, or whose every figure is ``-`` (e.g. the link's cost without unshaped runs)."""
+    rows = table.splitlines()[2:]
+    return not rows or all(set(cell.strip() for cell in row.strip("|").split("|")[1:]) <= {"-", ""} for row in rows)

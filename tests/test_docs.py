@@ -86,8 +86,13 @@ def test_headline_roles_and_sets_resolve():
     for name in index["sets"]:
         assert sets.folders(name) and all((Path(f) / "results.json").is_file() for f in sets.folders(name))
     assert set(index["roles"]) >= {"fair_baseline", "tuned_sync", "ds_acco", "external_peer"}
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
     if not index["roles"]["external_peer"]:
-        assert "not measured yet" in (REPO / "README.md").read_text(encoding="utf-8")
+        assert "not measured yet" in readme
+    else:  # every headline bed names the peer config that was fastest there
+        rows = [r for r in readme.split("<!-- generated:headline -->", 1)[1].split("<!-- /generated -->")[0].splitlines()
+                if r.startswith("| ") and "---" not in r][1:]
+        assert rows and all("(torchft" in r.rsplit("|", 2)[1] for r in rows), rows
 
 
 def test_configuration_reference_is_the_schema():

@@ -35,6 +35,8 @@ from . import model as m
 CONFIG_METHOD = {"sync": "sync_fp32", "sync_lowbit": "sync_lowbit", "acco_lowbit_int4_fixed": "acco_fixed",
                  "acco_lowbit_int4_adaptive": "acco_adaptive", "streaming_int8": "streaming"}
 """The bench configs the model has an equation for (the auto configs pick one of these)."""
+PENALTY_METHOD = {**CONFIG_METHOD, "torchft_diloco": "torchft_diloco", "torchft_streaming_diloco": "torchft_streaming"}
+"""Whose tokens to the loss are measured: the model's methods and the external peer (torchft, in the same sweeps)."""
 ROUND_KIND = {("sync_fp32", "commit"): "fp32", ("sync_lowbit", "commit"): "int8", ("acco_fixed", "estimate"): "int4",
               ("acco_fixed", "commit"): "int8", ("acco_adaptive", "estimate"): "int4",
               ("acco_adaptive", "commit"): "int8", ("streaming", "fragment"): "fragment"}
@@ -262,7 +264,7 @@ def penalties(runs: list[dict]) -> dict[str, float]:
     the equal-host beds and seeds (2 workers, a 3.3 M-parameter GPT)."""
     ratios: dict = {}
     for run in runs:
-        method = CONFIG_METHOD.get(run["config"])
+        method = PENALTY_METHOD.get(run["config"])
         base = next((r for r in runs if r["folder"] == run["folder"] and key(r) == key(run) and r["config"] == "sync"), None)
         if method is None or base is None or key(run) not in EQUAL_HOSTS:
             continue

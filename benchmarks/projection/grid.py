@@ -69,10 +69,10 @@ class Cell:
 
 
 def penalties(fitted: dict) -> dict:
-    """The measured 2-worker penalties; torchft's rows take ds_acco streaming's (not measured: the protocol's
-    torchft runs have not run)."""
+    """The measured 2-worker penalties; a torchft row that did not run takes ds_acco streaming's."""
     p = dict(fitted["penalties"])
-    p["torchft_diloco"] = p["torchft_streaming"] = p.get("streaming", 1.0)
+    for peer in ("torchft_diloco", "torchft_streaming"):
+        p.setdefault(peer, p.get("streaming", 1.0))
     return p
 
 
@@ -116,8 +116,8 @@ def ASSUMPTIONS(fitted: dict) -> list[str]:  # noqa: N802 - a table of stated as
         f"Streaming and the adaptive cap as the shipped preset: {sched.fragments} fragments, H = {sched.sync_every}, "
         f"tau = {sched.overlap_steps}, at most {sched.max_micro_batches_per_round} micro-batches per round.",
         "Convergence: tokens to the loss over sync fp32's, measured at 2 workers on a 3.3 M-parameter GPT "
-        "(" + ", ".join(f"{m.LABELS[k]} {v:.2f}" for k, v in fitted["penalties"].items()) + "); torchft's rows "
-        "take streaming's. An assumption at 64-512 GPUs and 1-7B parameters: the penalty of a delayed or "
+        "(" + ", ".join(f"{m.LABELS[k]} {v:.2f}" for k, v in fitted["penalties"].items()) + "; torchft's in the same "
+        "sweeps). An assumption at 64-512 GPUs and 1-7B parameters: the penalty of a delayed or "
         "infrequent update is known to grow with the number of workers.",
         f"Memory: a method whose training state (activations left out) exceeds {GPU_MEMORY / 1e9:.0f} GB per GPU is "
         "marked and cannot win (ds_acco streaming keeps a full fp32 replica and its inner Adam on every GPU: 20 P).",

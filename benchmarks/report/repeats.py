@@ -29,6 +29,7 @@ import statistics
 from typing import Callable, Optional
 
 from benchmarks.sweep.configs import TIME_TO_LOSS
+from benchmarks.sweep.configs import TORCHFT_CONFIGS as TORCHFT
 
 from .curves import interp, target, val_points
 from .time_to_loss import SCENARIO, TOLERANCE, seconds_to, table, val_time_points
@@ -43,6 +44,8 @@ ACCO_LOWBIT = ("acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_lowbit_lrwarm"
                "acco_lowbit_int4_adaptive")
 """ACCO's own configs with sync low-bit's communication, for the "ACCO vs its own sync mode" target (the int4
 ones cheapen only the estimate round)."""
+PEER_RATE = "25mbit"
+"""Where the issue sets ds_acco's best against torchft's best (at most 0.9x): the slow link both are built for."""
 HAND_PICKED = ("sync", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_lowbit_lrwarm",
                "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "streaming_int8")
 """The modes a user could pick by hand instead of ``auto`` at the same batch (stock ZeRO-1 aside; the half-batch
@@ -159,6 +162,13 @@ def _targets(bed: str, rate: str, med: dict, compute_ratios: Optional[dict] = No
         if med.get("sync_lowbit"):
             found.append(target(f"{name} never worse than sync low-bit ({bed}, {rate})",
                                 med[auto] / med["sync_lowbit"], 1.0, "<=", "ratio of medians"))
+    peer = {c: med[c] for c in TORCHFT if med.get(c)}
+    mine = {c: v for c, v in med.items() if v and c not in TORCHFT and c not in ("zero1", "zero1_overlap")}
+    if peer and mine and rate == PEER_RATE:
+        best, theirs = min(mine, key=mine.get), min(peer, key=peer.get)
+        found.append(target(f"ds_acco's best vs torchft's best, time to loss ({bed}, {rate})",
+                            mine[best] / peer[theirs], 0.9, "<=", f"{best} {mine[best]:.1f} s against {theirs} "
+                            f"{peer[theirs]:.1f} s"))
     acco = {c: med[c] for c in ACCO_LOWBIT if med.get(c)}
     if acco and med.get("sync_lowbit") and bed.startswith("real"):
         best = min(acco, key=acco.get)

@@ -7,11 +7,15 @@ from typing import Optional
 
 BEDS = {("real", "100mbit"): "real compute, 100 Mbit/s", ("real-mtu9000", "100mbit"): "real compute, 100 Mbit/s, MTU 9000",
         ("real-host1@50%", "100mbit"): "real compute, one host at half speed, 100 Mbit/s",
-        ("real", "25mbit"): "real compute, 25 Mbit/s", ("sleep", "100mbit"): "compute off the CPU (sleep bed), 100 Mbit/s"}
+        ("real", "25mbit"): "real compute, 25 Mbit/s", ("sleep", "100mbit"): "compute off the CPU (sleep bed), 100 Mbit/s",
+        ("real", "unshaped"): "real compute, unshaped link"}
+SET_OF = {("real", "unshaped"): "fast_link"}
+"""The set a bed's table reads where it is not ``five_beds``."""
 LABELS = {"sync": "sync fp32 (the fair baseline)", "sync_lowbit": "sync low-bit", "sync_lowbit_half":
           "sync low-bit, half the batch", "acco_lowbit_int4_fixed": "acco fixed", "acco_lowbit_int4_adaptive":
           "acco adaptive", "auto_lowbit_int4": "auto (`auto_lowbit.json`)", "auto_lowbit_int4_streaming":
-          "auto with `auto.streaming`", "streaming_int8": "streaming by hand", "zero1": "stock ZeRO-1"}
+          "auto with `auto.streaming`", "streaming_int8": "streaming by hand", "zero1": "stock ZeRO-1",
+          "torchft_diloco": "torchft DiLoCo", "torchft_streaming_diloco": "torchft Streaming DiLoCo"}
 HAND = ("sync", "sync_lowbit", "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "streaming_int8")
 """The modes a user picks by hand at the bench's batch (what auto is compared with)."""
 

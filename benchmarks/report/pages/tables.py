@@ -18,7 +18,7 @@ import os
 from typing import Callable, Optional
 
 from . import sets as rs
-from .cells import BEDS, HAND, bed_name, label, md_table, ratio_of, s, x
+from .cells import BEDS, HAND, SET_OF, bed_name, label, md_table, ratio_of, s, x
 from .long_runs import long_runs
 from .projection import projection_rows
 
@@ -100,6 +100,7 @@ def headline(set_name: str = "five_beds") -> str:
     for key in rs.beds_of(set_name):
         fair = _first(set_name, key, rs.role("fair_baseline"))
         tuned = _first(set_name, key, rs.role("tuned_sync"))
+        peer = _first(set_name, key, peers) if peers else None
         cells = [bed_name(key), s(fair["median_s"]) if fair else "not run",
                  f"{s(tuned['median_s'])} ({label(tuned['config'])})" if tuned else "not run"]
         for role in ("ds_acco", "ds_acco_streaming"):
@@ -107,25 +108,45 @@ def headline(set_name: str = "five_beds") -> str:
             if not mine:
                 cells.append("not run")
                 continue
-            vs = [v for v in (ratio_of(mine, fair), ratio_of(mine, tuned)) if v is not None]
+            vs = [v for v in (ratio_of(mine, fair), ratio_of(mine, tuned), ratio_of(mine, peer)) if v is not None]
             cells.append(f"**{s(mine['median_s'])}**: " + ", ".join(x(v) for v in vs))
-        peer = _first(set_name, key, peers) if peers else None
-        cells.append(s(peer["median_s"]) if peer else "not measured yet")
+        cells.append(f"{s(peer['median_s'])} ({label(peer['config'])})" if peer else "not measured yet")
         rows.append(cells)
     return md_table(["bed (2 emulated hosts, CPU)", "sync fp32: the fair baseline", "best-tuned sync",
-                   "ds_acco: auto", "ds_acco: auto with `auto.streaming`", "external peer (e.g. torchft)"], rows) + \
-        ("\n\nMedians of seeds 1-4; ratios: against the fair baseline, then against the best-tuned sync (where "
-         "the fair baseline did not run, against the best-tuned sync only).")
+                   "ds_acco: auto", "ds_acco: auto with `auto.streaming`", "external peer: torchft's best"], rows) + \
+        ("\n\nMedians of seeds 1-4; ratios: against the fair baseline, the best-tuned sync and torchft's best "
+         "(where the fair baseline did not run, the last two).")
+
+
+def peer(set_name: str = "five_beds") -> str:
+    """ds_acco's best config against torchft's DiLoCo and Streaming DiLoCo on the same bed, model, data and link."""
+    rows = []
+    peers = rs.role("external_peer")
+    for key in rs.beds_of(set_name):
+        theirs = _first(set_name, key, peers)
+        if not theirs:
+            continue
+        block = rs.summary(set_name)[tuple(key)]
+        mine = _first(set_name, key, [r["config"] for r in block["rows"] if r["config"] not in peers])
+        cells = [bed_name(key)]
+        for c in peers:
+            r = rs.row(set_name, *key, c)
+            cells.append(f"{s(r['median_s'])} ({_reached(r)})" if r else "not run")
+        cells += [f"{s(mine['median_s'])} ({label(mine['config'])})", x(ratio_of(mine, theirs), True),
+                  f"{rs.median(theirs['final_loss']):.4f} / {rs.median(mine['final_loss']):.4f}"]
+        rows.append(cells)
+    return md_table(["bed", *(f"{label(c)} (runs that reached the loss)" for c in peers), "ds_acco's best",
+                     "ds_acco's best / torchft's best", "final loss: torchft's best / ds_acco's best"], rows)
 
 
 def which_mode(set_name: str = "five_beds") -> str:
     """Which mode for which job, each row with the time to a loss measured where that situation was emulated."""
-    def cell(key, config) -> str:
-        r = rs.row(set_name, *key, config)
+    def cell(key, config, name: str = set_name) -> str:
+        r = rs.row(name, *key, config)
         if not r or r["median_s"] is None:
             return "-"
-        fair = _first(set_name, key, rs.role("fair_baseline"))
-        low = rs.row(set_name, *key, "sync_lowbit")
+        fair = _first(name, key, rs.role("fair_baseline"))
+        low = rs.row(name, *key, "sync_lowbit")
         vs = [f"{x(ratio_of(r, b))} {n}" for b, n in ((fair, "sync fp32"), (low, "sync low-bit")) if ratio_of(r, b)]
         return f"{s(r['median_s'])} ({', '.join(vs)}; {bed_name(key)})"
     rows = [
@@ -139,8 +160,9 @@ def which_mode(set_name: str = "five_beds") -> str:
          cell(("real", "25mbit"), "auto_lowbit_int4_streaming")],
         ["memory tight: no room for a second optimizer state per rank", "`mode: auto` without `auto.streaming` "
          "(ZeRO-1's memory plus 4 P/N)", cell(("real", "25mbit"), "auto_lowbit_int4")],
-        ["a fast link: rounds tiny next to compute", "`mode: auto` (it stays in sync) or stock DeepSpeed",
-         "not measured on the current beds"],
+        ["a fast link: rounds tiny next to compute", "`mode: auto`, or stock DeepSpeed",
+         cell(("real", "unshaped"), "auto_lowbit_int4", "fast_link") if "fast_link" in rs.index()["sets"]
+         else "not measured on the current beds"],
         ["exact steps (tests, a reference run)", "`mode: sync` (stock ZeRO-1, step for step), or `policy: fixed`",
          cell(("real", "100mbit"), "sync")],
     ]
@@ -237,6 +259,15 @@ def losses() -> str:
     ratios = ", ".join(f"{x(fb('acco_lowbit_int4_fixed', k)['compute_ratio'])} ({bed_name(k)})"
                        for k in rs.beds_of("five_beds") if fb("acco_lowbit_int4_fixed", k)["compute_ratio"])
     out.append(["compute per micro-batch with a round in flight, acco fixed (target: within 1.03x)", ratios])
+    peers = rs.role("external_peer")
+    vs_peer = []
+    for k in rs.beds_of("five_beds"):
+        theirs = _first("five_beds", k, peers)
+        configs = [r["config"] for r in rs.summary("five_beds")[k]["rows"] if r["config"] not in peers]
+        if theirs and (ratio := ratio_of(_first("five_beds", k, configs), theirs)) and ratio > 0.9:
+            vs_peer.append(f"{x(ratio)} ({bed_name(k)})")
+    if vs_peer:
+        out.append(["ds_acco's best against torchft's best, where above the 0.9x target", ", ".join(vs_peer)])
     return md_table(["where", "measured"], out)
 
 
@@ -259,8 +290,9 @@ def fsdp() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "headline": headline, "which_mode": which_mode, "beds": beds, "decomposition": decomposition,
-    "batch_control": batch_control, "probe": probe, "losses": losses, "fsdp": fsdp, "projection": projection_rows,
+    "batch_control": batch_control, "probe": probe, "peer": peer, "losses": losses, "fsdp": fsdp,
+    "projection": projection_rows,
     "long_runs": long_runs,
-    **{f"bed:{k[0]}:{k[1]}": (lambda k=k: bed_table(k)) for k in BEDS},
+    **{f"bed:{k[0]}:{k[1]}": (lambda k=k: bed_table(k, SET_OF.get(k, "five_beds"))) for k in BEDS},
 }
 """Every generated table, by the name its markers carry."""

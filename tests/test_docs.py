@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
+from benchmarks.report import repeats
 from benchmarks.report.pages import sets, write
 from ds_acco.config import reference
 from ds_acco.config.blocks import _Block
@@ -157,3 +158,17 @@ def test_result_folders_are_named_by_what_they_measure_and_indexed():
     missing = [p.name for p in root.iterdir() if p.name != "INDEX.md" and p.name not in index
                and not (p.suffix == ".png" and "*.png" in index)]
     assert missing == []
+
+
+def test_the_peer_target_compares_ds_accos_best_with_torchfts_best():
+    """At 25 Mbit/s the target is ds_acco's fastest config (stock ZeRO-1 aside) over torchft's fastest, from the
+    medians the tables show; it is not set on other links, and a sweep without torchft has none."""
+    block = sets.summary("five_beds")[("real", "25mbit")]
+    med = {r["config"]: r["median_s"] for r in block["rows"]}
+    peer = min(med[c] for c in ("torchft_diloco", "torchft_streaming_diloco"))
+    mine = min(v for c, v in med.items() if v and not c.startswith("torchft"))
+    found = [t for t in repeats._targets("real", "25mbit", med) if "torchft" in t["target"]]
+    assert len(found) == 1 and found[0]["value"] == round(mine / peer, 4) and found[0]["threshold"] == 0.9
+    assert not [t for t in repeats._targets("real", "100mbit", med) if "torchft" in t["target"]]
+    assert not [t for t in repeats._targets("real", "25mbit", {"sync": 1.0, "sync_lowbit": 0.5})
+                if "torchft" in t["target"]]

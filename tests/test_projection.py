@@ -96,7 +96,9 @@ def test_the_beds_fit_and_bytes_are_sane(fitted):
     assert 0.3 < fitted["cpu"]["efficiency"] <= 1.0
     assert all(abs(r["bytes_measured"] / r["model_bytes"] - 1) < 0.1 for r in fitted["residuals"])
     assert {r["method"] for r in fitted["leave_one_bed_out"]} == set(fit.CONFIG_METHOD.values())
-    assert set(fitted["penalties"]) == set(fit.CONFIG_METHOD.values()) and fitted["penalties"]["sync_fp32"] == 1.0
+    assert set(fitted["penalties"]) == set(fit.PENALTY_METHOD.values()) and fitted["penalties"]["sync_fp32"] == 1.0
+    # the peer's rows use its own measured penalty (torchft ran in the same sweeps), not streaming's stand-in
+    assert grid.penalties(fitted)["torchft_diloco"] == fitted["penalties"]["torchft_diloco"]
 
 
 def test_the_check_reads_runs_wherever_they_are():

@@ -176,7 +176,7 @@ def render(fitted: dict) -> str:
         check_table(lobo),
         "Fitted on the 100 Mbit/s bed alone, predicting the 25 Mbit/s bed:",
         check_table(fitted["fit_100_predict_25"]),
-        "### 4 and 8 workers",
+        "### 2, 4 and 8 workers (the long runs)",
         long_runs,
         "## The table",
         f"Per cell: time per micro-batch / time to the loss, both over sync fp32's (sync fp32's seconds per step of "

@@ -147,7 +147,9 @@ def which_mode(set_name: str = "five_beds") -> str:
             return "-"
         fair = _first(name, key, rs.role("fair_baseline"))
         low = rs.row(name, *key, "sync_lowbit")
-        vs = [f"{x(ratio_of(r, b))} {n}" for b, n in ((fair, "sync fp32"), (low, "sync low-bit")) if ratio_of(r, b)]
+        peer = _first(name, key, rs.role("external_peer"))
+        vs = [f"{x(ratio_of(r, b))} {n}" for b, n in ((fair, "sync fp32"), (low, "sync low-bit"), (peer, "torchft"))
+              if ratio_of(r, b)]
         return f"{s(r['median_s'])} ({', '.join(vs)}; {bed_name(key)})"
     rows = [
         ["a round shorter than a step's compute, equal hosts", "`mode: auto` (`ds_configs/auto_lowbit.json`); it "
@@ -160,7 +162,8 @@ def which_mode(set_name: str = "five_beds") -> str:
          cell(("real", "25mbit"), "auto_lowbit_int4_streaming")],
         ["memory tight: no room for a second optimizer state per rank", "`mode: auto` without `auto.streaming` "
          "(ZeRO-1's memory plus 4 P/N)", cell(("real", "25mbit"), "auto_lowbit_int4")],
-        ["a fast link: rounds tiny next to compute", "`mode: auto`, or stock DeepSpeed",
+        ["a fast link: rounds tiny next to compute", "`mode: auto`; not acco with `policy: fixed` (slower than sync "
+         "there: [more beds](docs/benchmarks-more.md#real-compute-on-an-unshaped-link))",
          cell(("real", "unshaped"), "auto_lowbit_int4", "fast_link") if "fast_link" in rs.index()["sets"]
          else "not measured on the current beds"],
         ["exact steps (tests, a reference run)", "`mode: sync` (stock ZeRO-1, step for step), or `policy: fixed`",
@@ -259,6 +262,11 @@ def losses() -> str:
     ratios = ", ".join(f"{x(fb('acco_lowbit_int4_fixed', k)['compute_ratio'])} ({bed_name(k)})"
                        for k in rs.beds_of("five_beds") if fb("acco_lowbit_int4_fixed", k)["compute_ratio"])
     out.append(["compute per micro-batch with a round in flight, acco fixed (target: within 1.03x)", ratios])
+    if "fast_link" in rs.index()["sets"]:
+        fast = ("real", "unshaped")
+        fix, low = rs.row("fast_link", *fast, "acco_lowbit_int4_fixed"), rs.row("fast_link", *fast, "sync_lowbit")
+        out.append(["acco fixed on an unshaped link: a round's CPU work with no link to hide",
+                    f"{x(ratio_of(fix, low))} sync low-bit's time ({len(fix['seconds'])} seeds)"])
     peers = rs.role("external_peer")
     vs_peer = []
     for k in rs.beds_of("five_beds"):

@@ -44,6 +44,8 @@ ACCO_LOWBIT = ("acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_lowbit_lrwarm"
                "acco_lowbit_int4_adaptive")
 """ACCO's own configs with sync low-bit's communication, for the "ACCO vs its own sync mode" target (the int4
 ones cheapen only the estimate round)."""
+NOT_DS_ACCO = TORCHFT + ("zero1", "zero1_overlap")
+"""Configs that are not ds_acco's: the external peer and stock DeepSpeed (never "ds_acco's best")."""
 PEER_RATE = "25mbit"
 """Where the issue sets ds_acco's best against torchft's best (at most 0.9x): the slow link both are built for."""
 HAND_PICKED = ("sync", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_lowbit_lrwarm",
@@ -163,7 +165,7 @@ def _targets(bed: str, rate: str, med: dict, compute_ratios: Optional[dict] = No
             found.append(target(f"{name} never worse than sync low-bit ({bed}, {rate})",
                                 med[auto] / med["sync_lowbit"], 1.0, "<=", "ratio of medians"))
     peer = {c: med[c] for c in TORCHFT if med.get(c)}
-    mine = {c: v for c, v in med.items() if v and c not in TORCHFT and c not in ("zero1", "zero1_overlap")}
+    mine = {c: v for c, v in med.items() if v and c not in NOT_DS_ACCO}
     if peer and mine and rate == PEER_RATE:
         best, theirs = min(mine, key=mine.get), min(peer, key=peer.get)
         found.append(target(f"ds_acco's best vs torchft's best, time to loss ({bed}, {rate})",

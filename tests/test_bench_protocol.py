@@ -290,6 +290,7 @@ def test_the_page_block_reads_the_protocol_folders_or_says_no_runs_yet(tmp_path)
     (empty / "bench_results").mkdir(parents=True)
     (empty / "bench_results" / "sets.json").write_text(json.dumps({"sets": {}}))
     assert page.long_runs(str(empty)) == f"{page.describe()}\n\n{page.NO_RUNS}"
+    assert page.long_runs_summary(str(empty)) == page.NO_RUNS
     ours = page.long_runs()  # the repository: 2 and 8 workers ran (bench_results/long_runs/workers_*)
     assert page.NO_RUNS not in ours and "| 8 | 100mbit |" in ours and "**Not run yet**" in ours
     assert f"{plans_long.REAL_STEPS} nominal steps on real compute, {plans_long.SLEEP_STEPS} on" in page.describe()
@@ -304,6 +305,10 @@ def test_the_page_block_reads_the_protocol_folders_or_says_no_runs_yet(tmp_path)
     assert "| 2.00x |" in text and f"| {40 / ACCO:.2f}x |" in text  # the link's cost
     assert "**not met**" not in text and "| unknown |" in text
     assert len(text.splitlines()) <= 60
+    short = page.long_runs_summary(str(tmp_path))  # BENCHMARKS.md: what ran, the targets, a link to every table
+    assert short.startswith("What ran: real compute, 100 Mbit/s (3 seeds, 5 configs); light sleep bed, 2 hosts")
+    assert f"]({page.PAGE})" in short and short.split("**The issue's targets**:\n\n")[1] == page.targets_table(
+        lr.summarize(lr.collect(page.folders(str(tmp_path)))))
 
 
 def test_the_driver_plans_resumes_and_estimates(tmp_path, capsys):

@@ -1,5 +1,9 @@
-"""BENCHMARKS.md's long-run tables (:mod:`benchmarks.report.long_runs` over the ``protocol`` sets of
-``bench_results/sets.json``), or one line saying that no run exists yet.
+"""The long-run tables (:mod:`benchmarks.report.long_runs` over the ``protocol`` sets of
+``bench_results/sets.json``), or one line saying that no run exists yet: every table on docs/long-runs.md, the
+issue's targets and what ran in BENCHMARKS.md (:func:`long_runs_summary`).
+
+Why two blocks: each bed adds a dozen rows (seconds to three losses, the delay penalty); BENCHMARKS.md keeps to
+what a reader decides with, its own page keeps every figure.
 
 Why a set that may match nothing: the protocol takes hours on a quiet machine and runs after the code that
 reports it; until its folders exist the page says so instead of showing numbers nobody measured. Its sets live
@@ -156,7 +160,7 @@ def long_runs(root: str = rs.ROOT) -> str:
     summary = lr.summarize(lr.collect(found)) if found else {}
     if not summary:
         return f"{describe()}\n\n{NO_RUNS}"
-    seeds = ", ".join(map(str, sorted({s for b in summary.values() for r in b["rows"].values() for s in r["seeds"]})))
+    seeds = ", ".join(map(str, sorted(set().union(*map(_seeds, summary.values())))))
     seconds = ("Seconds to the fair baseline's loss at 50, 75 and 100% of its budget: median over seeds "
                f"{seeds} (spread; how many reached it where not all did)")
     penalty = ("The delay penalty: tokens to the baseline's loss at 25, 50, 75 and 100% of its budget over sync "
@@ -171,6 +175,26 @@ def long_runs(root: str = rs.ROOT) -> str:
     missing = [caption.split(":")[0] for caption, table in parts if _empty(table)]
     tail = [f"**Not run yet** (no runs of their beds): {'; '.join(missing)}."] if missing else []
     return "\n\n".join([describe()] + shown + tail)
+
+
+PAGE = "docs/long-runs.md"
+"""Where :func:`long_runs` goes; the summary links to it."""
+
+
+def long_runs_summary(root: str = rs.ROOT) -> str:
+    """The targets and which beds ran, for BENCHMARKS.md; :data:`NO_RUNS` until a folder exists."""
+    found = folders(root)
+    summary = lr.summarize(lr.collect(found)) if found else {}
+    if not summary:
+        return NO_RUNS
+    ran = "; ".join(f"{bed_name(*key)} ({len(_seeds(summary[key]))} seeds, {len(summary[key]['rows'])} configs)"
+                    for key in lr.shaped(summary))
+    return (f"What ran: {ran}. Every table (seconds to three losses, the delay penalty along the run, the link's "
+            f"cost, 2 to 8 workers): [long runs]({PAGE}).\n\n**The issue's targets**:\n\n{targets_table(summary)}")
+
+
+def _seeds(block: dict) -> set:
+    return {s for r in block["rows"].values() for s in r["seeds"]}
 
 
 def _empty(table: str) -> bool:

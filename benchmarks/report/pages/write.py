@@ -1,4 +1,4 @@
-"""Writes the generated tables into README.md and BENCHMARKS.md, between their markers.
+"""Writes the generated tables into the pages of :data:`PAGES`, between their markers.
 
 A page holds ``<!-- generated:NAME -->`` and, below it, ``<!-- /generated -->``; everything between them is
 :data:`benchmarks.report.pages.tables.TABLES` ``[NAME]()``, and nothing else in the page is touched. Run
@@ -15,7 +15,7 @@ import re
 from .sets import ROOT
 from .tables import TABLES
 
-PAGES = ("README.md", "BENCHMARKS.md", "docs/benchmarks-more.md")
+PAGES = ("README.md", "BENCHMARKS.md", "docs/benchmarks-more.md", "docs/long-runs.md")
 MARK = re.compile(r"^(<!-- generated:(?P<name>[\w:.@%-]+) -->\n)(?P<body>(?:(?!<!-- generated:).*\n)*?)"
                   r"(<!-- /generated -->)$", re.M)
 """A marked block: its opening line, the lines between (none, or any that open no other block), its closing line."""

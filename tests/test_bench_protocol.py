@@ -20,6 +20,7 @@ from deepspeed.runtime import lr_schedules
 from benchmarks.protocol import driver as protocol
 from benchmarks.protocol import plans as plans_long
 from benchmarks.report import long_runs as lr
+from benchmarks.report.long_runs_plot import plot as plot_long
 from benchmarks.report.pages import long_runs as page
 from benchmarks.sweep import configs as cfgs
 from benchmarks.sweep import plans
@@ -283,6 +284,19 @@ def test_targets_seconds_penalty_and_link_cost_on_synthetic_rows(tmp_path):
         pytest.approx(1.2), True)
     assert got["a step's compute at 8 workers within 1.10x of at 2"] == (pytest.approx(1.05), True)
     assert ("long-real", "unshaped") in summary and ("long-real", "unshaped") not in lr.shaped(summary)
+
+
+def test_the_report_writes_its_figures_and_draws_the_penalty(tmp_path, capsys):
+    folders = _protocol(tmp_path)
+    assert lr.main(folders + ["--dest", str(tmp_path / "out")]) == 0
+    with open(tmp_path / "out" / "long_runs.json", encoding="utf-8") as f:
+        written = json.load(f)
+    fixed = written["summary"]["long-real 100mbit"]["rows"]["acco_lowbit_int4_fixed"]
+    assert fixed["penalty"]["0.25"]["median"] > fixed["penalty"]["0.75"]["median"] > 1  # as the summary says
+    assert (tmp_path / "out" / lr.PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"and {tmp_path / 'out' / lr.PLOT}" in capsys.readouterr().out
+    empty = tmp_path / "none"
+    assert plot_long(lr.summarize({}), str(empty / "x.png")) is None and not empty.exists()
 
 
 def test_the_page_block_reads_the_protocol_folders_or_says_no_runs_yet(tmp_path):

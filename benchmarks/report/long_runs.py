@@ -38,6 +38,7 @@ from typing import Optional
 from benchmarks.protocol.plans import LONG, TORCHFT
 
 from .curves import UNSHAPED, interp, target, val_points
+from .long_runs_plot import NAME as PLOT, plot
 from .repeats import bed_of
 from .time_to_loss import SCENARIO, TOLERANCE, seconds_to, val_time_points
 
@@ -53,6 +54,12 @@ SYNC_LOWBIT = ("sync_lowbit", "sync_lowbit_half")
 AUTO = ("auto_lowbit_int4", "auto_lowbit_int4_streaming")
 ORDER = LONG + TORCHFT
 """The tables' config order."""
+SHORT = {"zero1": "ZeRO-1", "zero1_overlap": "ZeRO-1 overlap_comm", "sync": "sync fp32", "sync_lowbit": "sync low-bit",
+         "sync_lowbit_half": "sync low-bit, half batch", "acco_lowbit_int4_fixed": "acco fixed",
+         "acco_lowbit_int4_adaptive": "acco adaptive", "streaming_int8": "streaming", "auto_lowbit_int4": "auto",
+         "auto_lowbit_int4_streaming": "auto + streaming", "torchft_diloco": "torchft DiLoCo",
+         "torchft_streaming_diloco": "torchft Streaming DiLoCo"}
+"""Short names for the tables and the plot."""
 WORKERS_BED = "long-workers"
 """The light sleep bed's runs (:func:`benchmarks.protocol.plans.sleep_workload` ``light``) have notes starting so."""
 NOTE = "long-"
@@ -295,6 +302,8 @@ def main(argv=None) -> int:
     os.makedirs(dest, exist_ok=True)
     with open(os.path.join(dest, "long_runs.json"), "w", encoding="utf-8") as f:
         json.dump({"folders": args.folders, "summary": to_json(summary), "targets": targets(summary)}, f, indent=1)
+    drawn = plot(summary, os.path.join(dest, PLOT), SHORT)
+    print(f"\nwrote {os.path.join(dest, 'long_runs.json')}" + (f" and {drawn}" if drawn else ""))
     return 0
 
 

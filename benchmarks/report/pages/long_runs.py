@@ -25,11 +25,7 @@ from . import sets as rs
 from .cells import md_table
 
 SET = "long_runs"
-SHORT = {"zero1": "ZeRO-1", "zero1_overlap": "ZeRO-1 overlap_comm", "sync": "sync fp32", "sync_lowbit": "sync low-bit",
-         "sync_lowbit_half": "sync low-bit, half batch", "acco_lowbit_int4_fixed": "acco fixed",
-         "acco_lowbit_int4_adaptive": "acco adaptive", "streaming_int8": "streaming", "auto_lowbit_int4": "auto",
-         "auto_lowbit_int4_streaming": "auto + streaming", "torchft_diloco": "torchft DiLoCo",
-         "torchft_streaming_diloco": "torchft Streaming DiLoCo"}
+SHORT = lr.SHORT
 BEDS = {"long-real": "real compute", "long-real-host1@50%": "real compute, one host at half speed",
         "long-real-delay": "real compute, host 1 slowed by a sleep", "long-sleep": "sleep bed",
         "long-workers": "light sleep bed"}
@@ -172,6 +168,9 @@ def long_runs(root: str = rs.ROOT) -> str:
               workers_table(summary)),
              ("The issue's targets", targets_table(summary))]
     shown = [f"**{caption}**:\n\n{table}" for caption, table in parts if not _empty(table)]
+    if os.path.isfile(os.path.join(root, "bench_results", "long_runs", lr.PLOT)) and not _empty(parts[1][1]):
+        shown.insert(2, f"![The delay penalty along the run and the seconds to each loss, per bed]"
+                        f"(../bench_results/long_runs/{lr.PLOT})")  # python -m benchmarks.report.long_runs draws it
     missing = [caption.split(":")[0] for caption, table in parts if _empty(table)]
     tail = [f"**Not run yet** (no runs of their beds): {'; '.join(missing)}."] if missing else []
     return "\n\n".join([describe()] + shown + tail)

@@ -20,7 +20,8 @@ from deepspeed.runtime import lr_schedules
 from benchmarks.protocol import driver as protocol
 from benchmarks.protocol import plans as plans_long
 from benchmarks.report import long_runs as lr
-from benchmarks.report.long_runs_plot import plot as plot_long
+from benchmarks.report.long_runs import penalty_model as pm
+from benchmarks.report.long_runs.plot import plot as plot_long
 from benchmarks.report.pages import long_runs as page
 from benchmarks.sweep import configs as cfgs
 from benchmarks.sweep import plans
@@ -196,7 +197,8 @@ def _row(config, rate, seed, loss, secs, note="long-real", hosts=2, tokens=range
     curve = [{"step": i, "tokens": t, "val_loss": loss(t), "train_s": secs(t), "val_train_s": secs(t)}
              for i, t in enumerate(tokens, 1)]
     return {"id": f"time_to_loss-{config}-{rate}-{hosts}h-{note}", "scenario": "time_to_loss", "config": config,
-            "rate": rate, "hosts": hosts, "note": note, "ok": True, "cpu_quota": {}, "workload": {"seed": seed},
+            "rate": rate, "hosts": hosts, "note": note, "ok": True, "cpu_quota": {},
+            "workload": {"seed": seed, "max_tokens": 1000, "lr_total_steps": 100},
             "curve": curve, "val_loss": curve[-1]["val_loss"], "tokens_last_step": curve[-1]["tokens"],
             "train_s": curve[-1]["train_s"], "mean_counts_per_commit": 8.0,
             "ranks": [{"sync_compute_s_per_step": compute} for _ in range(hosts)] if compute else []}
@@ -269,6 +271,11 @@ def test_targets_seconds_penalty_and_link_cost_on_synthetic_rows(tmp_path):
         assert fixed["penalty"][c]["median"] == pytest.approx((_tokens_to(loss) + 50) / _tokens_to(loss))
     assert fixed["penalty"][0.25]["median"] > fixed["penalty"][0.75]["median"] > 1
     assert fixed["penalty"][1.0]["reached"] == 0 and low["penalty"][0.5]["median"] == pytest.approx(1.0)
+    model = block["penalty_model"]  # acco fixed's 50 tokens behind fade as 1/tokens: the lr-scaled model fits better
+    assert model["holds"] is True and model["p_rate_scaled"] > model["p_constant"] > 0
+    assert model["preset"] == 0.05 and model["warmup"] == pytest.approx(0.1)
+    assert [r["measured"] for r in model["rows"]] == [fixed["penalty"][c]["median"] for c in lr.CHECKPOINTS
+                                                      if fixed["penalty"][c]["median"] is not None]
     adaptive = block["rows"]["acco_lowbit_int4_adaptive"]["seconds"][0.75]
     assert (adaptive["reached"], adaptive["of"]) == (2, 3)
     assert adaptive["median"] == pytest.approx((1.0 + 1.1) / 2 * _tokens_to(3.5) / 22)
@@ -284,6 +291,20 @@ def test_targets_seconds_penalty_and_link_cost_on_synthetic_rows(tmp_path):
         pytest.approx(1.2), True)
     assert got["a step's compute at 8 workers within 1.10x of at 2"] == (pytest.approx(1.05), True)
     assert ("long-real", "unshaped") in summary and ("long-real", "unshaped") not in lr.shaped(summary)
+
+
+def test_the_penalty_model_fits_what_made_the_points_and_tells_the_two_models_apart():
+    warmup = 0.1
+    assert pm.rate_share(0.05, warmup) == 1.0 and pm.rate_share(0.55, warmup) == pytest.approx(0.5)
+    assert pm.mean_share(0.1, warmup) == pytest.approx(1.0)  # the rate climbs: the full penalty
+    assert pm.mean_share(1.0, warmup) == pytest.approx(0.1 + 0.9 / 2, abs=1e-3)  # then a linear decay to 0
+    xs = (0.1, 0.25, 0.5, 0.75, 1.0)
+    scaled = pm.check([(x, x, 1 + 0.2 * pm.mean_share(x, warmup)) for x in xs], warmup, preset=0.05)
+    assert scaled["p_rate_scaled"] == pytest.approx(0.2) and scaled["rms_rate_scaled"] == pytest.approx(0, abs=1e-9)
+    assert scaled["holds"] is True and scaled["rows"][-1]["preset"] == pytest.approx(1 + 0.05 * 0.55, abs=1e-3)
+    flat = pm.check([(x, x, 1.12) for x in xs] + [(0.9, None, 1.5)], warmup, preset=0.05)
+    assert flat["p_constant"] == pytest.approx(0.12) and flat["holds"] is False and len(flat["rows"]) == 5
+    assert pm.check([(0.5, None, 1.1)], warmup, preset=0.05) is None
 
 
 def test_the_report_writes_its_figures_and_draws_the_penalty(tmp_path, capsys):
@@ -318,6 +339,7 @@ def test_the_page_block_reads_the_protocol_folders_or_says_no_runs_yet(tmp_path)
     assert "| 8 | 100mbit |" in text and "| 1.50x | 1.50x | 0.42 s |" in text
     assert "| 2.00x |" in text and f"| {40 / ACCO:.2f}x |" in text  # the link's cost
     assert "**not met**" not in text and "| unknown |" in text
+    assert "| real compute, 100 Mbit/s | 1.202, 1.100, 1.067, - |" in text and "| lr-scaled (auto's) |" in text
     assert len(text.splitlines()) <= 60
     short = page.long_runs_summary(str(tmp_path))  # BENCHMARKS.md: what ran, the targets, a link to every table
     assert short.startswith("What ran: real compute, 100 Mbit/s (3 seeds, 5 configs); light sleep bed, 2 hosts")

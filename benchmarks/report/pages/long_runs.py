@@ -120,6 +120,29 @@ def penalty_table(summary: dict) -> str:
     return md_table(["bed"] + [SHORT.get(c, c) for c in configs], rows)
 
 
+def model_table(summary: dict) -> str:
+    """Auto's lr-scaled delay penalty against acco fixed's measured one, per bed
+    (:mod:`benchmarks.report.penalty_model`)."""
+    rows = []
+    for key in _two_hosts(summary):
+        m = summary[key].get("penalty_model")
+        if not m:
+            continue
+        at = {r["checkpoint"]: r for r in m["rows"]}
+
+        def cells(field: str) -> str:
+            return ", ".join(f"{at[c][field]:.3f}" if c in at else "-" for c in lr.SHOWN)
+
+        rows.append([bed_name(*key), cells("measured"), f"{m['p_rate_scaled']:.3f} ({m['rms_rate_scaled']:.3f})",
+                     f"{m['p_constant']:.3f} ({m['rms_constant']:.3f})", cells("rate_scaled"),
+                     f"{m['preset']:g}: {cells('preset')}",
+                     "lr-scaled (auto's)" if m["holds"] else "**constant** (not auto's)"])
+    return md_table(["bed", "acco fixed's penalty at 25, 50, 75, 100%", "lr-scaled fit: p (rms)",
+                     "constant fit: p (rms)", "the lr-scaled fit at 25 .. 100%",
+                     "the preset's p, lr-scaled, at 25 .. 100%",
+                     "fits better"], rows)
+
+
 def link_table(summary: dict) -> str:
     keys = lr.shaped(summary)
     configs = _configs([summary[k] for k in keys])
@@ -161,9 +184,12 @@ def long_runs(root: str = rs.ROOT) -> str:
                f"{seeds} (spread; how many reached it where not all did)")
     penalty = ("The delay penalty: tokens to the baseline's loss at 25, 50, 75 and 100% of its budget over sync "
                "low-bit's (above 1: less loss per token)")
+    model = ("Auto's model of the delay penalty (`acco_step_penalty` times the rate over its peak) against acco "
+             "fixed's measured one: each model's one parameter fitted by least squares (rms: the residual)")
     link = ("The link's cost: seconds to the 75% loss on the shaped link over seconds to it unshaped (1: the link is "
             "hidden)")
-    parts = [(seconds, seconds_table(summary)), (penalty, penalty_table(summary)), (link, link_table(summary)),
+    parts = [(seconds, seconds_table(summary)), (penalty, penalty_table(summary)), (model, model_table(summary)),
+             (link, link_table(summary)),
              ("More workers (the light sleep bed unless said; each keeps its batch): seconds to the 75% loss",
               workers_table(summary)),
              ("The issue's targets", targets_table(summary))]

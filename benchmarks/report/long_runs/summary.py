@@ -5,17 +5,17 @@ Why its own report: the time-to-loss tables compare seconds to one loss near the
 with a decayed rate asks more: whether ACCO's one-step delay costs loss per token early and stops costing it
 late, how much of the link each config hides, and whether the overlap's gain holds at 4 and 8 workers.
 
-``python -m benchmarks.report.long_runs FOLDER ... [--dest D]`` reads sweep folders (one bed and seed each, as
-:mod:`benchmarks.protocol.driver` writes them), prints every table and the issue's targets, and writes
-``long_runs.json`` (every figure, with the runs it comes from). Per bed (:func:`benchmarks.report.repeats.bed_of`)
-and link, in each folder (one seed):
+It reads sweep folders (one bed and seed each, as :mod:`benchmarks.protocol.driver` writes them; the command:
+:mod:`benchmarks.report.long_runs.cli`). Per bed (:func:`benchmarks.report.repeats.bed_of`) and link, in each
+folder (one seed):
 
 * **targets**: the fair baseline's (``sync``, fp32) validation loss at 50%, 75% and 100% of its token budget,
   interpolated on its validation curve (tokens); a config's **seconds** to each are measured as
   :mod:`benchmarks.report.time_to_loss` measures them: training seconds to the first validation within 0.1% of
   the loss, interpolated between validations;
 * **delay penalty**: at every tenth of the budget, the tokens a config needed to reach the baseline's loss there
-  over the tokens sync low-bit needed (above 1: it learns less per token); paired by seed;
+  over the tokens sync low-bit needed (above 1: it learns less per token); paired by seed; and auto's model of
+  it checked against acco fixed's (:mod:`benchmarks.report.long_runs.penalty_model`);
 * **link cost**: a config's seconds to a target on the shaped link over the same config's seconds to the same
   loss on the unshaped link of the same bed and seed (1: the config hides the whole link);
 * **workers**: on the light sleep bed at 2, 4 and 8 hosts (and 4 with one at half speed), each config's seconds
@@ -29,18 +29,18 @@ the penalty and the link cost medians of per-seed ratios.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 from typing import Optional
 
 from benchmarks.protocol.plans import LONG, TORCHFT
+from benchmarks.sweep import configs as cfgs
 
-from .curves import UNSHAPED, interp, target, val_points
-from .long_runs_plot import NAME as PLOT, plot
-from .repeats import bed_of
-from .time_to_loss import SCENARIO, TOLERANCE, seconds_to, val_time_points
+from ..curves import UNSHAPED, interp, target, val_points
+from ..repeats import bed_of
+from ..time_to_loss import SCENARIO, TOLERANCE, seconds_to, val_time_points
+from . import penalty_model as pm
 
 FRACTIONS = (0.5, 0.75, 1.0)
 """The targets: the baseline's loss at these fractions of its token budget."""
@@ -105,6 +105,8 @@ def folder_samples(folder: str, runs: list[dict]) -> dict:
                 "hosts": run.get("hosts", 2), "seconds": seconds, "targets": losses,
                 "unshaped_seconds": unshaped, "link_cost": {f: _ratio(seconds[f], unshaped.get(f)) for f in FRACTIONS},
                 "tokens_to": {c: _reach(val_points(run), loss) for c, loss in marks.items()},
+                "budget": (run.get("workload") or {}).get("max_tokens"),
+                "lr_steps": (run.get("workload") or {}).get("lr_total_steps"),
                 "final_loss": run.get("val_loss"), "mb_per_commit": run.get("mean_counts_per_commit"),
                 "step_compute": _median([d.get("sync_compute_s_per_step") for d in run.get("ranks") or []]),
                 "unshaped_id": open_link["id"] if open_link else None}
@@ -166,8 +168,34 @@ def summarize(groups: dict) -> dict:
                              if ref in rows else None for f in FRACTIONS}
         out[(bed, rate)] = {"bed": bed, "rate": rate, "rows": rows,
                             "targets": {f: _median([s["targets"][f] for s in next(iter(by_config.values()))])
-                                        for f in FRACTIONS}}
+                                        for f in FRACTIONS},
+                            "penalty_model": _penalty_model(by_config, rows)}
     return out
+
+
+def _penalty_model(by_config: dict, rows: dict) -> Optional[dict]:
+    """Auto's lr-scaled penalty against acco fixed's measured one (:mod:`benchmarks.report.penalty_model`); None
+    without both runs, a token budget or a decayed rate."""
+    ref, who = by_config.get(REFERENCE), rows.get(pm.WHO)
+    lr_steps = _median([s["lr_steps"] for s in ref or []])
+    if not ref or not who or not lr_steps:
+        return None
+    shares = {c: _median([s["tokens_to"].get(c) / s["budget"] if s["tokens_to"].get(c) and s["budget"] else None
+                          for s in ref]) for c in CHECKPOINTS}
+    return pm.check([(c, shares[c], who["penalty"][c]["median"]) for c in CHECKPOINTS], _warmup(int(lr_steps)),
+                    _preset_penalty())
+
+
+def _warmup(lr_steps: int) -> float:
+    """The protocol's warm-up as a share of its decayed schedule (the templates' ``warmup_num_steps``)."""
+    params = cfgs.make_config(REFERENCE, micro_batch=1, grad_accum=2, lr_schedule="decay",
+                              lr_total_steps=lr_steps)["scheduler"]["params"]
+    return params["warmup_num_steps"] / params["total_num_steps"]
+
+
+def _preset_penalty() -> float:
+    """The shipped auto preset's ``acco.auto.acco_step_penalty``, as the sweep's auto config runs it."""
+    return cfgs.make_config(AUTO[0], micro_batch=1, grad_accum=2)["acco"]["auto"]["acco_step_penalty"]
 
 
 def seconds(block: Optional[dict], config: str, fraction: float = 0.75) -> Optional[float]:
@@ -251,61 +279,3 @@ def targets(summary: dict) -> list[dict]:
                             "bed)",
                             _ratio(gains[8], gains[2]), 1.0, ">=", "gain: sync low-bit's seconds over acco fixed's"))
     return found
-
-
-def _fmt(x: Optional[float], spec: str = ".1f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def print_report(summary: dict, p=print) -> None:
-    for (bed, rate), block in summary.items():
-        t = block["targets"]
-        losses = ", ".join(f"{f:.0%} {_fmt(t[f], '.4f')}" for f in FRACTIONS)
-        p(f"\n## {bed}, {rate}: the baseline's loss at {losses}")
-        p("| config | s to 50% | s to 75% | s to 100% | spread 75% | vs sync fp32 75% | vs sync low-bit 75% "
-          "| link cost 75% | penalty at 25/50/75/100% | final loss |")
-        p("|---|---|---|---|---|---|---|---|---|---|")
-        for config, r in block["rows"].items():
-            sec = " | ".join(f"{_fmt(r['seconds'][f]['median'])} ({r['seconds'][f]['reached']}/{r['seconds'][f]['of']})"
-                             for f in FRACTIONS)
-            pen = ", ".join(_fmt(r["penalty"][c]["median"], ".2f") for c in SHOWN)
-            p(f"| {config} | {sec} | {_fmt(r['seconds'][0.75]['spread'])} | {_fmt(r['vs_sync'][0.75], '.2f')} "
-              f"| {_fmt(r['vs_sync_lowbit'][0.75], '.2f')} | {_fmt(r['link_cost'][0.75]['median'], '.2f')} | {pen} "
-              f"| {_fmt(r['final_loss'], '.4f')} |")
-    for w in workers(summary):
-        p(f"workers {w['hosts']}{' (one slow)' if w['slow'] else ''}, {w['rate']}: overlap gain "
-          f"{_fmt(w['gain_fixed'], '.2f')}x (acco fixed), {_fmt(w['gain_best'], '.2f')}x (the faster acco)")
-    p("\ntargets:")
-    for t in targets(summary):
-        mark = {True: "met", False: "NOT met", None: "n/a"}[t["met"]]
-        p(f"- [{mark}] {t['target']}: {t['value']} "
-          f"({t['op']} {t['threshold']}; {t['detail']})")
-
-
-def to_json(summary: dict) -> dict:
-    """JSON keys for the tuple keys and float fractions."""
-    def fix(x):
-        if isinstance(x, dict):
-            return {(str(k) if not isinstance(k, str) else k): fix(v) for k, v in x.items()}
-        return [fix(v) for v in x] if isinstance(x, list) else x
-    return {f"{bed} {rate}": fix(block) for (bed, rate), block in summary.items()}
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.report.long_runs", description=__doc__.split("\n\n")[0])
-    p.add_argument("folders", nargs="+", help="sweep folders of the long parts (one bed and seed each)")
-    p.add_argument("--dest", default=None, help="where long_runs.json goes (default: the first folder's parent)")
-    args = p.parse_args(argv)
-    summary = summarize(collect(args.folders))
-    print_report(summary)
-    dest = args.dest or os.path.dirname(os.path.abspath(args.folders[0]))
-    os.makedirs(dest, exist_ok=True)
-    with open(os.path.join(dest, "long_runs.json"), "w", encoding="utf-8") as f:
-        json.dump({"folders": args.folders, "summary": to_json(summary), "targets": targets(summary)}, f, indent=1)
-    drawn = plot(summary, os.path.join(dest, PLOT), SHORT)
-    print(f"\nwrote {os.path.join(dest, 'long_runs.json')}" + (f" and {drawn}" if drawn else ""))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -11,11 +11,11 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from .curves import UNSHAPED
+from ..curves import UNSHAPED
 
 NAME = "delay_penalty.png"
 REFERENCE = "sync_lowbit"
-"""Whose penalty is 1 by definition (:mod:`benchmarks.report.long_runs`): not drawn."""
+"""Whose penalty is 1 by definition (:mod:`benchmarks.report.long_runs.summary`): not drawn."""
 
 
 def _beds(summary: dict) -> list[tuple]:
@@ -53,7 +53,8 @@ def plot(summary: dict, path: str, labels: Optional[dict] = None) -> Optional[st
         for i, f in enumerate(fractions):
             ys = [rows[c]["seconds"][f]["median"] or 0.0 for c in configs]
             errs = [(rows[c]["seconds"][f]["spread"] or 0.0) / 2 for c in configs]
-            right.bar([j + (i - (len(fractions) - 1) / 2) * width for j in range(len(configs))], ys, width, yerr=errs, capsize=2,
+            where = [j + (i - (len(fractions) - 1) / 2) * width for j in range(len(configs))]
+            right.bar(where, ys, width, yerr=errs, capsize=2,
                       label=f"to its loss at {f:.0%}")
         right.set_xticks(range(len(configs)), [labels.get(c, c) for c in configs], rotation=30, ha="right",
                          fontsize=7)

@@ -1,0 +1,13 @@
+"""The long-run protocol's report: :mod:`.summary` (the figures and the issue's targets), :mod:`.penalty_model`
+(auto's delay-penalty model against the measured penalty), :mod:`.plot` (``delay_penalty.png``), :mod:`.cli`
+(``python -m benchmarks.report.long_runs``). The names the pages and tests use are re-exported here.
+"""
+
+from .cli import main, print_report, to_json
+from .plot import NAME as PLOT
+from .summary import (ACCO, AUTO, BASELINE, CHECKPOINTS, FRACTIONS, ORDER, REFERENCE, SHORT, SHOWN, SYNC_LOWBIT,
+                      TOLERANCE, best, collect, folder_samples, seconds, shaped, summarize, targets, workers)
+
+__all__ = ["ACCO", "AUTO", "BASELINE", "CHECKPOINTS", "FRACTIONS", "ORDER", "PLOT", "REFERENCE", "SHORT", "SHOWN",
+           "SYNC_LOWBIT", "TOLERANCE", "best", "collect", "folder_samples", "main", "print_report", "seconds", "shaped",
+           "summarize", "targets", "to_json", "workers"]

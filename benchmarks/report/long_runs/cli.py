@@ -52,7 +52,9 @@ def to_json(summary: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.report.long_runs", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.report.long_runs",
+                                description="Every long-run table and target, printed; long_runs.json and "
+                                            "delay_penalty.png written beside the folders (or in --dest).")
     p.add_argument("folders", nargs="+", help="sweep folders of the long parts (one bed and seed each)")
     p.add_argument("--dest", default=None, help="where long_runs.json goes (default: the first folder's parent)")
     args = p.parse_args(argv)

@@ -302,9 +302,11 @@ def test_the_penalty_model_fits_what_made_the_points_and_tells_the_two_models_ap
     scaled = pm.check([(x, x, 1 + 0.2 * pm.mean_share(x, warmup)) for x in xs], warmup, preset=0.05)
     assert scaled["p_rate_scaled"] == pytest.approx(0.2) and scaled["rms_rate_scaled"] == pytest.approx(0, abs=1e-9)
     assert scaled["holds"] is True and scaled["rows"][-1]["preset"] == pytest.approx(1 + 0.05 * 0.55, abs=1e-3)
-    flat = pm.check([(x, x, 1.12) for x in xs] + [(0.9, None, 1.5)], warmup, preset=0.05)
-    assert flat["p_constant"] == pytest.approx(0.12) and flat["holds"] is False and len(flat["rows"]) == 5
-    assert pm.check([(0.5, None, 1.1)], warmup, preset=0.05) is None
+    flat = pm.check([(0.05, 0.05, 1.6)] + [(x, x, 1.12) for x in xs] + [(0.9, None, 1.5)], warmup, preset=0.05)
+    assert flat["p_constant"] == pytest.approx(0.12) and flat["rms_constant"] == pytest.approx(0, abs=1e-9)
+    assert flat["holds"] is False and len(flat["rows"]) == 6 and [r["fitted"] for r in flat["rows"][:3]] == [
+        False, False, True]  # the warm-up's points (0.05, and 0.1 at its end) are shown, not fitted
+    assert pm.check([(0.5, None, 1.1), (0.05, 0.05, 1.2)], warmup, preset=0.05) is None
 
 
 def test_the_report_writes_its_figures_and_draws_the_penalty(tmp_path, capsys):

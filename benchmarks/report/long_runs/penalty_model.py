@@ -11,7 +11,9 @@ share ``x`` of the budget
 
 which falls as the rate decays. The constant model (``f = 1``: the penalty stays ``1 + p``) is the alternative.
 Both are fitted to the measured medians by least squares (one parameter each); the residuals say which holds, the
-fitted ``p`` what ``acco_step_penalty`` should be on this bed, the preset's ``p`` what auto assumed.
+fitted ``p`` what ``acco_step_penalty`` should be on this bed, the preset's ``p`` what auto assumed. Points inside
+the rate's warm-up are shown, not fitted: there the loss falls fastest, so any delay costs most (the real bed's
+first measured: ACCO about half again sync's tokens), and auto decides after it, at the rates the fit covers.
 
 Why here and not in ds_acco: the fit reads benchmark files; ds_acco keeps the model itself, and the docs say
 what the fit found (docs/long-runs.md).
@@ -55,18 +57,20 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[Optional[float], Optional[fl
 def check(points: list[tuple[float, float, float]], warmup: float, preset: float) -> Optional[dict]:
     """``points``: ``(checkpoint, sync low-bit's share of the budget to the loss there, measured penalty)``.
 
-    Returns both models' fitted ``p`` and residual, and per checkpoint the measured penalty beside each model's and
-    the preset's (``preset``: the shipped ``acco_step_penalty``, lr-scaled as auto applies it); None without points.
+    Returns both models' fitted ``p`` and residual (over the points past ``warmup``, the warm-up's share of the
+    budget), and per checkpoint the measured penalty beside each model's and the preset's (``preset``: the shipped
+    ``acco_step_penalty``, lr-scaled as auto applies it); None without a point past the warm-up.
     """
     points = [(c, x, y) for c, x, y in points if x is not None and y is not None and x > 0]
-    if not points:
+    fitted = [(x, y) for _, x, y in points if x > warmup]
+    if not fitted:
         return None
-    shares = [mean_share(x, warmup) for _, x, _ in points]
-    excess = [y - 1.0 for _, _, y in points]
-    p_lr, rms_lr = _fit(shares, excess)
-    p_const, rms_const = _fit([1.0] * len(points), excess)
-    rows = [{"checkpoint": c, "share": x, "measured": y, "rate_scaled": 1 + p_lr * m, "constant": 1 + p_const,
-             "preset": 1 + preset * m} for (c, x, y), m in zip(points, shares)]
+    excess = [y - 1.0 for _, y in fitted]
+    p_lr, rms_lr = _fit([mean_share(x, warmup) for x, _ in fitted], excess)
+    p_const, rms_const = _fit([1.0] * len(fitted), excess)
+    rows = [{"checkpoint": c, "share": x, "measured": y, "fitted": x > warmup,
+             "rate_scaled": 1 + p_lr * mean_share(x, warmup), "constant": 1 + p_const,
+             "preset": 1 + preset * mean_share(x, warmup)} for c, x, y in points]
     return {"p_rate_scaled": p_lr, "rms_rate_scaled": rms_lr, "p_constant": p_const, "rms_constant": rms_const,
             "preset": preset, "warmup": warmup, "rows": rows,
             "holds": None if rms_lr is None or rms_const is None else rms_lr <= rms_const}

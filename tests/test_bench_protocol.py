@@ -343,6 +343,10 @@ def test_the_page_block_reads_the_protocol_folders_or_says_no_runs_yet(tmp_path)
     assert "**not met**" not in text and "| unknown |" in text
     assert "| real compute, 100 Mbit/s | 1.202, 1.100, 1.067, - |" in text and "| lr-scaled (auto's) |" in text
     assert len(text.splitlines()) <= 60
+    losing = page.loss_rows(str(tmp_path))  # every target met or unknown: only the penalty's row
+    assert [r[0] for r in losing] == ["long runs: acco fixed's delay penalty past the warm-up (real compute, 100 Mbit/s)"]
+    assert "% more tokens than sync low-bit to each loss (a constant fit), falling as the rate decays" in losing[0][1]
+    assert page.loss_rows(str(empty)) == []
     short = page.long_runs_summary(str(tmp_path))  # BENCHMARKS.md: what ran, the targets, a link to every table
     assert short.startswith("What ran: real compute, 100 Mbit/s (3 seeds, 5 configs); light sleep bed, 2 hosts")
     assert f"]({page.PAGE})" in short and short.split("**The issue's targets**:\n\n")[1] == page.targets_table(

@@ -218,6 +218,23 @@ def long_runs_summary(root: str = rs.ROOT) -> str:
             f"cost, 2 to 8 workers): [long runs]({PAGE}).\n\n**The issue's targets**:\n\n{targets_table(summary)}")
 
 
+def loss_rows(root: str = rs.ROOT) -> list[list[str]]:
+    """BENCHMARKS.md's "where ds_acco loses" rows from the long runs: each target not met, and where auto's
+    preset charges acco's delay less than acco fixed's measured penalty."""
+    found = folders(root)
+    summary = lr.summarize(lr.collect(found)) if found else {}
+    rows = [[f"long runs: {t['target']}", f"{t['value']:.2f} (limit {t['op']} {t['threshold']:g}; {t['detail']})"]
+            for t in lr.targets(summary) if t["met"] is False and t.get("about") != "bed"]
+    for key in _two_hosts(summary):
+        m = summary[key].get("penalty_model")
+        if m and m["p_constant"] is not None and m["p_constant"] > m["preset"]:
+            rows.append([f"long runs: acco fixed's delay penalty past the warm-up ({bed_name(*key)})",
+                         f"{100 * m['p_constant']:.0f}% more tokens than sync low-bit to each loss (a constant fit), "
+                         f"{'falling' if m['holds'] else 'not falling'} as the rate decays; auto's preset charges "
+                         f"{100 * m['preset']:.0f}% times the rate's share of its peak"])
+    return rows
+
+
 def _seeds(block: dict) -> set:
     return {s for r in block["rows"].values() for s in r["seeds"]}
 

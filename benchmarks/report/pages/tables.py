@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 from . import sets as rs
 from .cells import BEDS, HAND, SET_OF, bed_name, label, md_table, ratio_of, s, x
-from .long_runs import long_runs, long_runs_summary
+from .long_runs import long_runs, long_runs_summary, loss_rows as long_loss_rows
 from .projection import projection_rows
 
 
@@ -286,6 +286,7 @@ def losses() -> str:
             vs_peer.append(f"{x(ratio)} ({bed_name(k)})")
     if vs_peer:
         out.append(["ds_acco's best against torchft's best, where above the 0.9x target", ", ".join(vs_peer)])
+    out += long_loss_rows()
     return md_table(["where", "measured"], out)
 
 

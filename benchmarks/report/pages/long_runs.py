@@ -223,7 +223,8 @@ def loss_rows(root: str = rs.ROOT) -> list[list[str]]:
     preset charges acco's delay less than acco fixed's measured penalty."""
     found = folders(root)
     summary = lr.summarize(lr.collect(found)) if found else {}
-    rows = [[f"long runs: {t['target']}", f"{t['value']:.2f} (limit {t['op']} {t['threshold']:g}; {t['detail']})"]
+    rows = [[f"long runs: {t['target']}", ("-" if t["value"] is None else f"{t['value']:.2f}")
+             + f" (limit {t['op']} {t['threshold']:g}; {t['detail']})"]
             for t in lr.targets(summary) if t["met"] is False and t.get("about") != "bed"]
     for key in _two_hosts(summary):
         m = summary[key].get("penalty_model")

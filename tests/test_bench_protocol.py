@@ -346,9 +346,10 @@ def test_the_page_block_reads_the_protocol_folders_or_says_no_runs_yet(tmp_path)
     losing = page.loss_rows(str(tmp_path))  # the target acco fixed never reaches, and the penalty's row
     assert [r[0] for r in losing] == [
         "long runs: acco fixed vs sync low-bit at equal batch to the baseline's final loss (real compute, 100 Mbit/s)",
-        "long runs: acco fixed's delay penalty past the warm-up (real compute, 100 Mbit/s)"]
+        "long runs: auto's preset charges acco's delay less than measured (real compute, 100 Mbit/s)"]
     assert losing[0][1] == "- (limit <= 0.9; acco fixed reached it in 0 of 3 seeds)"
-    assert "% more tokens than sync low-bit to each loss (a constant fit), falling as the rate decays" in losing[1][1]
+    model = lr.summarize(lr.collect(page.folders(str(tmp_path))))[("long-real", "100mbit")]["penalty_model"]
+    assert losing[1][1].startswith(f"5% against {100 * model['p_rate_scaled']:.0f}% fitted to acco fixed's penalty")
     assert page.loss_rows(str(empty)) == []
     short = page.long_runs_summary(str(tmp_path))  # BENCHMARKS.md: what ran, the targets, a link to every table
     assert short.startswith("What ran: real compute, 100 Mbit/s (3 seeds, 5 configs); light sleep bed, 2 hosts")

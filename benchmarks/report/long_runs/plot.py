@@ -51,15 +51,18 @@ def plot(summary: dict, path: str, labels: Optional[dict] = None) -> Optional[st
         fractions = sorted(rows[configs[0]]["seconds"])
         width = 0.8 / len(fractions)
         for i, f in enumerate(fractions):
-            ys = [rows[c]["seconds"][f]["median"] or 0.0 for c in configs]
-            errs = [(rows[c]["seconds"][f]["spread"] or 0.0) / 2 for c in configs]
+            figs = [rows[c]["seconds"][f] for c in configs]
             where = [j + (i - (len(fractions) - 1) / 2) * width for j in range(len(configs))]
-            right.bar(where, ys, width, yerr=errs, capsize=2,
-                      label=f"to its loss at {f:.0%}")
+            bars = right.bar(where, [g["median"] or 0.0 for g in figs], width, capsize=2,
+                             yerr=[(g["spread"] or 0.0) / 2 for g in figs], label=f"to its loss at {f:.0%}")
+            for bar, g in zip(bars, figs):
+                if g["reached"] < g["of"]:  # a median of the seeds that got there: not a time to the loss
+                    bar.set_hatch("//")
         right.set_xticks(range(len(configs)), [labels.get(c, c) for c in configs], rotation=30, ha="right",
                          fontsize=7)
         right.set_ylabel("training seconds (median; bar: spread)")
-        right.set_title(f"{key[0]}, {key[1]}: seconds to the baseline's loss (0: never)", fontsize=9)
+        right.set_title(f"{key[0]}, {key[1]}: seconds to the baseline's loss (0: never; hatched: not every seed)",
+                            fontsize=9)
         right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)

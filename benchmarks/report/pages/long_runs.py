@@ -122,7 +122,7 @@ def penalty_table(summary: dict) -> str:
 
 def model_table(summary: dict) -> str:
     """Auto's lr-scaled delay penalty against acco fixed's measured one, per bed
-    (:mod:`benchmarks.report.penalty_model`)."""
+    (:mod:`benchmarks.report.long_runs.penalty_model`)."""
     rows = []
     for key in _two_hosts(summary):
         m = summary[key].get("penalty_model")
@@ -175,8 +175,7 @@ def targets_table(summary: dict) -> str:
 
 def long_runs(root: str = rs.ROOT) -> str:
     """Every long-run table, or :data:`NO_RUNS`."""
-    found = folders(root)
-    summary = lr.summarize(lr.collect(found)) if found else {}
+    summary = _summary(root)
     if not summary:
         return f"{describe()}\n\n{NO_RUNS}"
     seeds = ", ".join(map(str, sorted(set().union(*map(_seeds, summary.values())))))
@@ -208,8 +207,7 @@ PAGE = "docs/long-runs.md"
 
 def long_runs_summary(root: str = rs.ROOT) -> str:
     """The targets and which beds ran, for BENCHMARKS.md; :data:`NO_RUNS` until a folder exists."""
-    found = folders(root)
-    summary = lr.summarize(lr.collect(found)) if found else {}
+    summary = _summary(root)
     if not summary:
         return NO_RUNS
     ran = "; ".join(f"{bed_name(*key)} ({len(_seeds(summary[key]))} seeds, {len(summary[key]['rows'])} configs)"
@@ -221,8 +219,7 @@ def long_runs_summary(root: str = rs.ROOT) -> str:
 def loss_rows(root: str = rs.ROOT) -> list[list[str]]:
     """BENCHMARKS.md's "where ds_acco loses" rows from the long runs: each target not met, and where auto's
     preset charges acco's delay less than acco fixed's measured penalty by more than the fit's residual."""
-    found = folders(root)
-    summary = lr.summarize(lr.collect(found)) if found else {}
+    summary = _summary(root)
     rows = [[f"long runs: {t['target']}", ("-" if t["value"] is None else f"{t['value']:.2f}")
              + f" (limit {t['op']} {t['threshold']:g}; {t['detail']})"]
             for t in lr.targets(summary) if t["met"] is False and t.get("about") != "bed"]
@@ -234,6 +231,12 @@ def loss_rows(root: str = rs.ROOT) -> list[list[str]]:
                          f"penalty (auto's model, rms {m['rms_rate_scaled']:.3f}; a constant fit: "
                          f"{100 * m['p_constant']:.0f}%, rms {m['rms_constant']:.3f})"])
     return rows
+
+
+def _summary(root: str) -> dict:
+    """:func:`benchmarks.report.long_runs.summarize` over the set's folders; empty before any has run."""
+    found = folders(root)
+    return lr.summarize(lr.collect(found)) if found else {}
 
 
 def _seeds(block: dict) -> set:

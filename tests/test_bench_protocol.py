@@ -357,6 +357,26 @@ def test_the_page_block_reads_the_protocol_folders_or_says_no_runs_yet(tmp_path)
         lr.summarize(lr.collect(page.folders(str(tmp_path)))))
 
 
+def test_the_workers_table_shows_half_batch_sync_where_a_bed_ran_it(tmp_path):
+    assert "half batch" not in page.workers_table(lr.summarize(lr.collect(_protocol(tmp_path / "without"))))
+    for folder in _protocol(tmp_path / "with"):
+        if "sleep" in folder:  # half-batch sync on the 2-host bed: twice sync low-bit's speed, faster than acco
+            with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
+                runs = json.load(f)
+            seed = runs["runs"][0]["workload"]["seed"]
+            runs["runs"].append(_row("sync_lowbit_half", "100mbit", seed, base_loss, lambda t: t / 40,
+                                     "long-workers-2h", 2))
+            with open(os.path.join(folder, "results.json"), "w", encoding="utf-8") as f:
+                json.dump(runs, f)
+    table = page.workers_table(lr.summarize(lr.collect(page.folders(str(tmp_path / "with")))))
+    header, _, two, eight = table.splitlines()
+    assert "| sync low-bit | sync low-bit, half batch | acco fixed |" in header
+    assert "| the better sync low-bit / the faster acco | a step's compute |" in header
+    assert two.endswith(f"| 1.25x | 1.25x | {25 / 40 / 1.1:.2f}x | 0.40 s |")  # acco fixed 25/1.1 (median seed),
+    # half-batch sync 40 tokens/s; the 8-host bed did not run it: its better sync is sync low-bit
+    assert eight.split(" | ")[4] == "-" and eight.endswith("| 1.50x | 1.50x | 1.50x | 0.42 s |")
+
+
 def test_the_driver_plans_resumes_and_estimates(tmp_path, capsys):
     entries = protocol.plan(["sleep", "real"], [1, 2], str(tmp_path), netns=True, root=True)
     assert [(e["bed"], e["seed"], e["part"]) for e in entries] == [

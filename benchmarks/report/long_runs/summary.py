@@ -226,8 +226,10 @@ def workers(summary: dict) -> list[dict]:
         low = seconds(block, REFERENCE)
         fixed = seconds(block, ACCO[0])
         _, fastest = best(block, ACCO)
+        _, better_sync = best(block, SYNC_LOWBIT)
         out.append({"bed": bed, "rate": rate, "hosts": hosts, "slow": bed.endswith("-slow"), "sleep": sleep,
                     "block": block, "gain_fixed": _ratio(low, fixed), "gain_best": _ratio(low, fastest),
+                    "gain_vs_better_sync": _ratio(better_sync, fastest),
                     "step_compute": _median([r["step_compute"] for r in block["rows"].values()])})
     return sorted(out, key=lambda w: (not w["sleep"], w["slow"], w["hosts"], w["rate"]))
 

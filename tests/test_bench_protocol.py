@@ -402,3 +402,21 @@ def test_the_driver_plans_resumes_and_estimates(tmp_path, capsys):
     assert re.search(r"\| sleep \| 1 \| long_sleep \| \d+ \| 5 \|", out) and "the same command resumes" in out
     with pytest.raises(SystemExit):
         protocol.main(["--dry-run", "--beds", "moon"])
+
+
+def test_a_resume_with_fewer_configs_keeps_the_folders_other_runs(tmp_path):
+    """The protocol's ``--configs`` narrows the plan; the runs of the folder outside it must stay in results.json."""
+    from benchmarks.sweep.load_gate import LoadGate
+    from benchmarks.sweep.runner import run_sweep
+
+    with open(os.path.join(cfgs.REPO, "bench_results", "long_runs", "workers_4_seed1", "results.json"),
+              encoding="utf-8") as f:
+        previous = json.load(f)
+    sweep = plans.build_sweep("full", netns=True, root=True, only=["workers_sleep_4"], seed=1)
+    ids = [r["id"] for r in previous["runs"]]
+    narrow = dataclasses.replace(sweep, runs=[s for s in sweep.runs if s.run_id == ids[0]])  # done: nothing runs
+    assert len(narrow.runs) == 1 and len(ids) == 3
+    result = run_sweep(narrow, str(tmp_path), netns=True, gate=LoadGate(None), progress=False, previous=previous)
+    assert sorted(r["id"] for r in result["runs"]) == sorted(ids)
+    with open(tmp_path / "results.json", encoding="utf-8") as f:
+        assert sorted(r["id"] for r in json.load(f)["runs"]) == sorted(ids)

@@ -162,6 +162,9 @@ def run_sweep(sweep: Sweep, out_dir: str, *, netns: bool, gate: LoadGate, progre
               log=print, previous: Optional[dict] = None, retries: int = 1, jobs: int = 1) -> dict:
     """Run every spec of ``sweep``; returns (and writes, after every run) the result document.
 
+    ``previous`` (``--resume``): its finished runs are kept, also those outside this sweep's plan (a resume with
+    fewer configs or links than the folder holds must not drop them).
+
     With a load gate, a run during which other processes were runnable (mean > 0.5,
     sampled every second) is measured again, up to ``retries`` times while the gate's
     waiting budget lasts; every attempt's load is kept in the row's ``attempts``.
@@ -180,6 +183,8 @@ def run_sweep(sweep: Sweep, out_dir: str, *, netns: bool, gate: LoadGate, progre
         done = {r["id"]: r for r in previous.get("runs", []) if r.get("ok")}
     else:
         done = {}
+    planned = {s.run_id for s in sweep.runs} | {a.run_id for s in sweep.runs for a in s.aliases()}
+    result["runs"] = [r for r in done.values() if r["id"] not in planned]  # a narrower plan loses no finished run
     t_sweep = time.monotonic()
     if jobs > 1 or sweep.shared_launches:
         return _run_parallel(sweep, out_dir, netns=netns, jobs=jobs, result=result, done=done, t_sweep=t_sweep)
@@ -250,9 +255,9 @@ def _run_parallel(sweep: Sweep, out_dir: str, *, netns: bool, jobs: int, result:
                     for r in part}
             peer = [s for s in todo if is_torchft(s)]  # torchft's script is not train_lm: a launch of its own
             rows.update((s.run_id, row) for s, row in zip(peer, pool.map(one, peer)))
-            result["runs"] = [r for s in sweep.runs for r in rows_of(s, done.get(s.run_id) or rows[s.run_id])]
+            result["runs"] += [r for s in sweep.runs for r in rows_of(s, done.get(s.run_id) or rows[s.run_id])]
         else:
-            result["runs"] = [r for s, row in zip(sweep.runs, pool.map(one, sweep.runs)) for r in rows_of(s, row)]
+            result["runs"] += [r for s, row in zip(sweep.runs, pool.map(one, sweep.runs)) for r in rows_of(s, row)]
     result["analysis"] = analyse(result["runs"])
     result["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     result["sweep_wall_s"] = round(time.monotonic() - t_sweep, 1)

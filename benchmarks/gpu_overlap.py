@@ -85,6 +85,20 @@ def run_one(name: str, out: str, repeat: int, args: argparse.Namespace, profile:
     return row
 
 
+def preflight() -> Optional[str]:
+    """What every run needs and a fresh GPU machine may lack (DeepSpeed, the corpus), said before the first run
+    rather than in each run's log."""
+    try:
+        import deepspeed  # noqa: F401
+
+        from examples.shakespeare import texts_dir
+
+        texts_dir()
+    except ImportError as e:  # ModuleNotFoundError says which package, and how to install it
+        return str(e)
+    return None
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| config | tree | run | compute ms/mb, sync rounds | with a round in flight | ratio "
              "| s/step after warm-up | loss at end |", "|---|---|---|---|---|---|---|---|"]
@@ -124,6 +138,10 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     if not torch.cuda.is_available():
         print("gpu_overlap: no CUDA device here; this benchmark times a round's kernels on a GPU", file=sys.stderr)
+        return 2
+    missing = preflight()
+    if missing:
+        print(f"gpu_overlap: {missing}", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
     rows = []

@@ -106,6 +106,43 @@ def test_low_bit_rounds_on_cuda_stay_close_to_exact():
         assert (a - b).abs().max().item() < 0.02, (a - b).abs().max()
 
 
+def test_the_round_steps_adam_with_torchs_fused_kernel_on_cuda(monkeypatch):
+    """On a GPU the lookahead and the commit run torch's fused kernel by default (ds_acco/optim/fused_adam.py):
+    bit for bit ``AdamW(fused=True)``'s step, over several chunks and a short last one, the masters and moments
+    untouched by the lookahead; and each in a handful of launches, not eight per chunk."""
+    import copy
+
+    import ds_acco.optim.adam_lookahead as A
+    from ds_acco.optim.shard_optimizer import ShardOptimizer
+
+    monkeypatch.setattr(A, "CUDA_CHUNK_ELEMS", 1000)
+    torch.manual_seed(0)
+    n = 4321
+    masters = [torch.randn(n, device="cuda")]
+    twin_p = torch.nn.Parameter(masters[0].clone())
+    opt = torch.optim.AdamW(masters, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    twin = torch.optim.AdamW([twin_p], lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    so = ShardOptimizer(opt, masters)
+    for step in range(3):
+        grad = torch.randn(n, device="cuda")
+        probe = copy.deepcopy(twin)
+        probe_p = probe.param_groups[0]["params"][0]
+        probe_p.grad = grad.clone()
+        probe.step()
+        out, before = torch.full((n + 3,), 7.0, device="cuda"), masters[0].clone()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            so.lookahead([grad], [out])
+        ops = [e for e in prof.events() if e.name.startswith("aten::_fused_adamw_")]
+        assert len(ops) == 5, [e.name for e in prof.events()]  # ceil(4321 / 1000) chunks, a launch each
+        assert torch.equal(out[:n], probe_p.detach()) and torch.equal(masters[0], before), step
+        so.commit([grad])
+        twin_p.grad = grad.clone()
+        twin.step()
+        assert torch.equal(masters[0], twin_p.detach()), step
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(opt.state[masters[0]][key], twin.state[twin_p][key]), key
+
+
 class _Wide(nn.Module):
     def __init__(self, width: int = 1024):
         super().__init__()

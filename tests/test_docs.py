@@ -64,7 +64,8 @@ def test_benchmarks_holds_current_results_only():
 def test_every_table_is_what_the_raw_files_say():
     """`python -m benchmarks report --check`: each generated block equals its recomputation from bench_results/."""
     pages = write.regenerate()
-    assert {Path(p).name for p in pages} == {"README.md", "BENCHMARKS.md", "benchmarks-more.md", "long-runs.md"}
+    assert {Path(p).name for p in pages} == {"README.md", "BENCHMARKS.md", "benchmarks-more.md", "long-runs.md",
+                                                "gpu.md"}
     for path, (now, new) in pages.items():
         assert now == new, f"{path}: a table differs from bench_results/; run python -m benchmarks report"
 

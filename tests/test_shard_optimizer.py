@@ -81,7 +81,7 @@ ADAM_CASES = {
     "adam_amsgrad_l2": (torch.optim.Adam, _SnapshotAdam, {"amsgrad": True, "weight_decay": 0.05}, True),
     "adamw_amsgrad_maximize": (torch.optim.AdamW, _SnapshotAdamW, {"amsgrad": True, "maximize": True}, True),
     "adamw_foreach": (torch.optim.AdamW, _SnapshotAdamW, {"weight_decay": 0.1, "foreach": True}, True),
-    "adamw_fused": (torch.optim.AdamW, _SnapshotAdamW, {"weight_decay": 0.1, "fused": True}, False),
+    "adamw_fused": (torch.optim.AdamW, _SnapshotAdamW, {"weight_decay": 0.1, "fused": True}, True),
 }
 
 

@@ -18,8 +18,12 @@ Recognised optimizers (exact types; a subclass may change ``step`` and takes the
   (torch's formula with fp64 scalars was 1e-5 of the update away). Against DeepSpeed 0.19.8's CPU ``FusedAdam``:
   bit-identical except in the last ``numel % lanes`` elements of a tensor, which the kernel steps in scalar C++ (about
   two fp32 ulps), and in a resumed run, where the kernel's ``beta ** step`` starts from ``pow`` (see
-  :func:`_running_power`); tests/test_shard_optimizer.py checks this. Only the estimate is affected: a commit is always
+  :func:`~ds_acco.optim.deepspeed_scalars.running_power`); tests/test_shard_optimizer.py checks this. Only the estimate is affected: a commit is always
   the optimizer's own step. (On CUDA, FusedAdam's kernel uses another formula: as close as torch's, not measured.)
+
+On an accelerator both the lookahead and the commit run torch's fused Adam kernel instead
+(:mod:`ds_acco.optim.fused_adam`: a few operations a shard, not eight a chunk), as does the lookahead of an optimizer
+built with ``fused=True`` anywhere.
 
 Masters and state must be fp32 (DeepSpeed's ZeRO-1 partitions and ds_acco's own masters are); anything else takes the
 snapshot path.
@@ -27,15 +31,16 @@ snapshot path.
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-import numpy as np
 import torch
 
 from ds_acco.numerics.views import ViewCache
+
+from . import fused_adam
+from .deepspeed_scalars import deepspeed_scalars
 
 CHUNK_ELEMS = 1 << 18
 """Elements per chunk on a CPU: the scratch is at most 4 such fp32 buffers (4 MiB), whatever the model size."""
@@ -46,6 +51,9 @@ H200, 256 Ki-element chunks slowed compute with a round in flight up to 1.24x (B
 SQRT_PIECE = 1 << 14
 """Elements per fp64 square root of DeepSpeed's rule (128 KiB of scratch): fp64's, rounded once, is fp32's
 correctly rounded root, which the kernel's ``sqrt`` is."""
+WHOLE_OPS = 10
+"""The operations of :meth:`FunctionalAdam._whole`: on an accelerator a lookahead that has its scratch takes
+it unless the fused kernel's chunks (:data:`ds_acco.optim.fused_adam.LAUNCHES_PER_CHUNK`) take fewer."""
 _MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 """The state tensors of torch's Adam (DeepSpeed's lack the last)."""
 
@@ -143,6 +151,13 @@ class FunctionalAdam:
         self._flats = ViewCache(lambda t: t.reshape(-1), size=32)
         """Masters and moments as 1-D views, cut once per tensor."""
         self._chunk_views: dict[tuple, ViewCache] = {}
+        self.fused: Optional[bool] = None
+        """Whether torch's fused kernel steps (:mod:`ds_acco.optim.fused_adam`): None, on an accelerator or for
+        an optimizer built with ``fused=True``; tests set True to run it on a CPU."""
+        self.accelerator: Optional[bool] = None
+        """Whether to choose as on an accelerator (its chunk size, the kernel, the fewer operations of the kernel
+        and the whole-shard rule): None, where the tensors are; True counts an accelerator's operations on a
+        CPU (benchmarks/round_launches.py)."""
 
     @classmethod
     def for_optimizer(cls, optimizer: torch.optim.Optimizer) -> Optional["FunctionalAdam"]:
@@ -188,10 +203,15 @@ class FunctionalAdam:
                 n = flat.numel()
                 whole = scratch[i] if scratch is not None else None
                 o = out if out.numel() == n else out[:n]
-                if whole is not None and _whole_rule(hyper) and o.dtype == torch.float32 and o.is_contiguous():
+                whole_ok = whole is not None and _whole_rule(hyper) and o.dtype == torch.float32 and o.is_contiguous()
+                if self._kernel_looks_ahead(hyper, group, flat.device, n, whole_ok):
+                    self._kernel_lookahead(hyper, step, flat, g, m, v, vmax, o)
+                    continue
+                if whole_ok:
                     self._whole(hyper, step, flat, _head(g, n), m, v, _head(whole, n), o)
                     continue
-                chunk, size = self._chunk_deepspeed if hyper.deepspeed else self._chunk, chunk_elems(flat.device)
+                chunk = self._chunk_deepspeed if hyper.deepspeed else self._chunk
+                size = self._chunk_elems(flat.device)
                 ps, gs, ms, vs, xs, os = (self._pieces(t, n, size) for t in
                                           (flat, g, m, v, vmax if hyper.amsgrad else None, out))
                 for pc, gc, mc, vc, xc, o in zip(ps, gs, ms, vs, xs, os):
@@ -201,6 +221,34 @@ class FunctionalAdam:
                     chunk(hyper, step, pc, gc, mc, vc, xc, res)
                     if not direct:
                         o.copy_(res)
+
+    def _uses_kernel(self, h: AdamHyper, group: dict, device: torch.device) -> bool:
+        """Whether torch's fused kernel steps this group's shards (see :attr:`fused`)."""
+        if not (fused_adam.usable(h) and fused_adam.kernel_exists(device)):
+            return False
+        return self.fused if self.fused is not None else self._on_accelerator(device) or bool(group.get("fused"))
+
+    def _kernel_looks_ahead(self, h: AdamHyper, group: dict, device: torch.device, n: int, whole_ok: bool) -> bool:
+        """The kernel, but on an accelerator where the whole-shard rule can run in fewer operations."""
+        return self._uses_kernel(h, group, device) and not (
+            whole_ok and self._on_accelerator(device) and self._kernel_ops(n, device) > WHOLE_OPS)
+
+    def _on_accelerator(self, device: torch.device) -> bool:
+        return self.accelerator if self.accelerator is not None else device.type != "cpu"
+
+    def _chunk_elems(self, device: torch.device) -> int:
+        return chunk_elems(device) if self.accelerator is None else \
+            (CUDA_CHUNK_ELEMS if self.accelerator else CHUNK_ELEMS)
+
+    def _kernel_ops(self, n: int, device: torch.device) -> int:
+        return 2 + fused_adam.LAUNCHES_PER_CHUNK * -(-n // self._chunk_elems(device))
+
+    def _kernel_lookahead(self, h: AdamHyper, step: float, flat, g, m, v, vmax, o) -> None:
+        n, size, dev = flat.numel(), self._chunk_elems(flat.device), flat.device
+        if o.dtype == torch.float32 and o.is_contiguous():
+            o.copy_(flat)  # the kernel steps the publish buffer in place
+        chunks = zip(*(self._pieces(t, n, size) for t in (flat, g, m, v, vmax if h.amsgrad else None, o)))
+        fused_adam.lookahead(h, step, list(chunks), lambda name, k: self._buf(name, k, dev))
 
     def _pieces(self, t: Optional[torch.Tensor], n: int, size: int) -> list:
         """The chunks of ``size`` elements of ``t``'s first ``n``, cut once per tensor (None: Nones)."""
@@ -314,13 +362,17 @@ class FunctionalAdam:
                 flat, m, v = self._flat(p), self._flat(state["exp_avg"]), self._flat(state["exp_avg_sq"])
                 vmax = self._flat(state["max_exp_avg_sq"]) if hyper.amsgrad else None
                 n = flat.numel()
+                if self._uses_kernel(hyper, group, flat.device):  # in place, no temporaries
+                    fused_adam.step_in_place(hyper, step, [flat], [_head(g, n)], [m], [v],
+                                             [vmax] if hyper.amsgrad else [])
+                    continue
                 whole = scratch[i] if scratch is not None else None
                 if whole is not None and not hyper.maximize and (hyper.weight_decay == 0 or hyper.decoupled):
                     # the whole shard at once; the denominator in the caller's scratch (no grad copy needed)
                     self._torch_update(hyper, step, flat, _head(g, n), m, v, vmax, vmax_out=vmax,
                                        denom=_head(whole, n))
                     continue
-                size = chunk_elems(flat.device)
+                size = self._chunk_elems(flat.device)
                 for pc, gc, mc, vc, xc in zip(*(self._pieces(t, n, size) for t in (flat, g, m, v, vmax))):
                     self._torch_update(hyper, step, pc, gc, mc, vc, xc, vmax_out=xc,
                                        denom=self._buf("exp_avg_sq", pc.numel(), p.device))  # the lookahead's
@@ -334,7 +386,7 @@ class FunctionalAdam:
         ``fma(x, a, ...)``. ``vmax`` is unused (DeepSpeed has no amsgrad).
         """
         k, dev = p.numel(), p.device
-        s = _deepspeed_scalars(h, int(step))
+        s = deepspeed_scalars(h, int(step))
         grad = g
         if h.weight_decay > 0 and not h.decoupled:  # grad = fma(param, weight_decay, grad)
             grad = torch.add(g, p, alpha=s.weight_decay, out=self._buf("grad", k, dev))
@@ -355,48 +407,3 @@ class FunctionalAdam:
         else:
             res.copy_(p)
         res.add_(m2, alpha=s.step_size)  # fma(update, -lr / bias_correction1, param)
-
-
-@dataclass(frozen=True)
-class _KernelScalars:
-    beta1: float
-    beta2: float
-    one_minus_beta1: float
-    one_minus_beta2: float
-    eps: float
-    bias_correction2: float
-    step_size: float
-    weight_decay: float
-    """``-lr * weight_decay`` in AdamW mode, ``weight_decay`` in L2 mode."""
-
-
-def _deepspeed_scalars(h: AdamHyper, step: int) -> _KernelScalars:
-    """The fp32 scalars DeepSpeed's CPU Adam kernel derives from its fp32 arguments for ``step``."""
-    f = np.float32
-    lr, b1, b2, eps, wd = (f(x) for x in (h.lr, h.beta1, h.beta2, h.eps, h.weight_decay))
-    if h.bias_correction:
-        power = _running_power if h.running_power else (lambda b, t: f(float(b) ** t))  # std::pow(float, size_t)
-        b1_t, b2_t = power(b1, step), power(b2, step)
-        bias_correction1 = f(1) - b1_t
-        bias_correction2 = f(1) / f(math.sqrt(f(1) - b2_t))
-    else:
-        bias_correction1 = bias_correction2 = f(1)
-    return _KernelScalars(
-        beta1=float(b1), beta2=float(b2), one_minus_beta1=float(f(1) - b1), one_minus_beta2=float(f(1) - b2),
-        eps=float(eps), bias_correction2=float(bias_correction2), step_size=float(f(-lr) / bias_correction1),
-        weight_decay=float(f(-lr) * wd if h.decoupled else wd),
-    )
-
-
-_POWERS: dict[float, tuple[int, np.float32]] = {}
-
-
-def _running_power(beta: np.float32, step: int) -> np.float32:
-    """``beta ** step`` as the kernel keeps it: multiplied up in fp32, one step at a time (cached)."""
-    done, value = _POWERS.get(float(beta), (0, np.float32(1)))
-    if step < done:
-        done, value = 0, np.float32(1)
-    for _ in range(step - done):
-        value = np.float32(value * beta)
-    _POWERS[float(beta)] = (step, value)
-    return value

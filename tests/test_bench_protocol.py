@@ -420,3 +420,21 @@ def test_a_resume_with_fewer_configs_keeps_the_folders_other_runs(tmp_path):
     assert sorted(r["id"] for r in result["runs"]) == sorted(ids)
     with open(tmp_path / "results.json", encoding="utf-8") as f:
         assert sorted(r["id"] for r in json.load(f)["runs"]) == sorted(ids)
+
+
+def test_a_link_without_the_baseline_takes_its_targets_from_the_same_seeds_run_on_another(tmp_path):
+    """sync fp32's losses per token are the link's none of business: a 25 Mbit/s block with no sync run of its own
+    measures its configs against the targets of the 100 Mbit/s sync run of the same folder; no sync row there."""
+    folders = _protocol(tmp_path, seeds=(1,))
+    real = next(f for f in folders if f.endswith("real_seed1"))
+    with open(os.path.join(real, "results.json"), encoding="utf-8") as f:
+        runs = json.load(f)["runs"]
+    runs.append(_row("sync_lowbit", "25mbit", 1, base_loss, lambda t: t / 10))
+    with open(os.path.join(real, "results.json"), "w", encoding="utf-8") as f:
+        json.dump({"runs": runs}, f)
+    summary = lr.summarize(lr.collect([real]))
+    slow = summary[("long-real", "25mbit")]
+    assert slow["targets"] == summary[("long-real", "100mbit")]["targets"] == pytest.approx(
+        {0.5: 4.0, 0.75: 3.5, 1.0: 3.0})
+    assert "sync" not in slow["rows"]
+    assert slow["rows"]["sync_lowbit"]["seconds"][0.75]["median"] == pytest.approx(_tokens_to(3.5) / 10)

@@ -11,15 +11,16 @@ Recognised optimizers (exact types; a subclass may change ``step`` and takes the
 * ``torch.optim.Adam`` and ``torch.optim.AdamW`` (single-tensor, ``foreach`` or ``fused``; not ``capturable`` or
   ``differentiable``), with ``amsgrad`` and ``maximize``. The arithmetic below is the single-tensor implementation's, op
   for op, so its result is bit-identical to stepping a snapshot with the default (single-tensor) path on CPU;
-  ``foreach`` runs the same ops per tensor, and ``fused`` kernels may round differently (fp32 rounding).
+  ``foreach`` runs the same ops per tensor; ``fused`` rounds differently, and its lookahead is its own kernel.
 * DeepSpeed's ``FusedAdam`` (``adam_w_mode``, ``bias_correction``) and ``DeepSpeedCPUAdam`` (``adamw_mode``; not
   ``amsgrad``). On CPU both run the same kernel (``ds_adam_step`` in DeepSpeed's ``csrc/adam/cpu_adam_impl.cpp``), and
   :meth:`FunctionalAdam._chunk_deepspeed` evaluates its formula with its fp32 scalars and its fused multiply-adds
   (torch's formula with fp64 scalars was 1e-5 of the update away). Against DeepSpeed 0.19.8's CPU ``FusedAdam``:
   bit-identical except in the last ``numel % lanes`` elements of a tensor, which the kernel steps in scalar C++ (about
   two fp32 ulps), and in a resumed run, where the kernel's ``beta ** step`` starts from ``pow`` (see
-  :func:`~ds_acco.optim.deepspeed_scalars.running_power`); tests/test_shard_optimizer.py checks this. Only the estimate is affected: a commit is always
-  the optimizer's own step. (On CUDA, FusedAdam's kernel uses another formula: as close as torch's, not measured.)
+  :func:`~ds_acco.optim.deepspeed_scalars.running_power`); tests/test_shard_optimizer.py checks this. Only the
+  estimate is affected: a commit is always the optimizer's own step. (FusedAdam's GPU kernel is another formula's:
+  its lookahead there is torch's fused kernel.)
 
 On an accelerator both the lookahead and the commit run torch's fused Adam kernel instead
 (:mod:`ds_acco.optim.fused_adam`: a few operations a shard, not eight a chunk), as does the lookahead of an optimizer

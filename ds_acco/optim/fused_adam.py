@@ -20,6 +20,7 @@ decoupled weight decay), within the same few ulps of its own step.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import torch
@@ -29,11 +30,16 @@ LAUNCHES_PER_CHUNK = 3
 shard: the master's copy into the publish buffer, the step count's scalar)."""
 
 
-def kernel_exists(device: torch.device) -> bool:
-    """Whether torch ships a fused Adam kernel for ``device``'s type."""
+@functools.lru_cache(maxsize=None)
+def _kernel_devices() -> frozenset:
     from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
-    return device.type in _get_fused_kernels_supported_devices()
+    return frozenset(_get_fused_kernels_supported_devices())
+
+
+def kernel_exists(device: torch.device) -> bool:
+    """Whether torch ships a fused Adam kernel for ``device``'s type (asked once: a round asks per master)."""
+    return device.type in _kernel_devices()
 
 
 def _step_tensor(step: float, device: torch.device) -> torch.Tensor:

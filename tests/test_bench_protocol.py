@@ -328,8 +328,9 @@ def test_the_page_block_reads_the_protocol_folders_or_says_no_runs_yet(tmp_path)
     (empty / "bench_results" / "sets.json").write_text(json.dumps({"sets": {}}))
     assert page.long_runs(str(empty)) == f"{page.describe()}\n\n{page.NO_RUNS}"
     assert page.long_runs_summary(str(empty)) == page.NO_RUNS
-    ours = page.long_runs()  # the repository: 2 and 8 workers ran (bench_results/long_runs/workers_*)
-    assert page.NO_RUNS not in ours and "| 8 | 100mbit |" in ours and "**Not run yet**" in ours
+    ours = page.long_runs()  # the repository: 2 and 8 workers ran, and the sleep bed unshaped (the link's cost)
+    assert page.NO_RUNS not in ours and "| 8 | 100mbit |" in ours and "**Not run yet**" not in ours
+    assert "**The link's cost: seconds" in ours and "\n| sleep bed, 100 Mbit/s | " in ours
     assert f"{plans_long.REAL_STEPS} nominal steps on real compute, {plans_long.SLEEP_STEPS} on" in page.describe()
     _protocol(tmp_path)
     text = page.long_runs(str(tmp_path))
@@ -340,6 +341,7 @@ def test_the_page_block_reads_the_protocol_folders_or_says_no_runs_yet(tmp_path)
     assert "never" in text and "(2/3)" not in text and "; 2/3)" in text  # adaptive: 2 of 3 seeds reached
     assert "| 8 | 100mbit |" in text and "| 1.50x | 1.50x | 0.42 s |" in text
     assert "| 2.00x |" in text and f"| {40 / ACCO:.2f}x |" in text  # the link's cost
+    assert "| light sleep bed, 2 hosts, 100 Mbit/s |" not in text  # no unshaped run there: no row of dashes
     assert text.count("**not met**") == 1 and "| - | <= 0.9 | **not met** | acco fixed reached it in 0 of 3 seeds |" in text
     assert "| real compute, 100 Mbit/s | 1.202, 1.100, 1.067, - |" in text and "| lr-scaled (auto's) |" in text
     assert len(text.splitlines()) <= 60
@@ -354,7 +356,9 @@ def test_the_page_block_reads_the_protocol_folders_or_says_no_runs_yet(tmp_path)
     short = page.long_runs_summary(str(tmp_path))  # BENCHMARKS.md: what ran, the targets, a link to every table
     assert short.startswith("What ran: real compute, 100 Mbit/s (3 seeds, 5 configs); light sleep bed, 2 hosts")
     assert f"]({page.PAGE})" in short and short.split("**The issue's targets**:\n\n")[1] == page.targets_table(
-        lr.summarize(lr.collect(page.folders(str(tmp_path)))))
+        lr.summarize(lr.collect(page.folders(str(tmp_path)))), issue_only=True)
+    bed_check = "| a step's compute at 8 workers within 1.10x of at 2"  # a check of the bed: on the page only
+    assert bed_check in text and bed_check not in short
 
 
 def test_the_workers_table_shows_half_batch_sync_where_a_bed_ran_it(tmp_path):
@@ -438,3 +442,41 @@ def test_a_link_without_the_baseline_takes_its_targets_from_the_same_seeds_run_o
         {0.5: 4.0, 0.75: 3.5, 1.0: 3.0})
     assert "sync" not in slow["rows"]
     assert slow["rows"]["sync_lowbit"]["seconds"][0.75]["median"] == pytest.approx(_tokens_to(3.5) / 10)
+
+
+def test_the_overlap_targets_are_checked_on_the_sleep_bed_beside_real_compute(tmp_path):
+    """The sleep bed (compute off the CPU) gets the overlap's two target rows of its own, labelled with its bed,
+    its ratios from its own runs: acco fixed there reaches the final loss (no delay), unlike on real compute."""
+    folder = tmp_path / "sleep_seed1"
+    folder.mkdir()
+    rows = [_row(c, "100mbit", 1, loss, secs, note="long-sleep") for c, loss, secs in (
+        ("sync", base_loss, lambda t: t / 10), ("sync_lowbit", base_loss, lambda t: t / 20),
+        ("sync_lowbit_half", base_loss, lambda t: t / 21), ("acco_lowbit_int4_fixed", base_loss, lambda t: t / 25),
+        ("acco_lowbit_int4_adaptive", base_loss, lambda t: t / 24))]
+    (folder / "results.json").write_text(json.dumps({"runs": rows}))
+    got = {t["target"]: t for t in lr.targets(lr.summarize(lr.collect([str(folder)])))}
+    better = got["the better ACCO vs the better sync low-bit to the baseline's 75% loss (sleep bed, 100 Mbit/s)"]
+    assert better["value"] == pytest.approx(21 / 25, abs=1e-4) and better["met"] is True
+    assert better["detail"] == "acco_lowbit_int4_fixed against sync_lowbit_half"
+    final = got["acco fixed vs sync low-bit at equal batch to the baseline's final loss (sleep bed, 100 Mbit/s)"]
+    assert final["value"] == pytest.approx(20 / 25, abs=1e-4) and final["met"] is True
+    assert not any("real compute" in name for name in got)  # no real-compute runs, no real-compute rows
+    assert better["about"] == final["about"] == "another bed"  # on the long-runs page, not BENCHMARKS.md's table
+
+
+def test_a_target_missed_on_two_beds_is_one_row_of_where_ds_acco_loses(tmp_path):
+    """BENCHMARKS.md's "where ds_acco loses": the overlap's targets missed on real compute and again on the sleep
+    bed make one row each, the sleep bed's figure appended to the real bed's."""
+    _protocol(tmp_path, seeds=(1,))
+    folder = tmp_path / "bench_results" / "long_runs" / "sleepbed_seed1"
+    folder.mkdir()
+    rows = [_row(c, "100mbit", 1, loss, secs, note="long-sleep") for c, loss, secs in (
+        ("sync", base_loss, lambda t: t / 10), ("sync_lowbit", base_loss, lambda t: t / 20),
+        ("acco_lowbit_int4_fixed", lag_loss, lambda t: t / 21))]
+    (folder / "results.json").write_text(json.dumps({"runs": rows}))
+    losing = page.loss_rows(str(tmp_path))
+    final = [r for r in losing if "acco fixed vs sync low-bit at equal batch" in r[0]]
+    assert [r[0] for r in final] == ["long runs: acco fixed vs sync low-bit at equal batch to the baseline's final "
+                                     "loss (real compute, 100 Mbit/s)"]
+    assert final[0][1] == ("- (limit <= 0.9; acco fixed reached it in 0 of 1 seeds); sleep bed, 100 Mbit/s: "
+                           "- (limit <= 0.9; acco fixed reached it in 0 of 1 seeds)")

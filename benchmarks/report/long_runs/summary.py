@@ -29,6 +29,7 @@ the penalty and the link cost medians of per-seed ratios.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -129,13 +130,26 @@ def folder_samples(folder: str, runs: list[dict]) -> dict:
     return out
 
 
+_READ: dict = {}
+"""``(results.json, its mtime and size) -> folder_samples``: the page, BENCHMARKS.md's summary and its loss rows
+each summarize the same folders, whose results.json files run to megabytes (a sleep-bed folder: 4 MB)."""
+
+
+def _samples_of(folder: str) -> dict:
+    path = os.path.join(folder, "results.json")
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
+    if key not in _READ:
+        with open(path, encoding="utf-8") as f:
+            _READ[key] = folder_samples(folder, json.load(f)["runs"])
+    return copy.deepcopy(_READ[key])
+
+
 def collect(folders: list[str]) -> dict:
     """``{(bed, rate): {config: [sample per folder]}}`` over the folders (one seed each)."""
     groups: dict = {}
     for folder in folders:
-        with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
-            runs = json.load(f)["runs"]
-        for key, block in folder_samples(folder, runs).items():
+        for key, block in _samples_of(folder).items():
             for config, sample in block.items():
                 groups.setdefault(key, {}).setdefault(config, []).append(sample)
     return groups

@@ -264,13 +264,14 @@ def workers(summary: dict) -> list[dict]:
     return sorted(out, key=lambda w: (not w["sleep"], w["slow"], w["hosts"], w["rate"]))
 
 
-OVERLAP_BEDS = ((("long-real", "100mbit"), "(real compute, 100 Mbit/s)"),
-                (("long-sleep", "100mbit"), "(sleep bed, 100 Mbit/s)"))
-"""Where the overlap's two targets are checked: the issue sets them on real compute; the sleep bed (compute off
-the CPU, as on a GPU) asks the same of it where the round's host work does not compete with the compute."""
+OVERLAP_BEDS = ((("long-real", "100mbit"), "(real compute, 100 Mbit/s)", None),
+                (("long-sleep", "100mbit"), "(sleep bed, 100 Mbit/s)", "another bed"))
+"""Where the overlap's two targets are checked, and the rows' ``about``: the issue sets them on real compute; the
+sleep bed (compute off the CPU, as on a GPU) is asked the same where the round's host work does not compete with
+the compute."""
 
 
-def _overlap_targets(block: dict, where: str) -> list[dict]:
+def _overlap_targets(block: dict, where: str, about: Optional[str]) -> list[dict]:
     """The better ACCO against the better sync low-bit to the 75% loss, and acco fixed against sync low-bit at
     equal batch to the final loss, on one bed and link."""
     acco, acco_s = best(block, ACCO)
@@ -284,18 +285,17 @@ def _overlap_targets(block: dict, where: str) -> list[dict]:
                    "<=", "; ".join(short) or "ratio of medians; none where either did not run")
     if short:  # a seed that never gets there loses the race: no median of the others stands for it
         final["met"] = False
-    if not where.startswith("(real compute"):
-        for t in found + [final]:
-            t["about"] = "another bed"  # the issue sets these on real compute; asked again here
+    for t in found + [final] if about else ():
+        t["about"] = about
     return found + [final]
 
 
 def targets(summary: dict) -> list[dict]:
     """The issue's targets, from :func:`summarize`; auto's on every bed as one row each, its worst bed's ratio."""
     found = []
-    for key, where in OVERLAP_BEDS:
+    for key, where, about in OVERLAP_BEDS:
         if summary.get(key):
-            found += _overlap_targets(summary[key], where)
+            found += _overlap_targets(summary[key], where, about)
     for auto in AUTO:
         of_all, of_low = {}, {}
         for key in shaped(summary):

@@ -218,6 +218,7 @@ def test_loopback_sweep_has_no_shaped_runs():
 
 
 @needs_netns
+@pytest.mark.alone  # a rate through tc, timed: another test's load would read as the link's
 def test_cluster_shapes_links_and_tears_down(tmp_path):
     """Proves what no pooled job can: the launcher's namespaces, shaped veths, MTU and cgroups, and their removal."""
     stats = tmp_path / "stats.json"
@@ -407,10 +408,14 @@ def test_smoke_fsdp_time_to_loss(smoke):
     stock, lowbit = runs["fsdp_time_to_loss-fsdp_stock-unshaped-2h"], runs[
         "fsdp_time_to_loss-fsdp_acco_adaptive_lowbit-unshaped-2h"]
     for r in (stock, lowbit):
-        assert _finite_positive(r["tokens_per_s"]) and len(r["evals"]) >= 4, r["id"]  # a commit may span 2 steps
+        # adaptive commits hold at most a nominal step (the smoke's cap), so a busy machine leaves the validations
+        assert _finite_positive(r["tokens_per_s"]) and len(r["evals"]) >= 5, r["id"]
         assert all(0 < e["val_loss"] < UNIFORM for e in r["evals"]), r["evals"]
-        sched = json.loads((out / "runs" / r["id"] / "config.json").read_text())["scheduler"]
+        cfg = json.loads((out / "runs" / r["id"] / "config.json").read_text())
+        sched = cfg["scheduler"]
         assert sched["type"] == "WarmupDecayLR" and sched["params"]["total_num_steps"] == 6
+    assert json.loads((out / "runs" / lowbit["id"] / "config.json").read_text())["acco"][
+        "max_micro_batches_per_round"] == 2
     assert stock["steps"] == 6 and len(stock["evals"]) == 6  # 6 steps of G micro-batches: the budget, 1 val each
     assert "collectives_per_step" in stock
     rank0 = json.loads((out / "runs" / lowbit["id"] / "fsdp_rank0.json").read_text())

@@ -89,7 +89,8 @@ def prepare_run(spec: RunSpec, out_dir: str) -> tuple[str, str]:
     wl = spec.workload
     if wl.frontend == "fsdp":
         cfg = cfgs.make_fsdp_config(spec.config, lr_schedule=wl.lr_schedule, lr_total_steps=wl.lr_total_steps or None,
-                                    micro_batch=wl.micro_batch, grad_accum=wl.grad_accum)
+                                    micro_batch=wl.micro_batch, grad_accum=wl.grad_accum,
+                                    max_micro_batches_per_round=wl.max_micro_batches_per_round)
     else:
         cfg = cfgs.make_config("zero1" if is_torchft(spec) else spec.config, micro_batch=wl.micro_batch,
                                grad_accum=wl.grad_accum, warmup_steps=wl.warmup_steps,

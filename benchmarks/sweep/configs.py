@@ -277,11 +277,11 @@ _FSDP_LOWBIT = {"fsdp_sync_lowbit": "sync_lowbit", "fsdp_acco_fixed_lowbit": "ac
 
 def make_fsdp_config(name: str, template_dir: str = TEMPLATE_DIR, lr_schedule: Optional[str] = None,
                      lr_total_steps: Optional[int] = None, micro_batch: Optional[int] = None,
-                     grad_accum: Optional[int] = None) -> dict:
+                     grad_accum: Optional[int] = None, max_micro_batches_per_round: Optional[int] = None) -> dict:
     """The job config of FSDP benchmark config ``name`` (one of :data:`FSDP_CONFIGS`): fsdp_acco.json with
     only the gradient path changed; ``lr_schedule``: as :func:`make_config`'s (the FSDP front end reads
     WarmupDecayLR too); ``micro_batch``, ``grad_accum``: the workload's (None: the template's), which a token
-    budget is counted in."""
+    budget is counted in; ``max_micro_batches_per_round``: the adaptive cap (None: the config's own)."""
     block = {"backend": "fsdp", "warmup_steps": 2, "telemetry": {"log_every": 0}}
     kind = name.removeprefix("fsdp_")
     if kind == "stock":
@@ -299,6 +299,8 @@ def make_fsdp_config(name: str, template_dir: str = TEMPLATE_DIR, lr_schedule: O
         block = dict(_load("fsdp_auto_lowbit.json", template_dir)["acco"], telemetry={"log_every": 0})
     else:
         raise ValueError(f"config: got {name!r}; allowed: {', '.join(FSDP_CONFIGS)}")
+    if max_micro_batches_per_round is not None and block.get("policy") in ("adaptive", "auto"):
+        block["max_micro_batches_per_round"] = max_micro_batches_per_round
     cfg = _load("fsdp_acco.json", template_dir)
     cfg["acco"] = block
     cfg["train_micro_batch_size_per_gpu"] = micro_batch or cfg["train_micro_batch_size_per_gpu"]

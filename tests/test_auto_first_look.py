@@ -66,6 +66,7 @@ def on_slow_link(tmp_path, kwargs: dict) -> list[dict]:
 
 
 @needs_netns
+@pytest.mark.alone  # prices the shaped link from a probe's times: another test's load would read as the link's
 def test_a_slow_link_starts_streaming_before_the_first_round_and_each_replica_follows_the_reference(tmp_path):
     """Processes on two network namespaces: a pooled job has no shaped link for the probe to measure."""
     steps = 8

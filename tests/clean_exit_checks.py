@@ -11,14 +11,10 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
-import signal
 import subprocess
 
-import pytest
-
 from benchmarks.clean_exit import ABORT
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import REPO, run_group
 
 
 def _spin() -> None:
@@ -44,17 +40,8 @@ def abort_in(output: str):
 
 
 def launch(cmd: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
-    """Run a launcher; past ``timeout`` its whole process group (the ranks too) is killed and the test fails."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{cmd[0]} launch did not finish within {timeout}s:\n{out[-3000:]}{err[-3000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    """Run a launcher (its stderr apart, where an abort shows) in a group killed past ``timeout``."""
+    return run_group(cmd, dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO), timeout, merge_stderr=False)
 
 
 def finished_cleanly(proc: subprocess.CompletedProcess) -> None:

@@ -50,17 +50,23 @@ def assert_follows_rules(got, mode, world, G, steps, atol):
     assert distance(got, want) < 0.5 * distance(got, other), (distance(got, want), distance(got, other))
 
 
+def run_group(cmd: list[str], env: dict, timeout: float, merge_stderr: bool = True) -> subprocess.CompletedProcess:
+    """Run a launcher in a process group of its own, from the repository; past ``timeout`` the whole group (the
+    ranks too) is killed and the test fails: a launch never hangs the suite."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd[:2])} did not finish within {timeout}s:\n{out[-4000:]}{(err or '')[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def launch_deepspeed(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                              "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=REPO)
-    cmd = ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), script, *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"deepspeed launch did not finish within {timeout}s:\n{out[-4000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+    return run_group(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), script, *args], env, timeout)

@@ -12,12 +12,10 @@ import json
 import math
 import os
 import re
-import signal
 import subprocess
 
-import pytest
-
 from tests.dist_harness import free_port
+from tests.helpers import run_group
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, "ds_configs")
@@ -114,18 +112,10 @@ def clean_env() -> dict:
 
 
 def launch(launcher: str, config: str, *args: str, timeout: float = LAUNCH_TIMEOUT_S, env: dict | None = None,
-            port: int | None = None) -> subprocess.CompletedProcess:
+           port: int | None = None) -> subprocess.CompletedProcess:
     """Run ``launchers/<launcher> -n 2 -p <port> <config> args...``; never hangs."""
     cmd = ["bash", os.path.join(LAUNCHERS, launcher), "-n", "2", "-p", str(port or free_port()), config, *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env or clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
-        out, _ = proc.communicate()
-        pytest.fail(f"{launcher} did not finish within {timeout}s:\n{out[-4000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+    return run_group(cmd, env or clean_env(), timeout)
 
 
 def summary(result: subprocess.CompletedProcess) -> dict:

@@ -414,8 +414,7 @@ def test_smoke_fsdp_time_to_loss(smoke):
         cfg = json.loads((out / "runs" / r["id"] / "config.json").read_text())
         sched = cfg["scheduler"]
         assert sched["type"] == "WarmupDecayLR" and sched["params"]["total_num_steps"] == 6
-    assert json.loads((out / "runs" / lowbit["id"] / "config.json").read_text())["acco"][
-        "max_micro_batches_per_round"] == 2
+        assert cfg["acco"].get("max_micro_batches_per_round") == (2 if r is lowbit else None)
     assert stock["steps"] == 6 and len(stock["evals"]) == 6  # 6 steps of G micro-batches: the budget, 1 val each
     assert "collectives_per_step" in stock
     rank0 = json.loads((out / "runs" / lowbit["id"] / "fsdp_rank0.json").read_text())

@@ -210,8 +210,7 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
                 acco["streaming"]["overlap_steps"] = 0
         if name == "acco_lowbit_lrwarm":
             acco["warmup_steps"] = "scheduler"  # sync for the scheduler's warm-up (ds_acco.deepspeed.checks)
-        if max_micro_batches_per_round is not None and acco.get("policy") in ("adaptive", "auto"):
-            acco["max_micro_batches_per_round"] = max_micro_batches_per_round
+        _cap_commits(acco, max_micro_batches_per_round)
         telemetry = dict(acco.get("telemetry", {}))
         telemetry["log_every"] = 0
         if telemetry_jsonl:
@@ -275,6 +274,12 @@ _FSDP_LOWBIT = {"fsdp_sync_lowbit": "sync_lowbit", "fsdp_acco_fixed_lowbit": "ac
                 "fsdp_acco_adaptive_lowbit": "acco_lowbit_int4_adaptive"}
 
 
+def _cap_commits(acco: dict, max_micro_batches_per_round: Optional[int]) -> None:
+    """A workload's adaptive cap, in an ``acco`` block whose policy has one (adaptive, auto); None: the block's."""
+    if max_micro_batches_per_round is not None and acco.get("policy") in ("adaptive", "auto"):
+        acco["max_micro_batches_per_round"] = max_micro_batches_per_round
+
+
 def make_fsdp_config(name: str, template_dir: str = TEMPLATE_DIR, lr_schedule: Optional[str] = None,
                      lr_total_steps: Optional[int] = None, micro_batch: Optional[int] = None,
                      grad_accum: Optional[int] = None, max_micro_batches_per_round: Optional[int] = None) -> dict:
@@ -299,8 +304,7 @@ def make_fsdp_config(name: str, template_dir: str = TEMPLATE_DIR, lr_schedule: O
         block = dict(_load("fsdp_auto_lowbit.json", template_dir)["acco"], telemetry={"log_every": 0})
     else:
         raise ValueError(f"config: got {name!r}; allowed: {', '.join(FSDP_CONFIGS)}")
-    if max_micro_batches_per_round is not None and block.get("policy") in ("adaptive", "auto"):
-        block["max_micro_batches_per_round"] = max_micro_batches_per_round
+    _cap_commits(block, max_micro_batches_per_round)
     cfg = _load("fsdp_acco.json", template_dir)
     cfg["acco"] = block
     cfg["train_micro_batch_size_per_gpu"] = micro_batch or cfg["train_micro_batch_size_per_gpu"]

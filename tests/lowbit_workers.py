@@ -130,21 +130,33 @@ def train_recording_swaps(rank: int, world: int, *, config: dict, G: int, steps:
         setup(rank, engine)
     swaps, k = [], 0
     pending_base, launched = None, engine._round_index
+    # a round launched in the call that swapped (dpu's next step) steps the masters on the communication thread
+    # while this thread reads them: the masters the swap landed are the ones just before that launch
+    at_launch, launch = [], engine.launch
+
+    def launch_after_a_snapshot(kind, mode):
+        at_launch.append([g.master.detach().clone() for g in engine.groups])
+        launch(kind, mode)
+
+    engine.launch = launch_after_a_snapshot
     try:
         while engine.commits < steps:
             x, y = W.batch(rank, k)
             k += 1
             W.loss_fn(model(x), y).backward()
             before = [g.flat.clone() for g in engine.groups]
+            at_launch.clear()
             if engine.after_micro_batch():
                 record = engine.telemetry.records[-1]
                 # a sync round launches and swaps within one call; an overlapped one started
                 # from the buffers bound when it was launched
                 base = before if record.mode == "sync" else pending_base
+                later = at_launch[1:] if record.mode == "sync" else at_launch  # a sync round is launched first
+                master = later[-1] if later else [g.master.detach().clone() for g in engine.groups]
                 swaps.append({"kind": record.kind, "base": base,
                               "flat": [g.flat.clone() for g in engine.groups],
                               "params": [p.detach().clone() for p in W.ordered_params(model)],
-                              "master": [g.master.detach().clone() for g in engine.groups]})
+                              "master": master})
             if engine._round_index != launched:
                 launched = engine._round_index
                 pending_base = [g.flat.clone() for g in engine.groups]

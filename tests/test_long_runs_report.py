@@ -1,0 +1,204 @@
+"""The long-run report on synthetic result rows (tests/long_runs_rows.py): targets at 50/75/100% of the baseline's
+budget, the delay penalty and its model, the link's cost, the workers' gain, the issue's targets, the page block
+and BENCHMARKS.md's "where ds_acco loses" rows. No launch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from benchmarks.protocol import plans as plans_long
+from benchmarks.report import long_runs as lr
+from benchmarks.report.long_runs import penalty_model as pm
+from benchmarks.report.long_runs.plot import plot as plot_long
+from benchmarks.report.pages import long_runs as page
+from tests.long_runs_rows import ACCO, base_loss, lag_loss, protocol, row, tokens_to
+
+
+def test_targets_seconds_penalty_and_link_cost_on_synthetic_rows(tmp_path):
+    summary = lr.summarize(lr.collect(protocol(tmp_path)))
+    block = summary[("long-real", "100mbit")]
+    assert block["targets"] == pytest.approx({0.5: 4.0, 0.75: 3.5, 1.0: 3.0})
+    low = block["rows"]["sync_lowbit"]
+    for f, loss in ((0.5, 4.0), (0.75, 3.5), (1.0, 3.0)):
+        each = [k * tokens_to(loss) / 20 for k in (1.0, 1.1, 1.2)]
+        assert low["seconds"][f]["each"] == pytest.approx(each)
+        assert (low["seconds"][f]["median"], low["seconds"][f]["spread"]) == pytest.approx((each[1], each[2] - each[0]))
+        assert low["vs_sync"][f] == pytest.approx(0.5) and low["link_cost"][f]["median"] == pytest.approx(2.0)
+    fixed = block["rows"]["acco_lowbit_int4_fixed"]
+    assert fixed["seconds"][0.75]["median"] == pytest.approx(1.1 * tokens_to(3.5, 50) / ACCO)
+    assert fixed["seconds"][1.0] == {"each": [None] * 3, "median": None, "spread": None, "reached": 0, "of": 3}
+    assert fixed["link_cost"][0.5]["median"] == pytest.approx(40 / ACCO)
+    assert fixed["vs_sync_lowbit"][0.75] == pytest.approx(20 * (tokens_to(3.5) + 50) / ACCO / tokens_to(3.5))
+    for c in (0.25, 0.5, 0.75):  # the delay penalty fades as the run goes on, and is None where never reached
+        loss = 5 - 0.002 * 1000 * c
+        assert fixed["penalty"][c]["median"] == pytest.approx((tokens_to(loss) + 50) / tokens_to(loss))
+    assert fixed["penalty"][0.25]["median"] > fixed["penalty"][0.75]["median"] > 1
+    assert fixed["penalty"][1.0]["reached"] == 0 and low["penalty"][0.5]["median"] == pytest.approx(1.0)
+    model = block["penalty_model"]  # acco fixed's 50 tokens behind fade as 1/tokens: the lr-scaled model fits better
+    assert model["holds"] is True and model["p_rate_scaled"] > model["p_constant"] > 0
+    assert model["preset"] == 0.05 and model["warmup"] == pytest.approx(0.1)
+    assert [r["measured"] for r in model["rows"]] == [fixed["penalty"][c]["median"] for c in lr.CHECKPOINTS
+                                                      if fixed["penalty"][c]["median"] is not None]
+    adaptive = block["rows"]["acco_lowbit_int4_adaptive"]["seconds"][0.75]
+    assert (adaptive["reached"], adaptive["of"]) == (2, 3)
+    assert adaptive["median"] == pytest.approx((1.0 + 1.1) / 2 * tokens_to(3.5) / 22)
+    gains = {w["hosts"]: (w["gain_fixed"], w["gain_best"]) for w in lr.workers(summary)}
+    assert gains == {2: pytest.approx((25 / 20, 25 / 20)), 8: pytest.approx((30 / 20, 30 / 20))}
+    got = {t["target"].split(" (")[0]: (t["value"], t["met"]) for t in lr.targets(summary)}
+    assert got["the better ACCO vs the better sync low-bit to the baseline's 75% loss"] == (
+        pytest.approx(20 / ACCO * (tokens_to(3.5) + 50) / tokens_to(3.5), abs=1e-4), True)
+    assert got["acco fixed vs sync low-bit at equal batch to the baseline's final loss"] == (None, False)
+    assert got["auto_lowbit_int4 within 1.05x of the best config of all, on every bed"][1] is True
+    assert got["auto_lowbit_int4 never worse than sync low-bit, on every bed"][1] is True
+    assert got["the overlap's gain over sync low-bit at 8 workers at least its gain at 2"] == (
+        pytest.approx(1.2), True)
+    assert got["a step's compute at 8 workers within 1.10x of at 2"] == (pytest.approx(1.05), True)
+    assert ("long-real", "unshaped") in summary and ("long-real", "unshaped") not in lr.shaped(summary)
+
+
+def test_the_penalty_model_fits_what_made_the_points_and_tells_the_two_models_apart():
+    warmup = 0.1
+    assert pm.rate_share(0.05, warmup) == 1.0 and pm.rate_share(0.55, warmup) == pytest.approx(0.5)
+    assert pm.mean_share(0.1, warmup) == pytest.approx(1.0)  # the rate climbs: the full penalty
+    assert pm.mean_share(1.0, warmup) == pytest.approx(0.1 + 0.9 / 2, abs=1e-3)  # then a linear decay to 0
+    xs = (0.1, 0.25, 0.5, 0.75, 1.0)
+    scaled = pm.check([(x, x, 1 + 0.2 * pm.mean_share(x, warmup)) for x in xs], warmup, preset=0.05)
+    assert scaled["p_rate_scaled"] == pytest.approx(0.2) and scaled["rms_rate_scaled"] == pytest.approx(0, abs=1e-9)
+    assert scaled["holds"] is True and scaled["rows"][-1]["preset"] == pytest.approx(1 + 0.05 * 0.55, abs=1e-3)
+    flat = pm.check([(0.05, 0.05, 1.6)] + [(x, x, 1.12) for x in xs] + [(0.9, None, 1.5)], warmup, preset=0.05)
+    assert flat["p_constant"] == pytest.approx(0.12) and flat["rms_constant"] == pytest.approx(0, abs=1e-9)
+    assert flat["holds"] is False and len(flat["rows"]) == 6 and [r["fitted"] for r in flat["rows"][:3]] == [
+        False, False, True]  # the warm-up's points (0.05, and 0.1 at its end) are shown, not fitted
+    assert pm.check([(0.5, None, 1.1), (0.05, 0.05, 1.2)], warmup, preset=0.05) is None
+
+
+def test_the_report_writes_its_figures_and_draws_the_penalty(tmp_path, capsys):
+    folders = protocol(tmp_path)
+    assert lr.main(folders + ["--dest", str(tmp_path / "out")]) == 0
+    with open(tmp_path / "out" / "long_runs.json", encoding="utf-8") as f:
+        written = json.load(f)
+    fixed = written["summary"]["long-real 100mbit"]["rows"]["acco_lowbit_int4_fixed"]
+    assert fixed["penalty"]["0.25"]["median"] > fixed["penalty"]["0.75"]["median"] > 1  # as the summary says
+    assert (tmp_path / "out" / lr.PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"and {tmp_path / 'out' / lr.PLOT}" in capsys.readouterr().out
+    empty = tmp_path / "none"
+    assert plot_long(lr.summarize({}), str(empty / "x.png")) is None and not empty.exists()
+
+
+def test_the_page_block_reads_the_protocol_folders_or_says_no_runs_yet(tmp_path):
+    empty = tmp_path / "empty"
+    (empty / "bench_results").mkdir(parents=True)
+    (empty / "bench_results" / "sets.json").write_text(json.dumps({"sets": {}}))
+    assert page.long_runs(str(empty)) == f"{page.describe()}\n\n{page.NO_RUNS}"
+    assert page.long_runs_summary(str(empty)) == page.NO_RUNS
+    ours = page.long_runs()  # the repository: 2 and 8 workers ran, and the sleep bed unshaped (the link's cost)
+    assert page.NO_RUNS not in ours and "| 8 | 100mbit |" in ours and "**Not run yet**" not in ours
+    assert "**The link's cost: seconds" in ours and "\n| sleep bed, 100 Mbit/s | " in ours
+    assert f"{plans_long.REAL_STEPS} nominal steps on real compute, {plans_long.SLEEP_STEPS} on" in page.describe()
+    protocol(tmp_path)
+    text = page.long_runs(str(tmp_path))
+    assert text.startswith(page.describe()) and page.NO_RUNS not in text
+    each = [k * tokens_to(3.5) / 20 for k in (1.0, 1.1, 1.2)]
+    assert f"| {each[1]:.1f} ({each[2] - each[0]:.1f}) |" in text  # sync low-bit to the 75% loss: median (spread)
+    assert "| real compute, 100 Mbit/s | 50%: 4.000 |" in text and "|  | 100%: 3.000 |" in text
+    assert "never" in text and "(2/3)" not in text and "; 2/3)" in text  # adaptive: 2 of 3 seeds reached
+    assert "| 8 | 100mbit |" in text and "| 1.50x | 1.50x | 0.42 s |" in text
+    assert "| 2.00x |" in text and f"| {40 / ACCO:.2f}x |" in text  # the link's cost
+    assert "| light sleep bed, 2 hosts, 100 Mbit/s |" not in text  # no unshaped run there: no row of dashes
+    assert text.count("**not met**") == 1 and "| - | <= 0.9 | **not met** | acco fixed reached it in 0 of 3 seeds |" in text
+    assert "| real compute, 100 Mbit/s | 1.202, 1.100, 1.067, - |" in text and "| lr-scaled (auto's) |" in text
+    assert len(text.splitlines()) <= 60
+    losing = page.loss_rows(str(tmp_path))  # the target acco fixed never reaches, and the penalty's row
+    assert [r[0] for r in losing] == [
+        "long runs: acco fixed vs sync low-bit at equal batch to the baseline's final loss (real compute, 100 Mbit/s)",
+        "long runs: auto's preset charges acco's delay less than measured (real compute, 100 Mbit/s)"]
+    assert losing[0][1] == "- (limit <= 0.9; acco fixed reached it in 0 of 3 seeds)"
+    model = lr.summarize(lr.collect(page.folders(str(tmp_path))))[("long-real", "100mbit")]["penalty_model"]
+    assert losing[1][1].startswith(f"5% against {100 * model['p_rate_scaled']:.0f}% fitted to acco fixed's penalty")
+    assert page.loss_rows(str(empty)) == []
+    short = page.long_runs_summary(str(tmp_path))  # BENCHMARKS.md: what ran, the targets, a link to every table
+    assert short.startswith("What ran: real compute, 100 Mbit/s (3 seeds, 5 configs); light sleep bed, 2 hosts")
+    assert f"]({page.PAGE})" in short and short.split("**The issue's targets**:\n\n")[1] == page.targets_table(
+        lr.summarize(lr.collect(page.folders(str(tmp_path)))), issue_only=True)
+    bed_check = "| a step's compute at 8 workers within 1.10x of at 2"  # a check of the bed: on the page only
+    assert bed_check in text and bed_check not in short
+
+
+def test_the_workers_table_shows_half_batch_sync_where_a_bed_ran_it(tmp_path):
+    assert "half batch" not in page.workers_table(lr.summarize(lr.collect(protocol(tmp_path / "without"))))
+    for folder in protocol(tmp_path / "with"):
+        if "sleep" in folder:  # half-batch sync on the 2-host bed: twice sync low-bit's speed, faster than acco
+            with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
+                runs = json.load(f)
+            seed = runs["runs"][0]["workload"]["seed"]
+            runs["runs"].append(row("sync_lowbit_half", "100mbit", seed, base_loss, lambda t: t / 40,
+                                     "long-workers-2h", 2))
+            with open(os.path.join(folder, "results.json"), "w", encoding="utf-8") as f:
+                json.dump(runs, f)
+    table = page.workers_table(lr.summarize(lr.collect(page.folders(str(tmp_path / "with")))))
+    header, _, two, eight = table.splitlines()
+    assert "| sync low-bit | sync low-bit, half batch | acco fixed |" in header
+    assert "| the better sync low-bit / the faster acco | a step's compute |" in header
+    assert two.endswith(f"| 1.25x | 1.25x | {25 / 40 / 1.1:.2f}x | 0.40 s |")  # acco fixed 25/1.1 (median seed),
+    # half-batch sync 40 tokens/s; the 8-host bed did not run it: its better sync is sync low-bit
+    assert eight.split(" | ")[4] == "-" and eight.endswith("| 1.50x | 1.50x | 1.50x | 0.42 s |")
+
+
+def test_a_link_without_the_baseline_takes_its_targets_from_the_same_seeds_run_on_another(tmp_path):
+    """sync fp32's losses per token are the link's none of business: a 25 Mbit/s block with no sync run of its own
+    measures its configs against the targets of the 100 Mbit/s sync run of the same folder; no sync row there."""
+    folders = protocol(tmp_path, seeds=(1,))
+    real = next(f for f in folders if f.endswith("real_seed1"))
+    with open(os.path.join(real, "results.json"), encoding="utf-8") as f:
+        runs = json.load(f)["runs"]
+    runs.append(row("sync_lowbit", "25mbit", 1, base_loss, lambda t: t / 10))
+    with open(os.path.join(real, "results.json"), "w", encoding="utf-8") as f:
+        json.dump({"runs": runs}, f)
+    summary = lr.summarize(lr.collect([real]))
+    slow = summary[("long-real", "25mbit")]
+    assert slow["targets"] == summary[("long-real", "100mbit")]["targets"] == pytest.approx(
+        {0.5: 4.0, 0.75: 3.5, 1.0: 3.0})
+    assert "sync" not in slow["rows"]
+    assert slow["rows"]["sync_lowbit"]["seconds"][0.75]["median"] == pytest.approx(tokens_to(3.5) / 10)
+
+
+def test_the_overlap_targets_are_checked_on_the_sleep_bed_beside_real_compute(tmp_path):
+    """The sleep bed (compute off the CPU) gets the overlap's two target rows of its own, labelled with its bed,
+    its ratios from its own runs: acco fixed there reaches the final loss (no delay), unlike on real compute."""
+    folder = tmp_path / "sleep_seed1"
+    folder.mkdir()
+    rows = [row(c, "100mbit", 1, loss, secs, note="long-sleep") for c, loss, secs in (
+        ("sync", base_loss, lambda t: t / 10), ("sync_lowbit", base_loss, lambda t: t / 20),
+        ("sync_lowbit_half", base_loss, lambda t: t / 21), ("acco_lowbit_int4_fixed", base_loss, lambda t: t / 25),
+        ("acco_lowbit_int4_adaptive", base_loss, lambda t: t / 24))]
+    (folder / "results.json").write_text(json.dumps({"runs": rows}))
+    got = {t["target"]: t for t in lr.targets(lr.summarize(lr.collect([str(folder)])))}
+    better = got["the better ACCO vs the better sync low-bit to the baseline's 75% loss (sleep bed, 100 Mbit/s)"]
+    assert better["value"] == pytest.approx(21 / 25, abs=1e-4) and better["met"] is True
+    assert better["detail"] == "acco_lowbit_int4_fixed against sync_lowbit_half"
+    final = got["acco fixed vs sync low-bit at equal batch to the baseline's final loss (sleep bed, 100 Mbit/s)"]
+    assert final["value"] == pytest.approx(20 / 25, abs=1e-4) and final["met"] is True
+    assert not any("real compute" in name for name in got)  # no real-compute runs, no real-compute rows
+    assert better["about"] == final["about"] == "another bed"  # on the long-runs page, not BENCHMARKS.md's table
+
+
+def test_a_target_missed_on_two_beds_is_one_row_of_where_ds_acco_loses(tmp_path):
+    """BENCHMARKS.md's "where ds_acco loses": the overlap's targets missed on real compute and again on the sleep
+    bed make one row each, the sleep bed's figure appended to the real bed's."""
+    protocol(tmp_path, seeds=(1,))
+    folder = tmp_path / "bench_results" / "long_runs" / "sleepbed_seed1"
+    folder.mkdir()
+    rows = [row(c, "100mbit", 1, loss, secs, note="long-sleep") for c, loss, secs in (
+        ("sync", base_loss, lambda t: t / 10), ("sync_lowbit", base_loss, lambda t: t / 20),
+        ("acco_lowbit_int4_fixed", lag_loss, lambda t: t / 21))]
+    (folder / "results.json").write_text(json.dumps({"runs": rows}))
+    losing = page.loss_rows(str(tmp_path))
+    final = [r for r in losing if "acco fixed vs sync low-bit at equal batch" in r[0]]
+    assert [r[0] for r in final] == ["long runs: acco fixed vs sync low-bit at equal batch to the baseline's final "
+                                     "loss (real compute, 100 Mbit/s)"]
+    assert final[0][1] == ("- (limit <= 0.9; acco fixed reached it in 0 of 1 seeds); sleep bed, 100 Mbit/s: "
+                           "- (limit <= 0.9; acco fixed reached it in 0 of 1 seeds)")

@@ -1,9 +1,7 @@
-"""Damaged copies of checkpoints, and checkpoint round trips, for tests/test_checkpoint_verify.py.
-
-The damage helpers are shared by the DeepSpeed launch script
-(``tests/scripts/checkpoint_damage_script.py``) and the FSDP job below: rank 0 copies
-an intact checkpoint once per case and damages the copy; every rank then calls the
-front end's real ``load_checkpoint`` on each copy in turn and records what it raised.
+"""Checkpoint round trips and refusals on real engines, for tests/test_checkpoint_verify.py and the launch
+scripts: DeepSpeed engines trained to a save, the FSDP front end's damaged copies (the damage itself:
+tests/checkpoint_damage.py), the finite check, the agreement time-out, stock FSDP2, flush order and hashing in
+ranges shared over the ranks.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ import torch.distributed as dist
 from ds_acco.checkpoint.manifest import MANIFEST
 from ds_acco.errors import CheckpointError
 from tests import ds_workloads as D
+from tests.checkpoint_damage import damage_cases, make_copies, overwrite_at, refusals, states_equal
 from tests import workloads as W
 
 ACCO = D.ds_config(4, {"mode": "acco", "policy": "fixed", "warmup_steps": 1}, clip=0.5, scheduler=True)
@@ -68,121 +67,6 @@ def resume_is_exact(engine, ckpt, full, steps=STEPS):
         torch.equal(x, y) for s, t in zip(resumed, full[done:]) for x, y in zip(s, t))
 
 
-# ------------------------------------------------------------------ damage
-def overwrite(path):
-    """XOR 4 KiB (at most half the file) in its middle: size unchanged, as a bad disk leaves it."""
-    size = os.path.getsize(path)
-    n, at = min(4096, size // 2), size // 3
-    with open(path, "r+b") as f:
-        f.seek(at)
-        data = bytearray(f.read(n))
-        f.seek(at)
-        f.write(bytes(b ^ 0xFF for b in data))
-
-
-def scramble_head(path):
-    """XOR the first 4 KiB: a zip's first header and the pickle behind it, so the loader itself raises."""
-    n = min(4096, os.path.getsize(path))
-    with open(path, "r+b") as f:
-        data = bytearray(f.read(n))
-        f.seek(0)
-        f.write(bytes(b ^ 0xFF for b in data))
-
-
-def truncate(path):
-    with open(path, "r+b") as f:
-        f.truncate(os.path.getsize(path) // 2)
-
-
-def empty(path):
-    open(path, "wb").close()
-
-
-def edit_manifest(path):
-    data = json.load(open(path))
-    first = sorted(data["files"])[0]
-    data["files"][first]["digests"][0] = "00000000"
-    json.dump(data, open(path, "w"))
-
-
-def latest_names_partial(tag_dir):
-    """A crashed save's debris named by ``latest`` (as a hand edit or another tool could leave it)."""
-    root, tag = os.path.split(tag_dir)
-    shutil.copytree(tag_dir, os.path.join(root, tag + "x.partial"))
-    os.remove(os.path.join(root, tag + "x.partial", MANIFEST))
-    with open(os.path.join(root, "latest"), "w") as f:
-        f.write(tag + "x.partial")
-
-
-def damage_cases(names, latest=True):
-    """case -> (file it damages, the file the message must name, what to do to it); ``latest``: the
-    folder has a ``latest`` file (DeepSpeed layout)."""
-    cases = {}
-    for name in names:
-        cases[f"overwrite {name}"] = (name, name, overwrite)
-    for name in names[:2]:  # the loader raises on these (same size, so the hashes are still running)
-        cases[f"scramble the head of {name}"] = (name, name, scramble_head)
-    cases[f"truncate {names[-1]}"] = (names[-1], names[-1], truncate)
-    cases[f"empty {names[1]}"] = (names[1], names[1], empty)
-    cases[f"delete {names[-1]}"] = (names[-1], names[-1], os.remove)
-    cases["delete manifest"] = (MANIFEST, MANIFEST, os.remove)
-    cases["edit manifest"] = (MANIFEST, MANIFEST, edit_manifest)
-    if latest:
-        cases["latest names a partial tag"] = (None, "x.partial", latest_names_partial)
-    return cases
-
-
-def make_copies(ckpt, root, cases, tag=None):
-    """On rank 0: one copy of ``ckpt`` per case under ``root``, with ``tag`` (default: latest) damaged."""
-    tag = tag or open(os.path.join(ckpt, "latest")).read().strip()
-    dirs = {}
-    for i, (case, (target, _, damage)) in enumerate(cases.items()):
-        dest = os.path.join(root, f"case{i}")
-        if dist.get_rank() == 0:
-            shutil.copytree(ckpt, dest)
-            damage(os.path.join(dest, tag, target) if target else os.path.join(dest, tag))
-        dirs[case] = dest
-    dist.barrier()
-    return dirs
-
-
-def refusals(engine, dirs, cases):
-    """Load every damaged copy; return case -> (raised CheckpointError naming the file, message head, the
-    loader's own error it was chained to, whether the engine's steps, module and optimizer state are unchanged)."""
-    seen = {}
-    for case, path in dirs.items():
-        steps_before, state_before = _steps(engine), _state(engine)
-        try:
-            engine.load_checkpoint(path)
-            seen[case] = {"refused": False, "message": "loaded"}
-        except CheckpointError as exc:
-            msg = str(exc)
-            seen[case] = {"refused": True, "names_file": cases[case][1] in msg, "message": msg[:600],
-                          "names_earlier": "resume from" in msg, "steps_unchanged": _steps(engine) == steps_before,
-                          "state_unchanged": _equal([_state(engine)], [state_before]),
-                          "cause": type(exc.__cause__).__name__ if exc.__cause__ is not None else None}
-    return seen
-
-
-def _steps(engine) -> int:
-    return engine.global_steps if hasattr(engine, "global_steps") else engine.commits
-
-
-def _state(engine) -> list:
-    """Copies of the module's parameters, the fp32 masters (DeepSpeed ZeRO) and every optimizer state tensor."""
-    from ds_acco.checkpoint.verify import optimizer_tensors
-
-    opt = engine.optimizer
-    tensors = list(engine.module.parameters()) + list(getattr(opt, "single_partition_of_fp32_groups", []))
-    tensors += [t for _, t in optimizer_tensors(getattr(opt, "optimizer", opt))]  # ZeRO wraps the torch one
-    tensors.append(torch.tensor(float(len(tensors))))  # moments that appear change the count
-    return [(t.to_local() if hasattr(t, "to_local") else t).detach().clone() for t in tensors]
-
-
-def _equal(a, b) -> bool:
-    return len(a) == len(b) > 0 and all(torch.equal(x, y) for s, t in zip(a, b) for x, y in zip(s, t))
-
-
 # ------------------------------------------------------------------ FSDP front end
 FSDP_FILES = [".metadata", "__0_0.distcp", "__1_0.distcp"]
 
@@ -215,7 +99,7 @@ def fsdp_job(rank, world, *, out, steps=6, saves=(6, 14)) -> dict:
     acco.close()
     with open(os.path.join(root, f"tag{len(saves) - 1}", MANIFEST)) as f:
         finite_at_save = json.load(f)["finite_at_save"]
-    return {"cases": seen, "files": manifest, "exact_resume": _equal(resumed, full), "finite_at_save": finite_at_save,
+    return {"cases": seen, "files": manifest, "exact_resume": states_equal(resumed, full), "finite_at_save": finite_at_save,
             "summed_at_load": summed_at_load[0]}
 
 
@@ -347,7 +231,7 @@ def stock_fsdp2_job(rank, world, *, out) -> dict:
         R = F.RESUME
         model, acco = F.build(world, R["config"], R["G"], R["clip"], R["schedule"])
         acco.load_checkpoint(ckpt)
-    loaded = {"commits": acco.commits, "params_equal": _equal([F._full(model)], [trajectory[-1]])}
+    loaded = {"commits": acco.commits, "params_equal": states_equal([F._full(model)], [trajectory[-1]])}
     losses, k = [], 0
     while acco.commits < loaded["commits"] + 2:
         x, y = W.batch(rank, k)
@@ -360,7 +244,7 @@ def stock_fsdp2_job(rank, world, *, out) -> dict:
     # the same checkpoint into ds_acco's stock front end ("enabled": false)
     model, stock = F.build(world, dict(R["config"], enabled=False), R["G"], R["clip"], R["schedule"])
     stock.load_checkpoint(ckpt)
-    disabled = {"commits": stock.commits, "params_equal": _equal([F._full_sharded(model)], [trajectory[-1]])}
+    disabled = {"commits": stock.commits, "params_equal": states_equal([F._full_sharded(model)], [trajectory[-1]])}
     return dict(loaded, warnings=captured, losses=losses, files=sorted(os.listdir(ckpt)), disabled=disabled)
 
 
@@ -476,12 +360,3 @@ def range_share_job(rank, world, *, folder) -> dict:
     finally:
         M.range_digests, M.RANGE_BYTES = real_ranges, real_size
     return out
-
-
-def overwrite_at(path, at, n=16):
-    """XOR ``n`` bytes at offset ``at`` (size unchanged)."""
-    with open(path, "r+b") as f:
-        f.seek(at)
-        data = bytearray(f.read(n))
-        f.seek(at)
-        f.write(bytes(b ^ 0xFF for b in data))

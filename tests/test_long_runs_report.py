@@ -166,23 +166,26 @@ def test_a_link_without_the_baseline_takes_its_targets_from_the_same_seeds_run_o
     assert slow["rows"]["sync_lowbit"]["seconds"][0.75]["median"] == pytest.approx(tokens_to(3.5) / 10)
 
 
-def test_the_overlap_targets_are_checked_on_the_sleep_bed_beside_real_compute(tmp_path):
-    """The sleep bed (compute off the CPU) gets the overlap's two target rows of its own, labelled with its bed,
-    its ratios from its own runs: acco fixed there reaches the final loss (no delay), unlike on real compute."""
-    folder = tmp_path / "sleep_seed1"
+@pytest.mark.parametrize("note,quota,where", [("long-sleep", {}, "sleep bed, 100 Mbit/s"), (
+    "long-real", {"host1": 50.0}, "real compute, one host at half speed, 100 Mbit/s")])
+def test_the_overlap_targets_are_checked_on_other_beds_beside_real_compute(tmp_path, note, quota, where):
+    """The sleep bed (compute off the CPU) and real compute with one host at half speed get the overlap's two
+    target rows of their own, labelled with their bed, their ratios from their own runs (here acco fixed reaches
+    the final loss: no delay)."""
+    folder = tmp_path / "seed1"
     folder.mkdir()
-    rows = [row(c, "100mbit", 1, loss, secs, note="long-sleep") for c, loss, secs in (
+    rows = [dict(row(c, "100mbit", 1, loss, secs, note=note), cpu_quota=quota) for c, loss, secs in (
         ("sync", base_loss, lambda t: t / 10), ("sync_lowbit", base_loss, lambda t: t / 20),
         ("sync_lowbit_half", base_loss, lambda t: t / 21), ("acco_lowbit_int4_fixed", base_loss, lambda t: t / 25),
         ("acco_lowbit_int4_adaptive", base_loss, lambda t: t / 24))]
     (folder / "results.json").write_text(json.dumps({"runs": rows}))
     got = {t["target"]: t for t in lr.targets(lr.summarize(lr.collect([str(folder)])))}
-    better = got["the better ACCO vs the better sync low-bit to the baseline's 75% loss (sleep bed, 100 Mbit/s)"]
+    better = got[f"the better ACCO vs the better sync low-bit to the baseline's 75% loss ({where})"]
     assert better["value"] == pytest.approx(21 / 25, abs=1e-4) and better["met"] is True
     assert better["detail"] == "acco_lowbit_int4_fixed against sync_lowbit_half"
-    final = got["acco fixed vs sync low-bit at equal batch to the baseline's final loss (sleep bed, 100 Mbit/s)"]
+    final = got[f"acco fixed vs sync low-bit at equal batch to the baseline's final loss ({where})"]
     assert final["value"] == pytest.approx(20 / 25, abs=1e-4) and final["met"] is True
-    assert not any("real compute" in name for name in got)  # no real-compute runs, no real-compute rows
+    assert len(got) == 2  # no runs of real compute at full speed, no rows of it
     assert better["about"] == final["about"] == "another bed"  # on the long-runs page, not BENCHMARKS.md's table
 
 

@@ -20,7 +20,8 @@ import torch.distributed as dist
 from ds_acco.checkpoint.manifest import MANIFEST, file_entry
 from ds_acco.errors import CheckpointError
 from tests import workloads as W
-from tests.checkpoint_workloads import ACCO, MODEL, OPTIM, ROUND, engine_of, make_copies, overwrite, refusals, train
+from tests.checkpoint_damage import make_copies, overwrite, refusals
+from tests.checkpoint_workloads import ACCO, MODEL, OPTIM, ROUND, engine_of, train
 
 
 class Payload:

@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 
 from ds_acco.errors import CheckpointError
+from tests.checkpoint_damage import damage_cases, empty, make_copies, refusals
 from tests.checkpoint_workloads import (ACCO, MODEL, OPTIM, ROUND, SAVES, STEPS, STREAM, STREAMING,
-                                        counting_finite_sums, damage_cases, empty, engine_of, make_copies, refusals,
-                                        resume_is_exact, train)
+                                        counting_finite_sums, engine_of, resume_is_exact, train)
 from tests.trust_workloads import hostile_scenarios
 
 

@@ -265,10 +265,12 @@ def workers(summary: dict) -> list[dict]:
 
 
 OVERLAP_BEDS = ((("long-real", "100mbit"), "(real compute, 100 Mbit/s)", None),
+                (("long-real-host1@50%", "100mbit"), "(real compute, one host at half speed, 100 Mbit/s)",
+                 "another bed"),
                 (("long-sleep", "100mbit"), "(sleep bed, 100 Mbit/s)", "another bed"))
 """Where the overlap's two targets are checked, and the rows' ``about``: the issue sets them on real compute; the
-sleep bed (compute off the CPU, as on a GPU) is asked the same where the round's host work does not compete with
-the compute."""
+same is asked with one host at half speed (mixed hardware, where the adaptive policy is built to pay) and on the
+sleep bed (compute off the CPU, as on a GPU), where the round's host work does not compete with the compute."""
 
 
 def _overlap_targets(block: dict, where: str, about: Optional[str]) -> list[dict]:

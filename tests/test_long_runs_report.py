@@ -205,3 +205,17 @@ def test_a_target_missed_on_two_beds_is_one_row_of_where_ds_acco_loses(tmp_path)
                                      "loss (real compute, 100 Mbit/s)"]
     assert final[0][1] == ("- (limit <= 0.9; acco fixed reached it in 0 of 1 seeds); sleep bed, 100 Mbit/s: "
                            "- (limit <= 0.9; acco fixed reached it in 0 of 1 seeds)")
+
+
+def test_a_config_that_reached_the_loss_in_one_seed_of_three_never_ranks_first():
+    """Comparisons count a seed that never reached the loss as never: the fastest single seed of a config that
+    missed in the other two does not beat a config that got there in every seed (the peer target read 1.01 from
+    torchft Streaming DiLoCo's one seed of three at 25 Mbit/s before this rule)."""
+    def fig(*each):
+        return {0.75: {"each": list(each)}}
+
+    block = {"rows": {"once": {"seconds": fig(100.0, None, None)}, "twice": {"seconds": fig(90.0, None, 130.0)},
+                      "always": {"seconds": fig(120.0, 118.0, 125.0)}}}
+    assert lr.seconds(block, "once") is None and lr.seconds(block, "twice") == 130.0
+    assert lr.seconds(block, "always") == 120.0 and lr.best(block, ["once", "twice", "always"]) == ("always", 120.0)
+    assert lr.seconds(block, "missing") is None and lr.best(block, ["once"]) == (None, None)

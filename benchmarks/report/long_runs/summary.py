@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import re
 import statistics
@@ -224,8 +225,15 @@ def _preset_penalty() -> float:
 
 
 def seconds(block: Optional[dict], config: str, fraction: float = 0.75) -> Optional[float]:
+    """The config's seconds to the target as every comparison ranks them: the median over all its seeds, a seed that
+    never reached the target counting as never (None where that median is never). The tables show the median of the
+    seeds that reached it, with how many did; a config that got there in one seed of three must not rank as the
+    fastest on that one seed (the final-loss target's rule: a seed that never gets there loses the race)."""
     row = (block or {}).get("rows", {}).get(config)
-    return row["seconds"][fraction]["median"] if row else None
+    if not row:
+        return None
+    ranked = statistics.median([math.inf if x is None else x for x in row["seconds"][fraction]["each"]])
+    return None if math.isinf(ranked) else ranked
 
 
 def best(block: Optional[dict], configs, fraction: float = 0.75) -> tuple[Optional[str], Optional[float]]:

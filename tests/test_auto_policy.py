@@ -136,6 +136,40 @@ def test_running_acco_calibrates_the_other_policy_with_its_measured_step():
     assert got.figures["candidates"]["acco adaptive"]["batch"] == 5.0 and got.policy == "adaptive"
 
 
+def test_adaptive_s_measured_commits_scale_its_prediction_once_it_has_run():
+    """Where the model misjudges adaptive's commits (8-9 micro-batches predicted, 7 committed on real compute with one
+    host at half speed), what adaptive measured when it ran scales the model's figure whenever it is predicted again:
+    a job that left adaptive is not kept out of it by a batch it never commits."""
+    from ds_acco.rounds.auto.mode import AutoMode
+    from ds_acco.rounds.state import RoundState
+
+    cfg = parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0, "switch_margin": 0.05, "measure_steps": 3}))
+    auto = AutoMode(cfg, 8, 2, 0)
+    for i in range(6):  # adaptive commits 8 micro-batches at a time where the model (module test above) says 5.2
+        auto.timer.swap(compute_s=0.2, round_s=0.04, committed=8 * i, now=0.2 * i)
+    assert auto.timer.batch() == 8.0
+    state = RoundState(mode="acco", policy="adaptive")
+    auto.decision(figures([50, 50], 40, 400), state, 9).apply(state)
+    assert auto.batch_scale == {"adaptive": pytest.approx(8 / 5.2)}
+    assert auto.choices[-1]["candidates"]["acco adaptive"]["batch"] == 8.0  # running: measured, not scaled
+    # later, in sync at half the batch: adaptive is priced at the 8 it committed, not the model's 5.2
+    got = choose(figures([50, 50], 40, 480), "sync", cfg, 8, step=29, policy="half", noise=4.0, batch=8.0,
+                 batch_scale=auto.batch_scale)
+    cands = got.figures["candidates"]
+    assert cands["acco adaptive"]["batch"] == pytest.approx(8.0) and cands["acco fixed"]["batch"] == 16
+    assert cands["acco adaptive"]["score_ms"] == pytest.approx(400 * (1 + 8 / 4))  # 1200 ms against half's 1440
+    assert "acco adaptive's commits x1.54 the model's, as measured when it last ran" in got.line, got.line
+    unscaled = choose(figures([50, 50], 40, 480), "sync", cfg, 8, step=29, policy="half", noise=4.0, batch=8.0)
+    assert unscaled.figures["candidates"]["acco adaptive"]["batch"] == pytest.approx(5.2)
+    assert "the model's" not in unscaled.line
+    # a ratio far outside the model's reach is bounded: conditions changed, not the model
+    auto.timer.enter("acco")
+    for i in range(6):
+        auto.timer.swap(compute_s=0.2, round_s=0.04, committed=40 * i, now=0.2 * i)
+    auto.decision(figures([50, 50], 40, 400), state, 11)
+    assert auto.batch_scale == {"adaptive": 2.0}
+
+
 def test_policy_auto_needs_mode_auto():
     for spelling in ("auto", "fastest"):
         with pytest.raises(AccoConfigError, match=r"acco.policy: got 'auto' \(or 'fastest'\) with mode 'acco'.*"

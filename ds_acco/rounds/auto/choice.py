@@ -34,7 +34,9 @@ times ``1 + B/B_noise``, with ``B`` its micro-batches per committed step and ``B
 measured from the rounds (:mod:`ds_acco.rounds.auto.noise_scale`; per sample alone before it is measured; per committed
 step when it measures 0, the model's limit: a larger batch is not free there). While acco runs, its measured step
 calibrates the other policy's prediction (the model's error is shared), and a near tie goes to the fixed policy, which
-is deterministic. ``policy: "adaptive"`` prices sync's full batches against adaptive's the same way.
+is deterministic. Once adaptive has run, its measured commits over the model's (``batch_scale``) scale the commits
+predicted for it later: on real compute with one host at half speed the model gave 8-9 micro-batches a commit where
+adaptive committed 7, and priced by the noise scale that larger batch kept a job in sync for 100 steps. ``policy: "adaptive"`` prices sync's full batches against adaptive's the same way.
 """
 from __future__ import annotations
 
@@ -57,6 +59,9 @@ LANDING = 0.5
 the micro-batch under way. Half, since rounds and micro-batches jitter by more than the gap: with real compute a round
 of ``x`` micro-batches committed ``x + 0.5`` within 0.15 (BENCHMARKS.md, "Auto's adaptive prediction"). With sleeps
 this undercounts by up to half a micro-batch, until adaptive runs and its committed batch is measured."""
+BATCH_SCALE_BOUNDS = (0.5, 2.0)
+"""How far a measured batch may scale the model's prediction (``batch_scale``): a window of a few commits, not a
+new model; a ratio outside these says the conditions changed, not the model."""
 STREAMING_HINT = 1.35
 """Where the best gradient mode costs this many times a step's bare compute (``G`` micro-batches, a full batch, priced
 to a loss as the candidates are: delay penalty and batch in), no gradient round hides and streaming, whose fragment
@@ -80,7 +85,8 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
            policy: Optional[str] = None, noise: Optional[float] = None,
            batch: Optional[float] = None, estimate_fraction: float = 1.0, streaming: bool = False,
            noise_measured: bool = True, penalty: Optional[float] = None,
-           sync_half: Optional[bool] = None, penalty_note: str = "", noise_note: str = "") -> Optional[Choice]:
+           sync_half: Optional[bool] = None, penalty_note: str = "", noise_note: str = "",
+           batch_scale: Optional[dict] = None) -> Optional[Choice]:
     """The mode to run from ``figures`` (one row of :data:`FIGURES` per rank); None while they do not suffice.
 
     ``policy``: the acco policy running (``current == "acco"``), or :data:`HALF` where sync runs at half the
@@ -93,7 +99,9 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     where ``noise`` is the small-noise limit taken before two rounds measured it; ``penalty``: acco's delay penalty now
     (None: ``acco.auto.acco_step_penalty``; :meth:`AutoMode.penalty`); ``sync_half``: whether sync at half the
     accumulation is a candidate (None: where the policy may change the batch, as the adaptive policy does, and ``G`` is
-    even); ``penalty_note``/``noise_note``: how the penalty and the noise scale were taken, for the line."""
+    even); ``penalty_note``/``noise_note``: how the penalty and the noise scale were taken, for the line;
+    ``batch_scale``: per acco policy, its measured micro-batches per commit over the model's when it last ran
+    (:meth:`AutoMode.decision`), applied to the model's commits for it while it does not run."""
     N = len(figures)
     # compute per micro-batch with a round in flight over without, from ranks that measured both
     interference = max((r[1] / r[0] for r in figures if r[0] > 0 and r[1] > 0), default=1.0)
@@ -126,9 +134,10 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     predicted = {p: _predict_acco(c_acco_s, R_acco, G, config, p, estimate_fraction) for p in _policies(config)}
     # in acco, the running policy's measured step calibrates the other's prediction
     calibration = measured / predicted[running[1]][0] if current == ACCO and running[1] in predicted else 1.0
+    scaled = {p: x for p, x in (batch_scale or {}).items() if p in predicted and (ACCO, p) != running and x != 1.0}
     for p, (t, b) in predicted.items():
         step_s[(ACCO, p)] = measured if (ACCO, p) == running else t * calibration
-        batches[(ACCO, p)] = batch if (ACCO, p) == running and batch else b
+        batches[(ACCO, p)] = batch if (ACCO, p) == running and batch else b * scaled.get(p, 1.0)
     priced = noise is not None and noise != float("inf")
 
     def price(seconds: float, batch: float) -> float:  # to a loss, up to a constant: times the samples a batch needs
@@ -154,7 +163,8 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
             "wire_factor": wire, "sync_step_ms": 1e3 * step_s[(SYNC, None)], "acco_step_ms": 1e3 * step_s[acco_c],
             "acco_charged_ms": 1e3 * step_s[acco_c] * (1.0 + penalty), "penalty": penalty,
             "sync_half": chosen == (SYNC, HALF), "switch_margin": auto.switch_margin, "penalty_scaled": penalty_note,
-            "noise_note": noise_note,
+            "noise_note": noise_note, "predicted_batches": {p: b for p, (t, b) in predicted.items()},
+            "batch_scale": scaled,
             "was": current, "runs": runs, "policy": acco_c[1], "world_size": N,
             "noise_scale": noise, "noise_measured": noise_measured, "streaming_ratio": ratio,
             "candidates": {f"{m} {p}" if p else m: {
@@ -189,6 +199,8 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
             f"per step of {G} micro-batches: {sync}, {acco}")
     if figs.get("penalty_scaled"):
         line += f"; delay penalty {percent(penalty)}: {figs['penalty_scaled']}"
+    for p, x in figs["batch_scale"].items():
+        line += f"; acco {p}'s commits x{x:.2f} the model's, as measured when it last ran"
     if noise is not None:
         shown = f"{noise:.1f}" if noise >= 1 or noise == 0 or noise != noise else f"{noise:.2g}"  # 0.04 is not 0
         scale = (f"{shown} micro-batches" if figs["noise_measured"] else "not measured yet, taken as small") + (

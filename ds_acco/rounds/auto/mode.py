@@ -21,7 +21,7 @@ import torch
 from ds_acco.config import AccoConfig
 from ds_acco.config.names import Kind, Policy
 
-from .choice import ACCO, FIGURES, HALF, STREAMING, SYNC, choose, percent
+from .choice import ACCO, BATCH_SCALE_BOUNDS, FIGURES, HALF, STREAMING, SYNC, choose, percent
 from .noise_scale import NoiseScale
 
 logger = logging.getLogger("ds_acco")
@@ -154,6 +154,9 @@ class AutoMode:
         noise scale has had its two rounds, the look takes it as small (the bench measured 0-3 micro-batches against
         batches of 4-16): priced per sample, adaptive's large commits on a slow link would look free and no look
         could ever start streaming."""
+        self.batch_scale: dict[str, float] = {}
+        """Per acco policy, its measured micro-batches per commit over the model's at the last choice made while it
+        ran (:func:`ds_acco.rounds.auto.choice.choose`'s ``batch_scale``; not checkpointed: a resume measures again)."""
         self.choices: list[dict] = []
         """Every choice's figures, in order (for telemetry, tests and benchmarks)."""
         self._retry = False
@@ -232,10 +235,11 @@ class AutoMode:
                         batch=self.timer.batch(), estimate_fraction=self.estimate_fraction,
                         streaming=self.config.auto.streaming and not self.streaming_refused,
                         noise_measured=not assumed, penalty=penalty, penalty_note=penalty_note,
-                        noise_note=note) if figures else None
+                        noise_note=note, batch_scale=self.batch_scale) if figures else None
         self._retry = choice is None and step > 0  # (the look before the first round is not retried)
         if choice is None:
             return None
+        self._calibrate_batch(state.policy if state.mode == ACCO else None, choice.figures["predicted_batches"])
         if step < self.first and choice.mode != STREAMING:  # a look inside the warm-up: sync until it ends
             logger.debug("%s (inside the warm-up: only streaming may start before step %d)", choice.line, self.first)
             return None
@@ -247,6 +251,13 @@ class AutoMode:
                                                                        state.policy) or quota != state.sync_quota):
             self.timer.enter(choice.mode)  # (streaming's steps are not timed: auto does not choose after it)
         return Decision(choice.mode, choice.policy, quota)
+
+    def _calibrate_batch(self, policy: Optional[str], predicted: dict) -> None:
+        """Keep the running acco policy's measured commits over the model's (see ``batch_scale``)."""
+        batch, model = self.timer.batch(), predicted.get(policy)
+        if batch and model:
+            low, high = BATCH_SCALE_BOUNDS
+            self.batch_scale[policy] = min(max(batch / model, low), high)
 
     def start_probe(self, submit, coll) -> None:
         """Probe the link on the communication thread, behind the rest of step 1's compute: the look reads it."""

@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 
+from benchmarks.cluster.system import free_port
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--model-size", "tiny", "--seq-len", "64", "--steps", "3", "--eval-every", "0", "--eval-batches", "2",
         "--no-progress"]
@@ -63,14 +65,6 @@ def _spin() -> None:
         pass
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env() -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -83,7 +77,7 @@ def _env() -> dict:
 def launch(case: str, timeout: float, extra: tuple = (), log: str | None = None) -> dict:
     """One launch of ``case`` (``extra``: more arguments for its training script; ``log``: where its whole output
     goes); never hangs (the launcher's process group is killed at ``timeout``)."""
-    cmd = CASES[case](_free_port()) + list(extra)
+    cmd = CASES[case](free_port()) + list(extra)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

@@ -39,7 +39,7 @@ def run_one(name: str, out: str, repeat: int, args: argparse.Namespace, profile:
     ``baseline`` (a folder holding another ``ds_acco/``) that library instead of this tree's, the same script."""
     from benchmarks.sweep.configs import make_config
     from benchmarks.sweep.parse import read_jsonl
-    from tests.dist_harness import free_port
+    from benchmarks.cluster.system import free_port
 
     tag = f"{name}_r{repeat}" + ("_profiled" if profile else "") + ("_baseline" if baseline else "")
     tele = os.path.join(out, f"{tag}.telemetry.jsonl")

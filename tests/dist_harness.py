@@ -27,7 +27,6 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import os
-import socket
 import tempfile
 import time
 import traceback
@@ -37,33 +36,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from benchmarks.cluster.system import free_port  # noqa: F401 (the tests take it from here)
+
 PRELOAD = ["torch", "torch.distributed", "deepspeed", "ds_acco", "ds_acco.plain", "ds_acco.deepspeed",
            "ds_acco.fsdp", "transformers", "tests.workloads", "tests.forkserver_preload"]
 """What the forkserver imports once, so that each worker forked from it starts without importing them. The
 forkserver is a single-threaded process; these imports start no thread (torch's pools start on first use)."""
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(PRELOAD)
-
-
-def free_port() -> int:
-    """A port free now; under pytest-xdist one that the other workers' calls never return (its residue modulo the
-    worker count is this worker's index), since each port is released here and bound later by a job."""
-    worker, count = os.environ.get("PYTEST_XDIST_WORKER", "gw0"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
-    index = int(worker[2:])
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        port += (index - port) % count
-        if port > 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port found in 100 tries")
 
 
 def _worker(rank, world_size, port, outdir, fn, args, kwargs, pg_timeout, env):

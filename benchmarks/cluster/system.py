@@ -147,6 +147,22 @@ def clean_stale(prefix: str = PREFIX, log: IO = sys.stderr) -> list[str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now. It is released here and bound later by a job, so where several pytest-xdist workers pick
+    ports at once (the test suite runs benchmarks and launchers side by side), each worker only gets ports whose
+    residue modulo the worker count is its index: no two workers' calls return the same port."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", "gw0"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
+    index = int(worker[2:])
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        port += (index - port) % count
+        if port > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port found in 100 tries")

@@ -23,11 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 from typing import Optional
 
+from benchmarks.cluster.system import free_port
 from benchmarks.sweep.configs import make_config
 from ds_acco.optim.adam_lookahead import CUDA_CHUNK_ELEMS
 
@@ -35,12 +35,6 @@ from . import model as memory
 
 DEFAULT = ("zero1", "sync", "dpu", "acco_fixed", "acco_adaptive", "zero1_bf16", "acco_bf16", "acco_bf16_fp32acc")
 MB = 1e6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_one(name: str, out: str, *, model_size: str, seq_len: int, micro_batch: int, grad_accum: int,
@@ -52,7 +46,7 @@ def run_one(name: str, out: str, *, model_size: str, seq_len: int, micro_batch: 
     with open(cfg_path, "w", encoding="utf-8") as f:
         json.dump(make_config(name, micro_batch=micro_batch, grad_accum=grad_accum), f)
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()))
+               MASTER_PORT=str(free_port()))
     cmd = [sys.executable, "-m", "benchmarks.sweep.worker", "--out", folder, "--",
            "--model-size", model_size, "--seq-len", str(seq_len), "--steps", str(steps), "--no-progress",
            "--deepspeed_config", cfg_path]

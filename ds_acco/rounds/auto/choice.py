@@ -36,7 +36,8 @@ step when it measures 0, the model's limit: a larger batch is not free there). W
 calibrates the other policy's prediction (the model's error is shared), and a near tie goes to the fixed policy, which
 is deterministic. Once adaptive has run, its measured commits over the model's (``batch_scale``) scale the commits
 predicted for it later: on real compute with one host at half speed the model gave 8-9 micro-batches a commit where
-adaptive committed 7, and priced by the noise scale that larger batch kept a job in sync for 100 steps. ``policy: "adaptive"`` prices sync's full batches against adaptive's the same way.
+adaptive committed 7, and priced by the noise scale that larger batch kept a job in sync for up to 120 steps.
+``policy: "adaptive"`` prices sync's full batches against adaptive's the same way.
 """
 from __future__ import annotations
 

@@ -218,6 +218,30 @@ def test_a_choice_without_figures_is_tried_again_the_next_step():
     assert state.mode == "acco" and not auto.due(5) and auto.due(23)
 
 
+def test_a_switch_into_a_mode_not_run_before_is_checked_once_it_is_measured():
+    """A switch priced on a prediction (acco before it ran: its compute with a round in flight taken as unslowed) is
+    checked again after CONFIRM_AFTER commits, on the new mode's measured figures, not ``check_every`` steps later;
+    a switch back into a mode already run waits for the schedule."""
+    from ds_acco.rounds.auto.mode import CONFIRM_AFTER
+    from ds_acco.rounds.state import RoundState
+
+    auto = AutoMode(parse_acco_config(dict(AUTO, auto={"measure_steps": 3, "check_every": 20})), G, 2, 0)
+    state = RoundState(mode="sync", policy="fixed")
+    assert auto.decision(figures(50, 100, 300), state, 3).apply(state) == "acco"
+    assert CONFIRM_AFTER == 5 and [s for s in range(4, 24) if auto.due(s)] == [8, 23]
+    # measured: 90 ms per micro-batch with a round in flight, 400 ms a step (charged 440) against sync's 300
+    back = auto.decision(figures(50, 100, 400, c_acco_ms=90), state, 8)
+    assert back.apply(state) == "sync" and auto.choices[-1]["acco_step_ms"] == pytest.approx(400)
+    assert [s for s in range(9, 44) if auto.due(s)] == [23, 43]  # sync ran before: no early check
+    # acco again at 23 (the link slowed): it has run, so the next look is on schedule
+    assert auto.decision(figures(50, 130, 330), state, 23).apply(state) == "acco"
+    assert [s for s in range(24, 44) if auto.due(s)] == [43]
+    # a check due sooner than CONFIRM_AFTER anyway (check_every 2) adds none
+    often = AutoMode(parse_acco_config(AUTO), G, 2, 0)
+    assert often.decision(figures(50, 100, 300), RoundState(mode="sync", policy="fixed"), 3).mode == "acco"
+    assert [s for s in range(4, 12) if often.due(s)] == [5, 7, 9, 11]
+
+
 def test_auto_config_errors_name_the_field():
     with pytest.raises(AccoConfigError, match=r"acco.auto.check_every: got 0"):
         parse_acco_config({"mode": "auto", "auto": {"check_every": 0}})

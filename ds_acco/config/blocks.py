@@ -100,7 +100,8 @@ class AutoConfig(_Block):
     More steps give medians over more samples (up to 3)."""
     check_every: int = Field(default=20, ge=1)
     """Steps between two choices after the first: a link that slows or a worker that falls behind
-    changes the answer."""
+    changes the answer. A switch into a mode not run before is checked sooner, once it is measured
+    (``ds_acco.rounds.auto.mode.CONFIRM_AFTER``)."""
     acco_step_penalty: float = Field(default=0.10, ge=0.0, le=1.0)
     """The extra steps ACCO's one-step delay costs to reach the same loss, as a fraction (0.10: ACCO is
     charged 10% more time per step): acco fixed's steps bought about 10% less loss than sync's on the

@@ -27,6 +27,14 @@ from .noise_scale import NoiseScale
 logger = logging.getLogger("ds_acco")
 
 _WINDOW = 3  # medians of the last few samples: one slow step (a checkpoint, a GC pause) does not decide
+CONFIRM_AFTER = _WINDOW + 2
+"""Commits after a switch into a candidate this job has not run yet until auto chooses again, on that candidate's
+measured figures, rather than ``check_every`` steps later: the switch was priced on a prediction (before acco has run,
+on a CPU without the compute a round in flight takes from a micro-batch: x1.2-1.8 on the real-compute bed), and a
+wrong one would hold for ``check_every`` steps (on real compute at 100 Mbit/s the first choice's acco adaptive steps
+left the job about ten steps behind sync at half the batch for the rest of the run). Two more than the timer's window:
+the first commit after a switch starts its clock and the next ``_WINDOW`` fill it. Once per candidate: after that
+every candidate's figures come from a run of it (or a model calibrated on one), and a second early look could flap."""
 
 
 class StepTimer:
@@ -160,6 +168,10 @@ class AutoMode:
         self.choices: list[dict] = []
         """Every choice's figures, in order (for telemetry, tests and benchmarks)."""
         self._retry = False
+        self._ran: set = set()
+        """The candidates this job has run (mode, acco policy or half accumulation): a switch into another one is
+        checked again after :data:`CONFIRM_AFTER` commits."""
+        self._confirm: Optional[int] = None
         self._peak_lr = 0.0
         self.streaming_refused = False
         """Set when a switch to streaming found too little memory on some rank: streaming is not offered again."""
@@ -183,8 +195,9 @@ class AutoMode:
     def due(self, step: int) -> bool:
         """Whether the step that ends with commit ``step`` is one where the mode is chosen: on schedule, or
         the step after one whose figures did not suffice (a resume just before a check has not measured a step
-        yet), rather than ``check_every`` steps later."""
-        return self._retry or step == self.early or \
+        yet), rather than ``check_every`` steps later; and :data:`CONFIRM_AFTER` commits after a switch into a candidate
+        not run before."""
+        return self._retry or step == self.early or step == self._confirm or \
             (step >= self.first and (step - self.first) % self.config.auto.check_every == 0)
 
     def gathered(self, submit, coll, device, figures: Optional[list[int]] = None) -> list:
@@ -247,9 +260,13 @@ class AutoMode:
         if self.rank == 0:
             logger.info(choice.line)
         quota = self.G // 2 if choice.mode == SYNC and choice.sync_half else 0
-        if choice.mode != STREAMING and (choice.mode != state.mode or (choice.mode == ACCO and choice.policy !=
-                                                                       state.policy) or quota != state.sync_quota):
+        self._ran.add(_candidate(state.mode, state.policy, state.sync_quota))
+        new = _candidate(choice.mode, choice.policy, quota)
+        if choice.mode != STREAMING and new != _candidate(state.mode, state.policy, state.sync_quota):
             self.timer.enter(choice.mode)  # (streaming's steps are not timed: auto does not choose after it)
+            every = self.config.auto.check_every
+            if new not in self._ran and CONFIRM_AFTER < every - (step - self.first) % every:  # before the next check
+                self._confirm = step + CONFIRM_AFTER
         return Decision(choice.mode, choice.policy, quota)
 
     def _calibrate_batch(self, policy: Optional[str], predicted: dict) -> None:
@@ -273,6 +290,11 @@ class AutoMode:
     def refuse_streaming(self) -> None:  # some rank has not the memory streaming needs: sync, and never again
         self.streaming_refused = True
         self.timer.enter(SYNC)
+
+
+def _candidate(mode: str, policy: Optional[str], sync_quota: int) -> tuple:
+    """What a state runs, as a candidate of :func:`ds_acco.rounds.auto.choice.choose`."""
+    return (mode, policy) if mode == ACCO else (mode, bool(sync_quota))
 
 
 def _noise_note(summary: dict) -> str:

@@ -242,6 +242,17 @@ def test_a_switch_into_a_mode_not_run_before_is_checked_once_it_is_measured():
     assert [s for s in range(4, 12) if often.due(s)] == [5, 7, 9, 11]
 
 
+def test_a_real_run_checks_its_first_switch_once_acco_is_measured():
+    """The engine asks ``due`` at every commit (in acco, as an estimate lands): with ``check_every: 20`` the switch to
+    acco at step 3 is checked at step 8 on acco's measured step (the simulated clock's model is exact, so it stays),
+    and the next choice is on schedule."""
+    got = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=COMPUTE_S, link=[(0, 0.1)], steps=10,
+                          config=dict(AUTO, auto={"measure_steps": 3, "check_every": 20}))[0]
+    assert [(c["step"], c["runs"]) for c in got["choices"]] == [(3, "acco"), (8, "acco")], got["choices"]
+    assert got["choices"][1]["acco_step_ms"] == pytest.approx(200, rel=0.02)
+    assert "acco fixed 200.0 ms (measured" in got["lines"][1] and "(was" not in got["lines"][1], got["lines"][1]
+
+
 def test_auto_config_errors_name_the_field():
     with pytest.raises(AccoConfigError, match=r"acco.auto.check_every: got 0"):
         parse_acco_config({"mode": "auto", "auto": {"check_every": 0}})

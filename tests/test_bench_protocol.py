@@ -229,3 +229,30 @@ def test_a_resume_with_fewer_configs_keeps_the_folders_other_runs(tmp_path):
     assert sorted(r["id"] for r in result["runs"]) == sorted(ids)
     with open(tmp_path / "results.json", encoding="utf-8") as f:
         assert sorted(r["id"] for r in json.load(f)["runs"]) == sorted(ids)
+
+
+def test_each_run_is_timed_on_a_fixed_workload_and_a_table_says_whether_its_machines_were_alike():
+    """The load gate times :mod:`benchmarks.sweep.cpu_probe` before each run (torch's thread count left as it was);
+    the long-run summary compares a table's probes: alike within MACHINE_SPREAD, not alike beyond, unknown where a
+    run predates the probe."""
+    import torch
+
+    from benchmarks.report.long_runs import summary as lrs
+    from benchmarks.sweep.load_gate import LoadGate
+
+    threads = torch.get_num_threads()
+    load = LoadGate(None).wait()
+    assert load["cpu_probe_ms"] > 0 and torch.get_num_threads() == threads
+
+    def table(*probes):
+        return {"sync": [{"cpu_probe_ms": p} for p in probes[:2]], "acco": [{"cpu_probe_ms": p} for p in probes[2:]]}
+
+    assert lrs.machines(table(50.0, 51.0, 52.0)) == {"runs": 3, "probed": 3, "fastest_ms": 50.0, "slowest_ms": 52.0,
+                                                     "alike": True}
+    assert lrs.machines(table(50.0, 51.0, 56.0))["alike"] is False  # 1.12x: the ratios mix machine speeds
+    unknown = lrs.machines(table(50.0, None, 50.0))
+    assert unknown["alike"] is None and unknown["probed"] == 2
+    # a real folder's runs predate the probe: the summary says the machines are unknown
+    folder = os.path.join(cfgs.REPO, "bench_results", "long_runs", "workers_2_seed1")
+    block = next(iter(lrs.summarize(lrs.collect([folder])).values()))
+    assert block["machines"]["alike"] is None and block["machines"]["probed"] == 0

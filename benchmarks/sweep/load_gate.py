@@ -11,6 +11,8 @@ import os
 import time
 from typing import Optional
 
+from .cpu_probe import probe_ms
+
 
 def loadavg() -> tuple[float, float, float]:
     with open("/proc/loadavg", encoding="ascii") as f:
@@ -70,7 +72,8 @@ def _is_ours(pid: int, ours: set, stat: list) -> bool:
 
 
 class LoadGate:
-    """Waits before each run until the machine is quiet, within an overall waiting budget.
+    """Waits before each run until the machine is quiet, within an overall waiting budget; then times
+    :func:`benchmarks.sweep.cpu_probe.probe_ms` (how fast this machine is, for the reports to compare).
 
     Quiet: the 1-minute load average is below ``max_load``, or (our own just-finished
     run still weighs on the average) fewer than 0.5 foreign threads are runnable.
@@ -83,7 +86,8 @@ class LoadGate:
     def wait(self) -> dict:
         start = time.monotonic()
         if self.max_load is None:  # not gating: just record the load
-            return {"loadavg": list(loadavg()), "foreign_runnable": None, "quiet": None, "waited_s": 0.0}
+            return {"loadavg": list(loadavg()), "foreign_runnable": None, "quiet": None, "waited_s": 0.0,
+                    "cpu_probe_ms": probe_ms()}
         while True:
             load = loadavg()
             foreign = foreign_runnable()
@@ -92,7 +96,7 @@ class LoadGate:
             if quiet or spent >= self.budget_s:
                 self.waited_s = spent
                 return {"loadavg": list(load), "foreign_runnable": round(foreign, 2), "quiet": quiet,
-                        "waited_s": round(time.monotonic() - start, 1)}
+                        "waited_s": round(time.monotonic() - start, 1), "cpu_probe_ms": probe_ms()}
             self.log(f"[bench] load {load[0]:.2f} (foreign runnable {foreign:.1f}); waiting {self.poll_s:.0f}s "
                      f"(waited {spent:.0f}/{self.budget_s:.0f}s so far)")
             time.sleep(self.poll_s)

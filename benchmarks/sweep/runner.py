@@ -105,7 +105,7 @@ CSV_FIELDS = ("id", "scenario", "config", "rate", "hosts", "cpu_quota", "ok", "s
               "peak_rss_mb", "train_rss_mb", "iface_tx_bytes_per_step", "iface_tx_peak_bytes_per_step",
               "ring_bytes_sent_per_step", "peak_round_bytes",
               "steady_step_s", "mean_counts_per_commit", "qdisc_drops", "wall_s", "load1", "foreign_runnable",
-              "run_of")
+              "cpu_probe_ms", "run_of")
 
 
 def _rounded(obj, digits: int = 5):
@@ -135,6 +135,7 @@ def write_outputs(result: dict, out_dir: str) -> tuple[str, str]:
             load = row.get("load") or {}
             flat["load1"] = (load.get("loadavg") or [None])[0]
             flat["foreign_runnable"] = load.get("foreign_runnable")
+            flat["cpu_probe_ms"] = load.get("cpu_probe_ms")
             for k, v in flat.items():
                 if isinstance(v, float):
                     flat[k] = f"{v:.6g}"

@@ -32,6 +32,11 @@ def print_report(summary: dict, p=print) -> None:
             p(f"| {config} | {sec} | {_fmt(r['seconds'][0.75]['spread'])} | {_fmt(r['vs_sync'][0.75], '.2f')} "
               f"| {_fmt(r['vs_sync_lowbit'][0.75], '.2f')} | {_fmt(r['link_cost'][0.75]['median'], '.2f')} | {pen} "
               f"| {_fmt(r['final_loss'], '.4f')} |")
+        m = block["machines"]
+        speed = f", {_fmt(m['fastest_ms'], '.1f')}-{_fmt(m['slowest_ms'], '.1f')} ms" if m["probed"] else ""
+        verdict = {True: "alike", False: "NOT alike: ratios between rows mix machine speeds",
+                   None: "not all probed: machines unknown"}[m["alike"]]
+        p(f"machines: {m['probed']} of {m['runs']} runs probed{speed} ({verdict})")
     for w in workers(summary):
         p(f"workers {w['hosts']}{' (one slow)' if w['slow'] else ''}, {w['rate']}: overlap gain "
           f"{_fmt(w['gain_fixed'], '.2f')}x (acco fixed), {_fmt(w['gain_best'], '.2f')}x (the faster acco)")

@@ -121,6 +121,7 @@ def folder_samples(folder: str, runs: list[dict]) -> dict:
                 "budget": (run.get("workload") or {}).get("max_tokens"),
                 "lr_steps": (run.get("workload") or {}).get("lr_total_steps"),
                 "final_loss": run.get("val_loss"), "mb_per_commit": run.get("mean_counts_per_commit"),
+                "cpu_probe_ms": (run.get("load") or {}).get("cpu_probe_ms"),
                 "step_compute": _median([d.get("sync_compute_s_per_step") for d in run.get("ranks") or []]),
                 "unshaped_id": open_link["id"] if open_link else None}
         ref = block.get(REFERENCE)
@@ -187,6 +188,7 @@ def summarize(groups: dict) -> dict:
                 "final_loss": _median([s["final_loss"] for s in samples]),
                 "mb_per_commit": _median([s["mb_per_commit"] for s in samples]),
                 "step_compute": _median([s["step_compute"] for s in samples]),
+                "cpu_probe_ms": [s["cpu_probe_ms"] for s in samples],
                 "runs": [f"{os.path.basename(s['folder'].rstrip('/'))}/{s['id']}" for s in samples]}
         for row in rows.values():
             for name, ref in (("vs_sync", BASELINE), ("vs_sync_lowbit", REFERENCE)):
@@ -195,8 +197,24 @@ def summarize(groups: dict) -> dict:
         out[(bed, rate)] = {"bed": bed, "rate": rate, "rows": rows,
                             "targets": {f: _median([s["targets"][f] for s in next(iter(by_config.values()))])
                                         for f in FRACTIONS},
-                            "penalty_model": _penalty_model(by_config, rows)}
+                            "penalty_model": _penalty_model(by_config, rows),
+                            "machines": machines(by_config)}
     return out
+
+
+MACHINE_SPREAD = 1.05
+"""How far apart (slowest probe over fastest) a table's runs may have been timed before its ratios need a caveat."""
+
+
+def machines(by_config: dict) -> dict:
+    """How alike the machines of one table's runs were, by :mod:`benchmarks.sweep.cpu_probe` (timed before each
+    run): ``probed`` of ``runs``, the fastest and slowest probe, and ``alike`` (every run probed, within
+    :data:`MACHINE_SPREAD`; None where some run was not probed: from before the probe, machine unknown)."""
+    probes = [s["cpu_probe_ms"] for samples in by_config.values() for s in samples]
+    known = [p for p in probes if p]
+    low, high = (min(known), max(known)) if known else (None, None)
+    alike = None if len(known) < len(probes) else high <= low * MACHINE_SPREAD
+    return {"runs": len(probes), "probed": len(known), "fastest_ms": low, "slowest_ms": high, "alike": alike}
 
 
 def _penalty_model(by_config: dict, rows: dict) -> Optional[dict]:

@@ -208,7 +208,22 @@ def long_runs(root: str = rs.ROOT) -> str:
                         f"(../bench_results/long_runs/{lr.PLOT})")  # python -m benchmarks.report.long_runs draws it
     missing = [caption.split(":")[0] for caption, table in parts if _empty(table)]
     tail = [f"**Not run yet** (no runs of their beds): {'; '.join(missing)}."] if missing else []
-    return "\n\n".join([describe()] + shown + tail)
+    return "\n\n".join([describe()] + shown + [machines_note(summary)] + tail)
+
+
+def machines_note(summary: dict) -> str:
+    """How many runs were timed on :mod:`benchmarks.sweep.cpu_probe`, and where probed runs' machines differ."""
+    ms = [block["machines"] for block in summary.values()]
+    runs, probed = sum(m["runs"] for m in ms), sum(m["probed"] for m in ms)
+    text = (f"**Machines**: {probed} of {runs} runs were timed on a fixed CPU workload just before they ran "
+            "(`benchmarks/sweep/cpu_probe.py`; `python -m benchmarks.report.long_runs` prints each table's verdict)")
+    if probed < runs:
+        text += ("; the others predate it, and a table's rows may come from different sessions' machines, which "
+                 "were not all equally fast: a ratio between rows of different sessions carries that")
+    unlike = [bed_name(*key) for key, block in summary.items() if block["machines"]["alike"] is False]
+    if unlike:
+        text += f"; probed runs differ by more than {lr.MACHINE_SPREAD}x on: {', '.join(unlike)}"
+    return text + "."
 
 
 PAGE = "docs/long-runs.md"

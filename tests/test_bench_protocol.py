@@ -250,6 +250,12 @@ def test_each_run_is_timed_on_a_fixed_workload_and_a_table_says_whether_its_mach
     assert lrs.machines(table(50.0, 51.0, 52.0)) == {"runs": 3, "probed": 3, "fastest_ms": 50.0, "slowest_ms": 52.0,
                                                      "alike": True}
     assert lrs.machines(table(50.0, 51.0, 56.0))["alike"] is False  # 1.12x: the ratios mix machine speeds
+    def run(probe):
+        return {"load": {"cpu_probe_ms": probe} if probe else {}}
+
+    # a link's cost divides two runs of one config: not across machines (nor a probed run by an unprobed one)
+    assert lrs.same_machine(run(50.0), run(52.0)) and lrs.same_machine(run(None), run(None))
+    assert not lrs.same_machine(run(50.0), run(56.0)) and not lrs.same_machine(run(50.0), run(None))
     unknown = lrs.machines(table(50.0, None, 50.0))
     assert unknown["alike"] is None and unknown["probed"] == 2
     # a real folder's runs predate the probe: the summary says the machines are unknown

@@ -17,7 +17,8 @@ folder (one seed):
   over the tokens sync low-bit needed (above 1: it learns less per token); paired by seed; and auto's model of
   it checked against acco fixed's (:mod:`benchmarks.report.long_runs.penalty_model`);
 * **link cost**: a config's seconds to a target on the shaped link over the same config's seconds to the same
-  loss on the unshaped link of the same bed and seed (1: the config hides the whole link);
+  loss on the unshaped link of the same bed and seed (1: the config hides the whole link), where both ran on
+  machines alike (:func:`same_machine`);
 * **workers**: on the light sleep bed at 2, 4 and 8 hosts (and 4 with one at half speed), each config's seconds
   to the 75% target and the overlap's gain, sync low-bit's seconds over acco fixed's (ACCO at sync's batch) and
   over the faster acco policy's; and a step's compute per bed, which says whether 8 hosts on this machine's cores
@@ -111,6 +112,8 @@ def folder_samples(folder: str, runs: list[dict]) -> dict:
             if (b, rt) != (bed, rate):
                 continue
             open_link = by.get((bed, UNSHAPED, config)) if rate != UNSHAPED else None
+            if open_link and not same_machine(run, open_link):
+                open_link = None  # a ratio of two machines' speeds, not the link's cost
             seconds = {f: _reach(val_time_points(run), losses[f]) for f in FRACTIONS}
             unshaped = {f: _reach(val_time_points(open_link), losses[f]) for f in FRACTIONS} if open_link else {}
             block[config] = {
@@ -204,6 +207,18 @@ def summarize(groups: dict) -> dict:
 
 MACHINE_SPREAD = 1.05
 """How far apart (slowest probe over fastest) a table's runs may have been timed before its ratios need a caveat."""
+
+
+def same_machine(a: dict, b: dict) -> bool:
+    """Whether two runs were timed on machines alike (:mod:`benchmarks.sweep.cpu_probe`): both probed within
+    :data:`MACHINE_SPREAD`, or neither probed (runs from before the probe: unknown, shown as the tables always did). One
+    probed and one not means they ran in different sessions, whose machines were not all alike: a config's shaped
+    run on real compute at 100 Mbit/s, re-run on a faster machine, came out faster than its unshaped run of an
+    earlier session."""
+    pa, pb = ((r.get("load") or {}).get("cpu_probe_ms") for r in (a, b))
+    if not pa or not pb:
+        return not pa and not pb
+    return max(pa, pb) <= min(pa, pb) * MACHINE_SPREAD
 
 
 def machines(by_config: dict) -> dict:

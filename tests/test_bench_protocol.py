@@ -254,7 +254,8 @@ def test_each_run_is_timed_on_a_fixed_workload_and_a_table_says_whether_its_mach
         return {"load": {"cpu_probe_ms": probe} if probe else {}}
 
     # a link's cost divides two runs of one config: not across machines (nor a probed run by an unprobed one)
-    assert lrs.same_machine(run(50.0), run(52.0)) and lrs.same_machine(run(None), run(None))
+    assert lrs.same_machine(run(50.0), run(52.0)) and lrs.same_machine(run(None), run(None), mixed=False)
+    assert not lrs.same_machine(run(None), run(None))  # beside probed runs of its bed: unknown sessions
     assert not lrs.same_machine(run(50.0), run(56.0)) and not lrs.same_machine(run(50.0), run(None))
     unknown = lrs.machines(table(50.0, None, 50.0))
     assert unknown["alike"] is None and unknown["probed"] == 2

@@ -107,12 +107,13 @@ def folder_samples(folder: str, runs: list[dict]) -> dict:
         base = by.get((bed, rate, BASELINE)) or baseline_elsewhere(by, bed)
         losses = {f: loss_at(base, f) for f in FRACTIONS} if base else {f: None for f in FRACTIONS}
         marks = {c: loss_at(base, c) for c in CHECKPOINTS} if base else {}
+        mixed = any(_probe(r) for r in rows if bed_of(r) == bed)  # some of this bed's runs are from the probe's time
         block = {}
         for (b, rt, config), run in by.items():
             if (b, rt) != (bed, rate):
                 continue
             open_link = by.get((bed, UNSHAPED, config)) if rate != UNSHAPED else None
-            if open_link and not same_machine(run, open_link):
+            if open_link and not same_machine(run, open_link, mixed):
                 open_link = None  # a ratio of two machines' speeds, not the link's cost
             seconds = {f: _reach(val_time_points(run), losses[f]) for f in FRACTIONS}
             unshaped = {f: _reach(val_time_points(open_link), losses[f]) for f in FRACTIONS} if open_link else {}
@@ -209,15 +210,20 @@ MACHINE_SPREAD = 1.05
 """How far apart (slowest probe over fastest) a table's runs may have been timed before its ratios need a caveat."""
 
 
-def same_machine(a: dict, b: dict) -> bool:
+def _probe(run: dict) -> Optional[float]:
+    return (run.get("load") or {}).get("cpu_probe_ms")
+
+
+def same_machine(a: dict, b: dict, mixed: bool = True) -> bool:
     """Whether two runs were timed on machines alike (:mod:`benchmarks.sweep.cpu_probe`): both probed within
-    :data:`MACHINE_SPREAD`, or neither probed (runs from before the probe: unknown, shown as the tables always did). One
-    probed and one not means they ran in different sessions, whose machines were not all alike: a config's shaped
-    run on real compute at 100 Mbit/s, re-run on a faster machine, came out faster than its unshaped run of an
-    earlier session."""
-    pa, pb = ((r.get("load") or {}).get("cpu_probe_ms") for r in (a, b))
+    :data:`MACHINE_SPREAD`. A run without a probe predates it and its machine is unknown; where none of a bed's runs
+    in a folder was probed (``mixed`` False) the folder holds what earlier sessions ran and the pair is shown as the
+    tables always showed it, but once some run of the bed was re-run with the probe, an unprobed one may be from
+    another session: on real compute at 100 Mbit/s, configs re-run on a faster machine came out faster shaped than
+    their unshaped runs of an earlier session."""
+    pa, pb = _probe(a), _probe(b)
     if not pa or not pb:
-        return not pa and not pb
+        return not mixed and not pa and not pb
     return max(pa, pb) <= min(pa, pb) * MACHINE_SPREAD
 
 

@@ -196,7 +196,7 @@ def long_runs(root: str = rs.ROOT) -> str:
     model = ("Auto's model of the delay penalty (`acco_step_penalty` times the rate over its peak) against acco "
              "fixed's measured one: each model's one parameter fitted by least squares (rms: the residual)")
     link = ("The link's cost: seconds to the 75% loss on the shaped link over seconds to it unshaped (1: the link is "
-            "hidden; left out where the two runs' machines were not alike, as the machines line below says)")
+            "hidden; left out where the two runs may have run on machines not alike: the machines line below)")
     parts = [(seconds, seconds_table(summary)), (penalty, penalty_table(summary)), (model, model_table(summary)),
              (link, link_table(summary)),
              ("More workers (the light sleep bed unless said; each keeps its batch): seconds to the 75% loss",

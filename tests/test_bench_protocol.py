@@ -232,7 +232,7 @@ def test_a_resume_with_fewer_configs_keeps_the_folders_other_runs(tmp_path):
 
 
 def test_each_run_is_timed_on_a_fixed_workload_and_a_table_says_whether_its_machines_were_alike():
-    """The load gate times :mod:`benchmarks.sweep.cpu_probe` before each run (torch's thread count left as it was);
+    """The load gate times :mod:`benchmarks.cluster.cpu_probe` before each run (torch's thread count left as it was);
     the long-run summary compares a table's probes: alike within MACHINE_SPREAD, not alike beyond, unknown where a
     run predates the probe."""
     import torch

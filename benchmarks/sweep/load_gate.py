@@ -11,7 +11,7 @@ import os
 import time
 from typing import Optional
 
-from .cpu_probe import probe_ms
+from benchmarks.cluster.cpu_probe import probe_ms
 
 
 def loadavg() -> tuple[float, float, float]:
@@ -73,7 +73,7 @@ def _is_ours(pid: int, ours: set, stat: list) -> bool:
 
 class LoadGate:
     """Waits before each run until the machine is quiet, within an overall waiting budget; then times
-    :func:`benchmarks.sweep.cpu_probe.probe_ms` (how fast this machine is, for the reports to compare).
+    :func:`benchmarks.cluster.cpu_probe.probe_ms` (how fast this machine is, for the reports to compare).
 
     Quiet: the 1-minute load average is below ``max_load``, or (our own just-finished
     run still weighs on the average) fewer than 0.5 foreign threads are runnable.

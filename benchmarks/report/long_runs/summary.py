@@ -215,7 +215,7 @@ def _probe(run: dict) -> Optional[float]:
 
 
 def same_machine(a: dict, b: dict, mixed: bool = True) -> bool:
-    """Whether two runs were timed on machines alike (:mod:`benchmarks.sweep.cpu_probe`): both probed within
+    """Whether two runs were timed on machines alike (:mod:`benchmarks.cluster.cpu_probe`): both probed within
     :data:`MACHINE_SPREAD`. A run without a probe predates it and its machine is unknown; where none of a bed's runs
     in a folder was probed (``mixed`` False) the folder holds what earlier sessions ran and the pair is shown as the
     tables always showed it, but once some run of the bed was re-run with the probe, an unprobed one may be from
@@ -228,7 +228,7 @@ def same_machine(a: dict, b: dict, mixed: bool = True) -> bool:
 
 
 def machines(by_config: dict) -> dict:
-    """How alike the machines of one table's runs were, by :mod:`benchmarks.sweep.cpu_probe` (timed before each
+    """How alike the machines of one table's runs were, by :mod:`benchmarks.cluster.cpu_probe` (timed before each
     run): ``probed`` of ``runs``, the fastest and slowest probe, and ``alike`` (every run probed, within
     :data:`MACHINE_SPREAD`; None where some run was not probed: from before the probe, machine unknown)."""
     probes = [s["cpu_probe_ms"] for samples in by_config.values() for s in samples]

@@ -212,11 +212,11 @@ def long_runs(root: str = rs.ROOT) -> str:
 
 
 def machines_note(summary: dict) -> str:
-    """How many runs were timed on :mod:`benchmarks.sweep.cpu_probe`, and where probed runs' machines differ."""
+    """How many runs were timed on :mod:`benchmarks.cluster.cpu_probe`, and where probed runs' machines differ."""
     ms = [block["machines"] for block in summary.values()]
     runs, probed = sum(m["runs"] for m in ms), sum(m["probed"] for m in ms)
     text = (f"**Machines**: {probed} of {runs} runs were timed on a fixed CPU workload just before they ran "
-            "(`benchmarks/sweep/cpu_probe.py`; `python -m benchmarks.report.long_runs` prints each table's verdict)")
+            "(`benchmarks/cluster/cpu_probe.py`; `python -m benchmarks.report.long_runs` prints each table's verdict)")
     if probed < runs:
         text += ("; the others predate it, and a table's rows may come from different sessions' machines, which "
                  "were not all equally fast: a ratio between rows of different sessions carries that")

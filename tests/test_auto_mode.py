@@ -245,7 +245,8 @@ def test_a_switch_into_a_mode_not_run_before_is_checked_once_it_is_measured():
 def test_a_real_run_checks_its_first_switch_once_acco_is_measured():
     """The engine asks ``due`` at every commit (in acco, as an estimate lands): with ``check_every: 20`` the switch to
     acco at step 3 is checked at step 8 on acco's measured step (the simulated clock's model is exact, so it stays),
-    and the next choice is on schedule."""
+    and the next choice is on schedule. Two ranks, because what the unit test above cannot show is the schedules
+    asking at the right boundary and every rank gathering the same figures there, so both make the same choice."""
     got = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=COMPUTE_S, link=[(0, 0.1)], steps=10,
                           config=dict(AUTO, auto={"measure_steps": 3, "check_every": 20}))[0]
     assert [(c["step"], c["runs"]) for c in got["choices"]] == [(3, "acco"), (8, "acco")], got["choices"]

@@ -6,10 +6,9 @@
 from .cli import main, print_report, to_json
 from .plot import NAME as PLOT
 from .summary import (ACCO, AUTO, BASELINE, CHECKPOINTS, FRACTIONS, HOSTS_SUFFIX, MACHINE_SPREAD, ORDER, REFERENCE,
-                      SHORT, SHOWN,
-                      SYNC_LOWBIT, TOLERANCE, best, collect, folder_samples, seconds, shaped, summarize, targets,
-                      two_host_beds, workers)
+                      SHORT, SHOWN, SYNC_LOWBIT, TOLERANCE, best, collect, folder_samples, seconds, shaped, summarize,
+                      targets, two_host_beds, workers)
 
-__all__ = ["ACCO", "AUTO", "BASELINE", "CHECKPOINTS", "FRACTIONS", "HOSTS_SUFFIX", "MACHINE_SPREAD", "ORDER", "PLOT", "REFERENCE",
-           "SHORT", "SHOWN", "SYNC_LOWBIT", "TOLERANCE", "best", "collect", "folder_samples", "main", "print_report",
-           "seconds", "shaped", "summarize", "targets", "to_json", "two_host_beds", "workers"]
+__all__ = ["ACCO", "AUTO", "BASELINE", "CHECKPOINTS", "FRACTIONS", "HOSTS_SUFFIX", "MACHINE_SPREAD", "ORDER", "PLOT",
+           "REFERENCE", "SHORT", "SHOWN", "SYNC_LOWBIT", "TOLERANCE", "best", "collect", "folder_samples", "main",
+           "print_report", "seconds", "shaped", "summarize", "targets", "to_json", "two_host_beds", "workers"]

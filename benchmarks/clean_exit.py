@@ -53,6 +53,7 @@ CASES = {
     "ds_acco_deepspeed": _launcher("deepspeed_local.sh", "acco_lowbit.json", TINY),
     "ds_streaming_torchrun": _launcher("torchrun.sh", "streaming_int8.json", TINY),
     "ds_adaptive_mpiexec": _launcher("mpirun.sh", "acco_adaptive.json", TINY),
+    "ds_stock_mpiexec": _launcher("mpirun.sh", "zero1_baseline.json", TINY),
     "hf_streaming_deepspeed": _hf("deepspeed", "hf_trainer_streaming.json"),
     "hf_streaming_torchrun": _hf("torchrun", "hf_trainer_streaming.json"),
     "fsdp_acco_torchrun": _launcher("fsdp_torchrun.sh", "fsdp_acco.json", FSDP_TINY),

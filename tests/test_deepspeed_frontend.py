@@ -145,3 +145,36 @@ def test_supported_deepspeed_range(version, ok):
     else:
         with pytest.raises(RuntimeError, match=rf">= 0\.19\.0, < 0\.20\.0; found {version}"):
             check_deepspeed_version(version)
+
+
+STOCK_EXIT_PROBE = """
+import atexit, json, sys, torch, torch.distributed as dist
+atexit.register(lambda: print('AT_EXIT', dist.is_initialized(), flush=True))  # registered first: runs last
+import ds_acco
+from ds_acco.comm.engine_lifecycle import EXIT_ORDER
+model = torch.nn.Linear(4, 4)
+engine, *_ = ds_acco.initialize(model=model, model_parameters=model.parameters(), config=json.loads(sys.argv[1]))
+loss = engine(torch.randn(2, 4)).sum()
+engine.backward(loss)
+engine.step()
+print('STOCK', type(engine).__name__, EXIT_ORDER.owns_default_group, flush=True)
+"""
+
+
+def test_a_stock_job_whose_group_ds_acco_initialize_made_is_torn_down_before_finalization():
+    """A fresh one-rank interpreter, no ``acco`` block: ``ds_acco.initialize`` is stock DeepSpeed, but the default
+    group DeepSpeed made inside it is destroyed at exit while the interpreter is whole (a stock mpirun launch once
+    aborted at finalization in CI; engine_lifecycle's [Note: the order at exit])."""
+    import subprocess
+    import sys
+
+    from tests.launcher_checks import clean_env
+
+    env = dict(clean_env(), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()))
+    cfg = {**BASE, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0}
+    proc = subprocess.run([sys.executable, "-c", STOCK_EXIT_PROBE, json.dumps(cfg)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "STOCK DeepSpeedEngine True" in proc.stdout, proc.stdout[-2000:]
+    assert "AT_EXIT False" in proc.stdout, proc.stdout[-2000:]

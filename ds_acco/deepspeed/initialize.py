@@ -102,7 +102,9 @@ def initialize(
                   mesh_param=mesh_param, config_params=config_params)
     acco = acco_config_of(args, config, config_params)
     if not acco.enabled:
+        created = not dist.is_initialized()
         out = _STOCK_INITIALIZE(**kwargs)
+        _own_exit(created)  # a stock job's gloo group can abort a finished job at finalization too
         release_shm_names()  # stock DeepSpeed otherwise leaves them in /dev/shm too
         return out
     check_deepspeed_version(deepspeed.__version__)
@@ -117,11 +119,17 @@ def initialize(
     _rendezvous(acco, distributed_port, dist_init_required)
     with internals.engine_class(functools.partial(engine_class, acco_config=acco)):
         out = _STOCK_INITIALIZE(**kwargs)
-    EXIT_ORDER.arm()  # every ACCO job tears down before finalization
-    if created and dist.is_initialized():  # DeepSpeed made it for this call: ds_acco destroys it at exit
-        EXIT_ORDER.owns_default_group = True
+    _own_exit(created)
     release_shm_names()  # DeepSpeed's CPU shared-memory segments would outlive the job
     return out
+
+
+def _own_exit(created: bool) -> None:
+    """Tear down before finalization (engine_lifecycle's [Note: the order at exit]), the default group too when
+    DeepSpeed made it inside this call: stock or ACCO, the script did not create it, so it rarely destroys it."""
+    EXIT_ORDER.arm()
+    if created and dist.is_initialized():
+        EXIT_ORDER.owns_default_group = True
 
 
 def patch_deepspeed() -> None:

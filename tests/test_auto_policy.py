@@ -125,6 +125,27 @@ def test_a_noise_scale_below_resolution_prices_per_committed_step():
         assert unpriced.policy != winner, unpriced.line  # per sample, the other choice
 
 
+def test_a_near_tie_goes_to_the_simpler_candidate():
+    """G = 8, 50 ms micro-batches, 140 ms rounds, priced per committed step: acco adaptive (predicted 330 ms a commit)
+    is 3% ahead of sync at half the batch (measured-alike: 340 ms), inside the 5% margin, so sync at half the batch
+    runs; with no margin adaptive does. Auto's first choices on real compute took adaptive at such near ties, and the
+    runs measured half-batch sync level or ahead."""
+    figs = figures([50, 50], 140, 8 * 50 + 140)
+    for margin, expected in [(0.05, ("sync", True)), (0.0, ("acco", False))]:
+        cfg = parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0, "switch_margin": margin}))
+        got = choose(figs, "sync", cfg, 8, step=3, noise=0.0)
+        cands = got.figures["candidates"]
+        assert cands["acco adaptive"]["score_ms"] == pytest.approx(330) and cands["sync half"]["score_ms"] == 340
+        assert (got.mode, got.sync_half) == expected, got.line
+    assert "runs sync at half the batch (was sync); acco adaptive would take 0.97x its time to a loss, inside the 5% " \
+        "switch margin" in choose(figs, "sync", parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0})), 8,
+                                  step=3, noise=0.0).line
+    # 200 ms rounds: sync at half the batch and acco fixed both 400 ms a commit, an exact tie: sync runs
+    exact = choose(figures([50, 50], 200, 600), "sync", cfg, 8, step=3, noise=0.0)
+    assert exact.figures["candidates"]["acco fixed"]["score_ms"] == pytest.approx(400)
+    assert (exact.mode, exact.sync_half) == ("sync", True), exact.line
+
+
 def test_running_acco_calibrates_the_other_policy_with_its_measured_step():
     cfg = parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0, "switch_margin": 0.05}))
     # fixed runs and measures 480 ms where the model says 400 (x1.2): adaptive's 400 ms is priced 480 too

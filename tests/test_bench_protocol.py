@@ -248,8 +248,10 @@ def test_each_run_is_timed_on_a_fixed_workload_and_a_table_says_whether_its_mach
         return {"sync": [{"cpu_probe_ms": p} for p in probes[:2]], "acco": [{"cpu_probe_ms": p} for p in probes[2:]]}
 
     assert lrs.machines(table(50.0, 51.0, 52.0)) == {"runs": 3, "probed": 3, "fastest_ms": 50.0, "slowest_ms": 52.0,
-                                                     "alike": True}
-    assert lrs.machines(table(50.0, 51.0, 56.0))["alike"] is False  # 1.12x: the ratios mix machine speeds
+                                                     "rows_ms": (50.5, 52.0), "alike": True}
+    assert lrs.machines(table(50.0, 51.0, 56.0))["alike"] is False  # rows 1.11x apart: the ratios mix machine speeds
+    # single runs 1.07x apart, one noisy seed among others: the rows (medians) compare 1.02x apart
+    assert lrs.machines(table(50.0, 53.5, 51.0, 51.5, 50.5))["alike"] is True
     def run(probe):
         return {"load": {"cpu_probe_ms": probe} if probe else {}}
 

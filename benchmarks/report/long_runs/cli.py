@@ -34,6 +34,8 @@ def print_report(summary: dict, p=print) -> None:
               f"| {_fmt(r['final_loss'], '.4f')} |")
         m = block["machines"]
         speed = f", {_fmt(m['fastest_ms'], '.1f')}-{_fmt(m['slowest_ms'], '.1f')} ms" if m["probed"] else ""
+        if m.get("rows_ms"):
+            speed += f" (rows' medians {_fmt(m['rows_ms'][0], '.1f')}-{_fmt(m['rows_ms'][1], '.1f')})"
         verdict = {True: "alike", False: "NOT alike: ratios between rows mix machine speeds",
                    None: "not all probed: machines unknown"}[m["alike"]]
         p(f"machines: {m['probed']} of {m['runs']} runs probed{speed} ({verdict})")

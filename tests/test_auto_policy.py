@@ -141,6 +141,7 @@ def test_a_near_tie_goes_to_the_simpler_candidate():
         "switch margin" in choose(figs, "sync", parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0})), 8,
                                   step=3, noise=0.0).line
     # 200 ms rounds: sync at half the batch and acco fixed both 400 ms a commit, an exact tie: sync runs
+    cfg = parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0, "switch_margin": 0.0}))  # no margin at all
     exact = choose(figures([50, 50], 200, 600), "sync", cfg, 8, step=3, noise=0.0)
     assert exact.figures["candidates"]["acco fixed"]["score_ms"] == pytest.approx(400)
     assert (exact.mode, exact.sync_half) == ("sync", True), exact.line

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch.distributed as dist
@@ -15,6 +17,7 @@ from ds_acco import AccoConfigError
 from tests import workloads as W
 from tests.clean_exit_checks import busy_loop, finished_cleanly, launch
 from tests.dist_harness import free_port
+from tests.launcher_checks import clean_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "zero_optimization": {"stage": 1},
@@ -165,11 +168,6 @@ def test_a_stock_job_whose_group_ds_acco_initialize_made_is_torn_down_before_fin
     """A fresh one-rank interpreter, no ``acco`` block: ``ds_acco.initialize`` is stock DeepSpeed, but the default
     group DeepSpeed made inside it is destroyed at exit while the interpreter is whole (a stock mpirun launch once
     aborted at finalization in CI; engine_lifecycle's [Note: the order at exit])."""
-    import subprocess
-    import sys
-
-    from tests.launcher_checks import clean_env
-
     env = dict(clean_env(), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()))
     cfg = {**BASE, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0}

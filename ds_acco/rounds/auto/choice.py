@@ -34,9 +34,10 @@ times ``1 + B/B_noise``, with ``B`` its micro-batches per committed step and ``B
 measured from the rounds (:mod:`ds_acco.rounds.auto.noise_scale`; per sample alone before it is measured; per committed
 step when it measures 0, the model's limit: a larger batch is not free there). While acco runs, its measured step
 calibrates the other policy's prediction (the model's error is shared), and a near tie goes to the simpler candidate
-(:data:`SIMPLEST_FIRST`: sync before acco, the fixed policy before the adaptive one). Once adaptive has run, its measured commits over the model's (``batch_scale``) scale the commits
-predicted for it later: on real compute with one host at half speed the model gave 8-9 micro-batches a commit where
-adaptive committed 7, and priced by the noise scale that larger batch kept a job in sync for up to 120 steps.
+(:data:`SIMPLEST_FIRST`: sync before acco, the fixed policy before the adaptive one). Once adaptive has run, its
+measured commits over the model's (``batch_scale``) scale the commits predicted for it later: on real compute with
+one host at half speed the model gave 8-9 micro-batches a commit where adaptive committed 7, and priced by the noise
+scale that larger batch kept a job in sync for up to 120 steps.
 ``policy: "adaptive"`` prices sync's full batches against adaptive's the same way.
 """
 from __future__ import annotations

@@ -252,6 +252,7 @@ def test_each_run_is_timed_on_a_fixed_workload_and_a_table_says_whether_its_mach
     assert lrs.machines(table(50.0, 51.0, 56.0))["alike"] is False  # rows 1.11x apart: the ratios mix machine speeds
     # single runs 1.07x apart, one noisy seed among others: the rows (medians) compare 1.02x apart
     assert lrs.machines(table(50.0, 53.5, 51.0, 51.5, 50.5))["alike"] is True
+
     def run(probe):
         return {"load": {"cpu_probe_ms": probe} if probe else {}}
 

@@ -167,7 +167,8 @@ print('STOCK', type(engine).__name__, EXIT_ORDER.owns_default_group, flush=True)
 def test_a_stock_job_whose_group_ds_acco_initialize_made_is_torn_down_before_finalization():
     """A fresh one-rank interpreter, no ``acco`` block: ``ds_acco.initialize`` is stock DeepSpeed, but the default
     group DeepSpeed made inside it is destroyed at exit while the interpreter is whole (a stock mpirun launch once
-    aborted at finalization in CI; engine_lifecycle's [Note: the order at exit])."""
+    aborted at finalization in CI; engine_lifecycle's [Note: the order at exit]). A pooled rank cannot show it: its
+    group exists before the call, and its interpreter does not exit."""
     env = dict(clean_env(), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()))
     cfg = {**BASE, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0}

@@ -222,7 +222,7 @@ def machines_note(summary: dict) -> str:
                  "were not all equally fast: a ratio between rows of different sessions carries that")
     unlike = [bed_name(*key) for key, block in summary.items() if block["machines"]["alike"] is False]
     if unlike:
-        text += f"; probed runs differ by more than {lr.MACHINE_SPREAD}x on: {', '.join(unlike)}"
+        text += f"; rows' median probes differ by more than {lr.MACHINE_SPREAD}x on: {', '.join(unlike)}"
     return text + "."
 
 

@@ -9,7 +9,7 @@ import torch
 
 from ds_acco.config import parse_acco_config
 from ds_acco.errors import AccoConfigError
-from ds_acco.rounds.auto.choice import choose
+from ds_acco.rounds.auto.choice import choose, samples_to_loss
 from ds_acco.rounds.auto import noise_scale
 from ds_acco.rounds.auto.noise_scale import NoiseScale
 from tests.auto_workers import auto_reference, train_auto
@@ -81,7 +81,7 @@ def figures(c_ms, round_ms, step_ms):
 def test_the_noise_scale_decides_between_full_and_smaller_batches():
     """G = 8, 50 ms per micro-batch, 40 ms rounds: acco fixed and adaptive both take 400 ms per 16 micro-batches,
     but adaptive commits 5.2 of them per step (a round ends with the micro-batch under way, 65 ms on average:
-    1.3 micro-batches each)."""
+    1.3 micro-batches each). Each is priced by the samples its batch needs to a loss at the rate now."""
     cfg = parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0, "switch_margin": 0.05}))
     sync_ms = 8 * 50 + 40
     low = choose(figures([50, 50], 40, sync_ms), "sync", cfg, 8, step=3, noise=4.0)
@@ -90,16 +90,34 @@ def test_the_noise_scale_decides_between_full_and_smaller_batches():
     assert cands["acco fixed"]["step_ms"] == pytest.approx(400) and cands["acco fixed"]["batch"] == 16
     assert cands["acco adaptive"]["step_ms"] == pytest.approx(400)
     assert cands["acco adaptive"]["batch"] == pytest.approx(5.2)
-    assert cands["acco adaptive"]["score_ms"] == pytest.approx(400 * (1 + 5.2 / 4))  # x2.3 against fixed's x5
+    # at the peak rate, taken as the best for 16 micro-batches: a = 1 / (2 (1 + 4/16)) = 0.4, and a batch B needs
+    # B / (1 - a (1 + 4/B)) samples: 32 for 16, 20 for 8, 17.8 for 5.2
+    assert samples_to_loss(16, 4.0, 1.0, 16) == pytest.approx(32) and samples_to_loss(8, 4.0, 1.0, 16) == \
+        pytest.approx(20)
+    assert cands["acco adaptive"]["score_ms"] == pytest.approx(400 / 16 * 5.2 / (1 - 0.4 * (1 + 4 / 5.2)))
+    assert cands["acco fixed"]["score_ms"] == pytest.approx(400 / 16 * 32)
     assert "gradient noise scale 4.0 micro-batches" in low.line and "runs acco adaptive (was sync)" in low.line
-    # sync at half the batch: 8 x 50 ms + two 40 ms rounds per 16 micro-batches, 8 per commit: 480 x 3 = 1440 ms
-    assert cands["sync half"]["score_ms"] == pytest.approx(480 * (1 + 8 / 4))
-    assert low.line.endswith("; the next best, sync at half the batch, would take 1.57x its time to a loss"), low.line
-    # a large noise scale: a sample buys as much at any batch, fixed and adaptive cost the same per sample,
-    # and acco's 400 ms against sync's 440 ms is within nothing of the margin: fixed is kept as the first listed
+    # sync at half the batch: 8 x 50 ms + two 40 ms rounds per 16 micro-batches, 8 per commit: 480 / 16 x 20 ms
+    assert cands["sync half"]["score_ms"] == pytest.approx(480 / 16 * 20)
+    assert low.line.endswith("; the next best, sync at half the batch, would take 1.35x its time to a loss"), low.line
+    # as a schedule decays the rate, a step's noise costs less: at a tenth of the peak every batch costs about per
+    # committed step, and adaptive's 5.2 micro-batches cost 0.33x fixed's 16 (per step 0.325; 0.56x at the peak)
+    late = choose(figures([50, 50], 40, sync_ms), "sync", cfg, 8, step=3, noise=4.0, rate=0.1)
+    ratio = late.figures["candidates"]["acco adaptive"]["score_ms"] / late.figures["candidates"]["acco fixed"][
+        "score_ms"]
+    assert ratio == pytest.approx(0.33, abs=0.01) and "at the learning rate's 0.10 of its peak" in late.line
+    assert late.line.endswith(  # docs/modes.md shows this line
+        "sync 16.0 micro-batches per step: 463.2 ms, sync at half the batch 8.0 micro-batches per step: 255.3 ms, "
+        "acco fixed 16.0 micro-batches per step: 421.1 ms, acco adaptive 5.2 micro-batches per step: 139.9 ms: runs "
+        "acco adaptive (was sync); the next best, sync at half the batch, would take 1.83x its time to a loss"), \
+        late.line
+    # a very large noise scale: at the rate best for 16 micro-batches, a smaller batch is past what its noise allows
+    # (the model's gain per step is not positive) and only full batches are priced; acco's 400 ms against sync's
+    # 440 ms: fixed
     high = choose(figures([50, 50], 40, sync_ms), "sync", cfg, 8, step=3, noise=1e9)
     assert (high.mode, high.policy) == ("acco", "fixed"), high.line
-    # not measured yet: priced per sample, the same
+    assert high.figures["candidates"]["acco adaptive"]["score_ms"] == float("inf")
+    # not measured yet: priced per sample, where fixed and adaptive cost the same: fixed, the simpler
     assert choose(figures([50, 50], 40, sync_ms), "sync", cfg, 8, step=3).policy == "fixed"
 
 
@@ -179,7 +197,7 @@ def test_adaptive_s_measured_commits_scale_its_prediction_once_it_has_run():
                  batch_scale=auto.batch_scale)
     cands = got.figures["candidates"]
     assert cands["acco adaptive"]["batch"] == pytest.approx(8.0) and cands["acco fixed"]["batch"] == 16
-    assert cands["acco adaptive"]["score_ms"] == pytest.approx(400 * (1 + 8 / 4))  # 1200 ms against half's 1440
+    assert cands["acco adaptive"]["score_ms"] == pytest.approx(400 / 16 * 20)  # 500 ms against half's 600
     assert "acco adaptive's commits x1.54 the model's, as measured when it last ran" in got.line, got.line
     unscaled = choose(figures([50, 50], 40, 480), "sync", cfg, 8, step=29, policy="half", noise=4.0, batch=8.0)
     assert unscaled.figures["candidates"]["acco adaptive"]["batch"] == pytest.approx(5.2)
@@ -234,20 +252,23 @@ def test_a_slow_worker_makes_auto_choose_the_adaptive_policy_and_the_run_follows
 
 
 def test_sync_at_half_the_batch_commits_half_and_a_checkpoint_keeps_it():
-    """Equal workers on a free link, policy auto: sync at half the accumulation buys more loss per sample at the
-    same seconds, so auto runs it from its first choice; every sync commit after it holds G/2 micro-batches per
-    worker, the learning-rate clock counts tokens, the trajectory is the reference's with those counts, and a
-    checkpoint saves and restores the half accumulation."""
-    results = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=0.05, link=[(0, 0.0)], steps=9,
-                              config=AUTO, roundtrip=True)
+    """Equal workers on a free link, policy auto, 16 micro-batches each: this job's noise scale at its first choice
+    (a few micro-batches) is well below the 32 of a step, where sync at half the accumulation buys more loss per
+    sample at the same seconds, so auto runs it from then on (the tiny model's scale grows fast as it converges: the
+    run ends before any later look); every sync commit after it holds G/2 micro-batches per worker, the
+    learning-rate clock counts tokens, the trajectory is the reference's with those counts, and a checkpoint saves
+    and restores the half accumulation."""
+    results = run_distributed(train_auto, 2, timeout=240, G=16, compute_s=0.05, link=[(0, 0.0)], steps=7,
+                              config=dict(AUTO, auto={"measure_steps": 3, "check_every": 20}), roundtrip=True)
     got = results[0]
     assert results[1]["choices"] == got["choices"]
     first = got["choices"][0]
     assert first["step"] == 3 and first["runs"] == "sync" and first["sync_half"], first
+    assert first["noise_scale"] < 32, first
     assert "runs sync at half the batch (was sync)" in got["lines"][0], got["lines"][0]
-    assert got["modes"] == ["sync"] * 9 and got["counts"] == [[4, 4]] * 3 + [[2, 2]] * 6, got["counts"]
-    assert_trajectories_equal(got["trajectory"], auto_reference(got["modes"], counts=got["counts"]))
-    assert got["roundtrip"]["sync_quota"] == (2, 2), got["roundtrip"]
+    assert got["modes"] == ["sync"] * 7 and got["counts"] == [[16, 16]] * 3 + [[8, 8]] * 4, got["counts"]
+    assert_trajectories_equal(got["trajectory"], auto_reference(got["modes"], counts=got["counts"], G=16))
+    assert got["roundtrip"]["sync_quota"] == (8, 8), got["roundtrip"]
 
 
 def test_an_unresolved_noise_scale_is_priced_at_its_upper_end_not_at_zero():
@@ -311,3 +332,22 @@ def test_fastest_is_auto_and_passes_hf_trainers_accelerate():
     with pytest.raises(ValueError, match=r"`acco.mode` not found in kwargs"):  # the spelling it refuses
         DeepSpeedPlugin(hf_ds_config=dict(cfg, acco=dict(cfg["acco"], mode="auto"))).deepspeed_config_process(
             must_match=False, gradient_clipping=1.0)
+
+
+def test_late_in_a_decayed_run_a_noise_scale_no_longer_buys_adaptive_s_larger_commits():
+    """The slow-host long run's figures at step 142 of 170 (host0.log of real_slow_seed1's auto run: one host at half
+    speed, sync at half the batch running at 3.1 s per 8 micro-batches, adaptive predicted a third faster with commits
+    of 8, a noise scale of 4 micro-batches): priced as at the peak rate, adaptive's larger commits look cheaper to a
+    loss and auto switched to them, which then needed more tokens to every loss than the half batch. At the rate the
+    run had then, a quarter of its peak, each commit buys about what the other does: half-batch sync stays."""
+    cfg = parse_acco_config({"mode": "auto", "policy": "auto", "auto": {"acco_step_penalty": 0.05}})
+    rows = [[int(c * 1e3), int(c * 1.39e3), 421_400, 3_104_700, 1700] for c in (283.0, 565.8)]
+    kwargs = dict(policy="half", noise=4.0, batch=4.0, batch_scale={"adaptive": 0.94})
+    peak = choose(rows, "sync", cfg, 4, step=142, penalty=0.05, rate=1.0, **kwargs)
+    late = choose(rows, "sync", cfg, 4, step=142, penalty=0.05 * 0.26, rate=0.26, **kwargs)
+    cands = late.figures["candidates"]
+    assert cands["acco adaptive"]["step_ms"] < 0.7 * cands["sync half"]["step_ms"], cands  # faster per sample
+    assert (peak.mode, peak.policy) == ("acco", "adaptive"), peak.line
+    assert late.mode == "sync" and late.sync_half, late.line
+    assert cands["acco adaptive"]["score_ms"] > 1.2 * cands["sync half"]["score_ms"], cands
+    assert "gradient noise scale 4.0 micro-batches at the learning rate's 0.26 of its peak" in late.line, late.line

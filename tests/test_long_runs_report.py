@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks.protocol import plans as plans_long
 from benchmarks.report import long_runs as lr
+from benchmarks.report.long_runs import batch_model as bm
 from benchmarks.report.long_runs import penalty_model as pm
 from benchmarks.report.long_runs.plot import plot as plot_long
 from benchmarks.report.pages import long_runs as page
@@ -74,6 +75,35 @@ def test_the_penalty_model_fits_what_made_the_points_and_tells_the_two_models_ap
     assert flat["holds"] is False and len(flat["rows"]) == 6 and [r["fitted"] for r in flat["rows"][:3]] == [
         False, False, True]  # the warm-up's points (0.05, and 0.1 at its end) are shown, not fitted
     assert pm.check([(0.5, None, 1.1), (0.05, 0.05, 1.2)], warmup, preset=0.05) is None
+
+
+def test_the_batch_model_reads_auto_s_noise_scale_and_tells_the_two_prices_apart(tmp_path):
+    """Auto's price of a batch against half-batch sync's measured ratio: each choice's line gives the noise scale at
+    its commit, the run's curve its tokens; with no noise every batch costs per committed step under both prices
+    (half the tokens); with a noise scale as large as the batch the best-rate price says 0.75, the fixed rate about
+    1 at the peak rate, falling towards a half as the rate decays."""
+    log = tmp_path / "host0.log"
+    log.write_text("ds_acco auto at step 2: compute ...; gradient noise scale 0.05 micro-batches (between ...), ...\n"
+                   "other line\n"
+                   "ds_acco auto at step 6: ... gradient noise scale 8.0 micro-batches (measured 7.1, ...): runs ...\n")
+    curve = [{"step": k, "tokens": 100 * k} for k in range(1, 11)]
+    assert bm.noise_curve(str(log), curve, 1000) == [(0.2, 0.05), (0.6, 8.0)]
+    assert bm.noise_curve(str(tmp_path / "none.log"), curve, 1000) == [] and bm.noise_curve(str(log), curve, None) == []
+    assert bm.noise_at([[(0.2, 0.05), (0.6, 8.0)], [(0.5, 2.0)]], 0.1) == pytest.approx((0.05 + 2.0) / 2)
+    points = [(c, c, 0.5) for c in (0.05, 0.25, 0.5, 1.0)]
+    quiet = bm.check(points, [[(0.0, 0.0)]], 4, 8, warmup=0.1)
+    assert all(r["fixed_rate"] == pytest.approx(0.5) and r["best_rate"] == pytest.approx(0.5) for r in quiet["rows"])
+    assert quiet["rms_fixed_rate"] == pytest.approx(0, abs=1e-9) and [r["compared"] for r in quiet["rows"]] == [
+        False, True, True, True]
+    noisy = bm.check(points, [[(0.0, 8.0)]], 4, 8, warmup=0.1)
+    early, late = noisy["rows"][1], noisy["rows"][-1]
+    assert early["fixed_rate"] > 0.9  # at the rate best for 8 micro-batches, 4 buy about nothing more per sample
+    assert late["best_rate"] == pytest.approx(12 / 16) and 0.5 < late["fixed_rate"] < early["fixed_rate"]
+    assert noisy["holds"] is (noisy["rms_fixed_rate"] <= noisy["rms_best_rate"]) is False  # measured: 0.5
+    assert bm.check(points, [[]], 4, 8, warmup=0.1) is None and bm.check([(0.05, 0.05, 0.5)], [[(0, 1)]], 4, 8, 0.1) \
+        is None
+    ours = page.long_runs()  # the repository's runs: auto's logs beside half-batch sync on every two-host bed
+    assert "**Auto's price of a batch" in ours and "| fixed rate (auto's) |" in ours
 
 
 def test_the_report_writes_its_figures_and_draws_the_penalty(tmp_path, capsys):

@@ -44,6 +44,7 @@ from benchmarks.sweep import configs as cfgs
 from ..curves import UNSHAPED, interp, target, val_points
 from ..repeats import bed_of
 from ..time_to_loss import SCENARIO, TOLERANCE, seconds_to, val_time_points
+from . import batch_model as bm
 from . import penalty_model as pm
 
 FRACTIONS = (0.5, 0.75, 1.0)
@@ -127,7 +128,9 @@ def folder_samples(folder: str, runs: list[dict]) -> dict:
                 "final_loss": run.get("val_loss"), "mb_per_commit": run.get("mean_counts_per_commit"),
                 "cpu_probe_ms": (run.get("load") or {}).get("cpu_probe_ms"),
                 "step_compute": _median([d.get("sync_compute_s_per_step") for d in run.get("ranks") or []]),
-                "unshaped_id": open_link["id"] if open_link else None}
+                "unshaped_id": open_link["id"] if open_link else None,
+                "noise_curve": bm.noise_curve(os.path.join(folder, "runs", run["id"], "host0.log"), run.get("curve"),
+                                              (run.get("workload") or {}).get("max_tokens")) if config in AUTO else []}
         ref = block.get(REFERENCE)
         for sample in block.values():
             sample["penalty"] = {c: _ratio(t, ref["tokens_to"].get(c)) if ref else None
@@ -202,6 +205,7 @@ def summarize(groups: dict) -> dict:
                             "targets": {f: _median([s["targets"][f] for s in next(iter(by_config.values()))])
                                         for f in FRACTIONS},
                             "penalty_model": _penalty_model(by_config, rows),
+                            "batch_model": _batch_model(by_config, rows),
                             "machines": machines(by_config)}
     return out
 
@@ -251,10 +255,28 @@ def _penalty_model(by_config: dict, rows: dict) -> Optional[dict]:
     lr_steps = _median([s["lr_steps"] for s in ref or []])
     if not ref or not who or not lr_steps:
         return None
-    shares = {c: _median([s["tokens_to"].get(c) / s["budget"] if s["tokens_to"].get(c) and s["budget"] else None
-                          for s in ref]) for c in CHECKPOINTS}
+    shares = _shares(ref)
     return pm.check([(c, shares[c], who["penalty"][c]["median"]) for c in CHECKPOINTS], _warmup(int(lr_steps)),
                     _preset_penalty())
+
+
+def _batch_model(by_config: dict, rows: dict) -> Optional[dict]:
+    """Auto's price of a batch against half-batch sync's measured ratio, with the noise scale auto's runs of the bed
+    logged (:mod:`benchmarks.report.long_runs.batch_model`); None without those runs or a decayed rate."""
+    ref, half = by_config.get(REFERENCE), rows.get(bm.HALF)
+    lr_steps = _median([s["lr_steps"] for s in ref or []])
+    curves = [s["noise_curve"] for c in AUTO for s in by_config.get(c, []) if s["noise_curve"]]
+    if not ref or not half or not lr_steps or not curves:
+        return None
+    shares = _shares(ref)
+    return bm.check([(c, shares[c], half["penalty"][c]["median"]) for c in CHECKPOINTS], curves,
+                    half["mb_per_commit"], rows[REFERENCE]["mb_per_commit"], _warmup(int(lr_steps)))
+
+
+def _shares(ref: list) -> dict:
+    """Sync low-bit's share of its budget to the loss at each checkpoint, median over seeds."""
+    return {c: _median([s["tokens_to"].get(c) / s["budget"] if s["tokens_to"].get(c) and s["budget"] else None
+                        for s in ref]) for c in CHECKPOINTS}
 
 
 def _warmup(lr_steps: int) -> float:

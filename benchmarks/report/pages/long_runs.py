@@ -140,6 +140,27 @@ def model_table(summary: dict) -> str:
                      "fits better"], rows)
 
 
+def batch_table(summary: dict) -> str:
+    """Auto's price of a batch against half-batch sync's measured ratio, per bed where auto's runs logged the noise
+    scale (:mod:`benchmarks.report.long_runs.batch_model`)."""
+    rows = []
+    for key in lr.two_host_beds(summary):
+        m = summary[key].get("batch_model")
+        if not m:
+            continue
+        at = {r["checkpoint"]: r for r in m["rows"]}
+
+        def cells(field: str, spec: str = ".3f") -> str:
+            return ", ".join(format(at[c][field], spec) if c in at else "-" for c in lr.SHOWN)
+
+        rows.append([bed_name(*key), cells("noise", ".2g"), cells("measured"),
+                     f"{cells('fixed_rate')} ({m['rms_fixed_rate']:.3f})",
+                     f"{cells('best_rate')} ({m['rms_best_rate']:.3f})",
+                     "fixed rate (auto's)" if m["holds"] else "**best rate** (not auto's)"])
+    return md_table(["bed", "noise scale auto measured (micro-batches)", "measured", "at a fixed rate (rms)",
+                     "at each batch's best rate (rms)", "fits better"], rows)
+
+
 def link_table(summary: dict) -> str:
     """Only the beds and configs that ran unshaped too: a row of dashes says nothing the "not run yet" line does
     not."""
@@ -195,10 +216,13 @@ def long_runs(root: str = rs.ROOT) -> str:
                "low-bit's (above 1: less loss per token)")
     model = ("Auto's model of the delay penalty (`acco_step_penalty` times the rate over its peak) against acco "
              "fixed's measured one: each model's one parameter fitted by least squares (rms: the residual)")
+    batch = ("Auto's price of a batch: half-batch sync's tokens to the baseline's loss at 25, 50, 75 and 100% of "
+             "its budget over sync low-bit's, measured and as each model predicts it from the noise scale auto's runs "
+             "of the bed measured along the run (no parameter fitted; rms: the residual)")
     link = ("The link's cost: seconds to the 75% loss on the shaped link over seconds to it unshaped (1: the link is "
             "hidden; left out where the two runs may have run on machines not alike: the machines line below)")
     parts = [(seconds, seconds_table(summary)), (penalty, penalty_table(summary)), (model, model_table(summary)),
-             (link, link_table(summary)),
+             (batch, batch_table(summary)), (link, link_table(summary)),
              ("More workers (the light sleep bed unless said; each keeps its batch): seconds to the 75% loss",
               workers_table(summary)),
              ("The issue's targets", targets_table(summary))]
@@ -206,7 +230,7 @@ def long_runs(root: str = rs.ROOT) -> str:
     if os.path.isfile(os.path.join(root, "bench_results", "long_runs", lr.PLOT)) and not _empty(parts[1][1]):
         shown.insert(2, f"![The delay penalty along the run and the seconds to each loss, per bed]"
                         f"(../bench_results/long_runs/{lr.PLOT})")  # python -m benchmarks.report.long_runs draws it
-    missing = [caption.split(":")[0] for caption, table in parts if _empty(table)]
+    missing = [caption.split(":")[0] for caption, table in parts if _empty(table) and caption != batch]
     tail = [f"**Not run yet** (no runs of their beds): {'; '.join(missing)}."] if missing else []
     return "\n\n".join([describe()] + shown + [machines_note(summary)] + tail)
 

@@ -30,9 +30,10 @@ step's bare compute, ``acco.auto.streaming`` switches the job to streaming
 
 With ``policy: "auto"`` both acco policies are candidates. The adaptive policy commits fewer micro-batches per step, and
 a smaller batch may buy as much loss per step: each candidate's time to a loss is its seconds per ``G·N`` micro-batches
-times ``1 + B/B_noise``, with ``B`` its micro-batches per committed step and ``B_noise`` the gradient noise scale
-measured from the rounds (:mod:`ds_acco.rounds.auto.noise_scale`; per sample alone before it is measured; per committed
-step when it measures 0, the model's limit: a larger batch is not free there). While acco runs, its measured step
+times the samples its batch ``B`` (micro-batches per committed step) needs to a loss at the learning rate now
+(:func:`samples_to_loss`, from the gradient noise scale measured from the rounds,
+:mod:`ds_acco.rounds.auto.noise_scale`; per sample alone before it is measured; per committed step when it measures 0,
+the model's limit: a larger batch is not free there). While acco runs, its measured step
 calibrates the other policy's prediction (the model's error is shared), and a near tie goes to the simpler candidate
 (:data:`SIMPLEST_FIRST`: sync before acco, the fixed policy before the adaptive one). Once adaptive has run, its
 measured commits over the model's (``batch_scale``) scale the commits predicted for it later: on real compute with
@@ -90,12 +91,32 @@ class Choice:
     """Sync runs at half the accumulation (commits of ``G/2`` micro-batches per worker)."""
 
 
+def samples_to_loss(batch: float, noise: float, rate: float, configured: float) -> float:
+    """Samples (micro-batches) to a loss with commits of ``batch`` micro-batches, up to a constant: ``noise`` the
+    gradient noise scale (micro-batches, > 0), ``rate`` the learning rate over its peak, ``configured`` the batch the
+    peak rate was set for (``G·N``). Infinite where the model says a step of that batch gains nothing at this rate.
+
+    Auto changes the batch and keeps the rate, so the price of a batch is McCandlish et al.'s at a fixed rate (2018,
+    "An Empirical Model of Large-Batch Training", appendix A), not their ``1 + B/B_noise``, which holds where each
+    batch runs at its own best rate. A step of ``B`` at the rate ``ε`` gains ``ε|G|²(1 - a(1 + B_noise/B))``, with
+    ``a = ε/(2ε_max)``; samples to a loss are then ``B / (1 - a(1 + B_noise/B))``. The peak rate is taken as the one
+    best for the configured batch, ``a = 1/(2(1 + B_noise/B₀))`` (the upper end: a rate set lower gives a smaller
+    ``a``), and ``a`` falls with the rate. Early in training, where the scale is a fraction of a micro-batch, or as a
+    schedule decays the rate, every batch costs about per committed step: half-batch sync needed 0.48-0.56 of
+    full-batch sync's tokens to every loss on both long-run beds (docs/long-runs.md), where their ``1 + B/B_noise``
+    with the scale measured late in those runs (2-8 micro-batches) would have said 0.6-0.75, and moved auto to the
+    adaptive policy's larger commits, which then needed more tokens to every loss than the half batch."""
+    a = rate / (2.0 * (1.0 + noise / configured))
+    gain = 1.0 - a * (1.0 + noise / batch)
+    return batch / gain if gain > 0 else float("inf")
+
+
 def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G: int, step: int,
            policy: Optional[str] = None, noise: Optional[float] = None,
            batch: Optional[float] = None, estimate_fraction: float = 1.0, streaming: bool = False,
            noise_measured: bool = True, penalty: Optional[float] = None,
            sync_half: Optional[bool] = None, penalty_note: str = "", noise_note: str = "",
-           batch_scale: Optional[dict] = None) -> Optional[Choice]:
+           batch_scale: Optional[dict] = None, rate: float = 1.0) -> Optional[Choice]:
     """The mode to run from ``figures`` (one row of :data:`FIGURES` per rank); None while they do not suffice.
 
     ``policy``: the acco policy running (``current == "acco"``), or :data:`HALF` where sync runs at half the
@@ -110,7 +131,8 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     accumulation is a candidate (None: where the policy may change the batch, as the adaptive policy does, and ``G`` is
     even); ``penalty_note``/``noise_note``: how the penalty and the noise scale were taken, for the line;
     ``batch_scale``: per acco policy, its measured micro-batches per commit over the model's when it last ran
-    (:meth:`AutoMode.decision`), applied to the model's commits for it while it does not run."""
+    (:meth:`AutoMode.decision`), applied to the model's commits for it while it does not run; ``rate``: the learning
+    rate over its peak (:func:`samples_to_loss`)."""
     N = len(figures)
     # compute per micro-batch with a round in flight over without, from ranks that measured both
     interference = max((r[1] / r[0] for r in figures if r[0] > 0 and r[1] > 0), default=1.0)
@@ -153,7 +175,7 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
         if not priced:
             return seconds
         if noise > 0:
-            return seconds * (1.0 + batch / noise)
+            return seconds / full * samples_to_loss(batch, noise, rate, full)
         return seconds * batch / full  # noise below what the rounds resolve: every batch needs the same steps
 
     def score(c) -> float:
@@ -174,7 +196,7 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
             "noise_note": noise_note, "predicted_batches": {p: b for p, (t, b) in predicted.items()},
             "batch_scale": scaled,
             "was": current, "runs": runs, "policy": acco_c[1], "world_size": N,
-            "noise_scale": noise, "noise_measured": noise_measured, "streaming_ratio": ratio,
+            "noise_scale": noise, "noise_measured": noise_measured, "rate_share": rate, "streaming_ratio": ratio,
             "candidates": {f"{m} {p}" if p else m: {
                 "step_ms": 1e3 * step_s[c], "batch": batches[c], "score_ms": 1e3 * score(c)}
                 for c in step_s for m, p in [c]}}
@@ -213,9 +235,11 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
         shown = f"{noise:.1f}" if noise >= 1 or noise == 0 or noise != noise else f"{noise:.2g}"  # 0.04 is not 0
         scale = (f"{shown} micro-batches" if figs["noise_measured"] else "not measured yet, taken as small") + (
             f" ({figs['noise_note']})" if figs.get("noise_note") else "")
-        line += f"; gradient noise scale {scale}, so per step to a loss (delay penalty in) " + \
+        at = f" at the learning rate's {figs['rate_share']:.2f} of its peak" if figs["rate_share"] < 1 else ""
+        line += f"; gradient noise scale {scale}{at}, so per step to a loss (delay penalty in) " + \
             ", ".join(f"{name(c) if c[0] == SYNC else f'{c[0]} {c[1]}'} {batches[c]:.1f} micro-batches per step: "
-                      f"{1e3 * score(c):.1f} ms" for c in step_s)
+                      + (f"{1e3 * score(c):.1f} ms" if score(c) < float("inf") else
+                         "none, its noise outweighs a step at this rate") for c in step_s)
     if figs["runs"] == STREAMING:
         line += f": runs streaming (was {name(running)}; {name(chosen)} is the best gradient mode)"
     else:

@@ -216,19 +216,24 @@ class AutoMode:
         if self.noise is not None and outcome.noise is not None and not outcome.skipped:
             self.noise.add(outcome.noise[0], outcome.counts, outcome.noise[1])
 
-    def penalty(self, lr: Optional[float]) -> tuple[float, str]:
-        """Acco's delay penalty now, and how it was taken (for the line): ``acco.auto.acco_step_penalty`` times the
-        learning rate over the highest it has been. The one-step delay applies each update to parameters one step
-        older; what that costs is the change of the gradient over one step, which scales with the step's size. So
-        while the rate climbs or holds (warm-up, a constant rate) the penalty is the configured one, and as a
-        schedule decays the rate to a fraction of its peak the penalty falls with it (None: no rate known)."""
-        base = self.config.auto.acco_step_penalty
+    def rate_share(self, lr: Optional[float]) -> float:
+        """The learning rate over the highest it has been (1 while it climbs or holds, or where no rate is known):
+        a step's size now against the one the configured penalty stands for, and the rate a batch is priced at
+        (:func:`ds_acco.rounds.auto.choice.samples_to_loss`)."""
         if lr is None or lr != lr or lr < 0:
-            return base, ""
+            return 1.0
         self._peak_lr = max(self._peak_lr, lr)
-        if self._peak_lr <= 0 or lr >= self._peak_lr:
+        return 1.0 if self._peak_lr <= 0 or lr >= self._peak_lr else lr / self._peak_lr
+
+    def penalty(self, lr: Optional[float]) -> tuple[float, str]:
+        """Acco's delay penalty now, and how it was taken (for the line): ``acco.auto.acco_step_penalty`` times
+        :meth:`rate_share`. The one-step delay applies each update to parameters one step older; what that costs is
+        the change of the gradient over one step, which scales with the step's size. So while the rate climbs or
+        holds (warm-up, a constant rate) the penalty is the configured one, and as a schedule decays the rate to a
+        fraction of its peak the penalty falls with it (None: no rate known)."""
+        base, factor = self.config.auto.acco_step_penalty, self.rate_share(lr)
+        if factor >= 1.0:
             return base, ""
-        factor = lr / self._peak_lr
         return base * factor, (f"acco.auto.acco_step_penalty {percent(base)} x the learning rate at {factor:.2f} of "
                                "its peak (the one-step delay costs in proportion to the step)")
 
@@ -248,7 +253,7 @@ class AutoMode:
                         batch=self.timer.batch(), estimate_fraction=self.estimate_fraction,
                         streaming=self.config.auto.streaming and not self.streaming_refused,
                         noise_measured=not assumed, penalty=penalty, penalty_note=penalty_note,
-                        noise_note=note, batch_scale=self.batch_scale) if figures else None
+                        noise_note=note, batch_scale=self.batch_scale, rate=self.rate_share(lr)) if figures else None
         self._retry = choice is None and step > 0  # (the look before the first round is not retried)
         if choice is None:
             return None

@@ -2,10 +2,10 @@
 
 ``policy: "auto"`` weighs the adaptive policy's smaller commits against the fixed policy's full ones, and batch size
 changes how much loss a step buys. The empirical model of McCandlish et al. (2018, "An Empirical Model of Large-Batch
-Training") says the samples needed to reach a loss grow as ``E = E_min·(1 + B / B_noise)`` with the batch ``B``, where
-``B_noise = tr(Σ) / |g|²`` is the ratio of the per-sample gradient variance to the squared true gradient. Below
-``B_noise`` a sample buys as much at any batch; above it, a larger batch wastes samples. Seconds to a loss are then
-seconds per sample times ``E``.
+Training") prices a batch ``B`` by ``B_noise = tr(Σ) / |g|²``, the ratio of the per-sample gradient variance to the
+squared true gradient: at the rate best for each batch the samples to a loss grow as ``1 + B / B_noise``, and at one
+rate for all, as auto runs them, as :func:`ds_acco.rounds.auto.choice.samples_to_loss` says. Seconds to a loss are
+then seconds per sample times those samples.
 
 The two figures come from two batch sizes the round already sees: each rank's own accumulator (``b_r`` micro-batches,
 its squared norm computed on the communication thread before the reduce-scatter and shared in the count all-gather) and
@@ -39,8 +39,9 @@ Z = 2.0
 """Standard errors either side of the mean ``tr(Σ)``: about a 95% interval."""
 FLOOR = 0.1
 """The smallest ``B_noise`` (micro-batches) an unresolved estimate is priced at: the smallest scale the benchmark
-runs resolved. Below it the price of a batch ``B`` of 4-16 micro-batches, ``1 + B/B_noise``, is proportional to ``B``
-within 3%: pricing the limit per committed step would choose the same."""
+runs resolved. Below it the price of a batch ``B`` of 4-16 micro-batches
+(:func:`ds_acco.rounds.auto.choice.samples_to_loss`) is proportional to ``B`` within 3%: pricing the limit per committed
+step would choose the same."""
 
 
 class NoiseScale:

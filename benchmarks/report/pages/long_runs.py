@@ -117,23 +117,28 @@ def penalty_table(summary: dict) -> str:
     return md_table(["bed"] + [SHORT.get(c, c) for c in configs], rows)
 
 
-def model_table(summary: dict) -> str:
-    """Auto's lr-scaled delay penalty against acco fixed's measured one, per bed
-    (:mod:`benchmarks.report.long_runs.penalty_model`)."""
-    rows = []
+def _models(summary: dict, name: str):
+    """``(bed, model, cells)`` for each two-host bed whose block holds the model ``name``; ``cells(field, spec)``
+    formats the field at the checkpoints the tables show."""
     for key in lr.two_host_beds(summary):
-        m = summary[key].get("penalty_model")
+        m = summary[key].get(name)
         if not m:
             continue
         at = {r["checkpoint"]: r for r in m["rows"]}
 
-        def cells(field: str) -> str:
-            return ", ".join(f"{at[c][field]:.3f}" if c in at else "-" for c in lr.SHOWN)
+        def cells(field: str, spec: str = ".3f", at: dict = at) -> str:
+            return ", ".join(format(at[c][field], spec) if c in at else "-" for c in lr.SHOWN)
 
-        rows.append([bed_name(*key), cells("measured"), f"{m['p_rate_scaled']:.3f} ({m['rms_rate_scaled']:.3f})",
-                     f"{m['p_constant']:.3f} ({m['rms_constant']:.3f})", cells("rate_scaled"),
-                     f"{m['preset']:g}: {cells('preset')}",
-                     "lr-scaled (auto's)" if m["holds"] else "**constant** (not auto's)"])
+        yield bed_name(*key), m, cells
+
+
+def model_table(summary: dict) -> str:
+    """Auto's lr-scaled delay penalty against acco fixed's measured one, per bed
+    (:mod:`benchmarks.report.long_runs.penalty_model`)."""
+    rows = [[bed, cells("measured"), f"{m['p_rate_scaled']:.3f} ({m['rms_rate_scaled']:.3f})",
+             f"{m['p_constant']:.3f} ({m['rms_constant']:.3f})", cells("rate_scaled"),
+             f"{m['preset']:g}: {cells('preset')}", "lr-scaled (auto's)" if m["holds"] else "**constant** (not auto's)"]
+            for bed, m, cells in _models(summary, "penalty_model")]
     return md_table(["bed", "acco fixed's penalty at 25, 50, 75, 100%", "lr-scaled fit: p (rms)",
                      "constant fit: p (rms)", "the lr-scaled fit at 25 .. 100%",
                      "the preset's p, lr-scaled, at 25 .. 100%",
@@ -143,20 +148,10 @@ def model_table(summary: dict) -> str:
 def batch_table(summary: dict) -> str:
     """Auto's price of a batch against half-batch sync's measured ratio, per bed where auto's runs logged the noise
     scale (:mod:`benchmarks.report.long_runs.batch_model`)."""
-    rows = []
-    for key in lr.two_host_beds(summary):
-        m = summary[key].get("batch_model")
-        if not m:
-            continue
-        at = {r["checkpoint"]: r for r in m["rows"]}
-
-        def cells(field: str, spec: str = ".3f") -> str:
-            return ", ".join(format(at[c][field], spec) if c in at else "-" for c in lr.SHOWN)
-
-        rows.append([bed_name(*key), cells("noise", ".2g"), cells("measured"),
-                     f"{cells('fixed_rate')} ({m['rms_fixed_rate']:.3f})",
-                     f"{cells('best_rate')} ({m['rms_best_rate']:.3f})",
-                     "fixed rate (auto's)" if m["holds"] else "**best rate** (not auto's)"])
+    rows = [[bed, cells("noise", ".2g"), cells("measured"), f"{cells('fixed_rate')} ({m['rms_fixed_rate']:.3f})",
+             f"{cells('best_rate')} ({m['rms_best_rate']:.3f})",
+             "fixed rate (auto's)" if m["holds"] else "**best rate** (not auto's)"]
+            for bed, m, cells in _models(summary, "batch_model")]
     return md_table(["bed", "noise scale auto measured (micro-batches)", "measured", "at a fixed rate (rms)",
                      "at each batch's best rate (rms)", "fits better"], rows)
 

@@ -34,10 +34,14 @@ def profile_rounds(rank, world, *, out_dir: str, model_size: str = "small", step
 
     import ds_acco
     from benchmarks.report import round_trace
+    from ds_acco.comm.thread_policy import policy_of
     from examples.models import build_gpt
 
     model = build_gpt(model_size, seq_len=SEQ, seed=0)
+    before = _threads()
     engine, _, _, _ = ds_acco.initialize(model=model, model_parameters=model.parameters(), config=config(name))
+    threads = {"before": before, "started": {t: v for t, v in _threads().items() if t not in before},
+               "comm": engine.acco._comm._thread.native_id}
     # the link here is loopback: a busy host must not make the pacer cut collectives into more pieces
     engine.acco.coll.pacer.piece_seconds = float("inf")
     g = torch.Generator().manual_seed(rank)
@@ -69,7 +73,22 @@ def profile_rounds(rank, world, *, out_dir: str, model_size: str = "small", step
         os.remove(path)
     round_ms = {kind: statistics.median(1e3 * r.round_s for r in records[2:] if r.kind == kind) for kind in
                 ("estimate", "commit")}
-    return {"summary": summary, "ops": names, "round_ms": round_ms}
+    threads["training"] = policy_of(0)
+    return {"summary": summary, "ops": names, "round_ms": round_ms, "threads": threads}
+
+
+def _threads() -> dict:
+    """Every thread of this process: its id, name and scheduling policy (ds_acco.comm.thread_policy)."""
+    from ds_acco.comm.thread_policy import policy_of
+
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as f:
+                out[int(tid)] = (f.read().strip(), policy_of(int(tid)))
+        except OSError:
+            continue  # the thread ended between listdir and reading it
+    return out
 
 
 def time_rounds(rank, world, *, model_size: str = "small", steps: int = 12,

@@ -52,6 +52,21 @@ def test_a_round_issues_few_host_operations(profiled):
             assert not VIEWS & set(steady), (kind, sorted(VIEWS & set(steady)))
 
 
+def test_the_round_s_threads_let_compute_keep_the_core_and_the_training_thread_stays_normal(profiled):
+    """On a CPU host the communication thread and the threads gloo started for the round's group are SCHED_BATCH
+    (they do not preempt compute when they wake: ds_acco.comm.thread_policy); the training thread and every other
+    thread, those of DeepSpeed's own group started in the same ``initialize`` included, keep their policy."""
+    for rank, got in enumerate(profiled):
+        t = got["threads"]
+        assert t["training"] == "normal", (rank, t)
+        started = t["started"]
+        assert started[t["comm"]][1] == "batch", (rank, started)
+        batch = sorted(name for tid, (name, policy) in started.items() if policy == "batch" and tid != t["comm"])
+        assert batch == ["gloo_tcp_loop", "pt_gloo_runloop", "pt_gloo_runloop"], (rank, started)  # one group's
+        others = [v for v in list(t["before"].values()) + list(started.values()) if v[0] == "gloo_tcp_loop"]
+        assert ("gloo_tcp_loop", "normal") in others, (rank, t)
+
+
 def c10d(names: list[str]) -> list[str]:
     return [n[len("c10d::"):] for n in names if n.startswith("c10d::")]
 
@@ -198,3 +213,37 @@ def test_view_cache_follows_a_buffer_and_holds_none_it_lost():
     del a
     gc.collect()
     assert not cache._entries  # the tensor died: its views went with it
+
+
+def test_threads_started_in_the_block_are_batch_and_the_caller_is_put_back_even_on_an_error():
+    """Inheritance is what reaches gloo's threads: a thread started inside the block is SCHED_BATCH, one started
+    after is not; the caller is a normal thread again after the block, also where the block raised; disabled, or
+    where the caller was not a normal thread, nothing is changed."""
+    import threading
+
+    from ds_acco.comm.thread_policy import policy_of, threads_started_here_yield
+
+    def started() -> str:
+        seen = []
+        th = threading.Thread(target=lambda: seen.append(policy_of(0)))
+        th.start()
+        th.join()
+        return seen[0]
+
+    with threads_started_here_yield() as demoted:
+        inside = started()
+    assert demoted and inside == "batch" and policy_of(0) == "normal" and started() == "normal"
+    with pytest.raises(RuntimeError), threads_started_here_yield():
+        raise RuntimeError("new_group failed")
+    assert policy_of(0) == "normal"
+    with threads_started_here_yield(enabled=False) as demoted:
+        assert not demoted and started() == "normal"
+    import os
+
+    os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))  # a job its owner demoted on purpose
+    try:
+        with threads_started_here_yield() as demoted:
+            assert not demoted and policy_of(0) == "batch"
+        assert policy_of(0) == "batch"
+    finally:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))

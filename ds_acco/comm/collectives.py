@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from .link_pacing import MIN_PIECE_BYTES, PROBE_PIECES, LinkPacer
+from .thread_policy import threads_started_here_yield
 
 # torch 2.13 renamed the *_tensor collectives; keep one spelling for the range we support.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -74,8 +75,10 @@ class RoundCollectives:
     def __init__(self, group: dist.ProcessGroup | None, timeout_s: float):
         base = group if group is not None else dist.group.WORLD
         ranks = dist.get_process_group_ranks(base)
-        # Every rank of the default group must take part in new_group, in the same order.
-        self.group = dist.new_group(ranks=ranks, timeout=timedelta(seconds=timeout_s))
+        # Every rank of the default group must take part in new_group, in the same order. Gloo's threads for it
+        # let compute keep a CPU host's cores (ds_acco.comm.thread_policy).
+        with threads_started_here_yield(dist.get_backend(base) == "gloo"):
+            self.group = dist.new_group(ranks=ranks, timeout=timedelta(seconds=timeout_s))
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
         self.wire = WireBytes()

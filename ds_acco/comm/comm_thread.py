@@ -35,6 +35,7 @@ import torch
 from ds_acco.errors import AccoRoundError, AccoTimeoutError
 
 from .clock import WALL, Clock
+from .thread_policy import yield_to_compute
 
 
 def record_ready(device: torch.device) -> Optional[torch.cuda.Event]:
@@ -156,6 +157,8 @@ class CommThread:
     def _loop(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        else:  # on a CPU host the round shares the cores with compute (ds_acco.comm.thread_policy)
+            yield_to_compute()
         while True:
             job = self._jobs.get()
             if job is None:

@@ -249,3 +249,33 @@ def test_a_config_that_reached_the_loss_in_one_seed_of_three_never_ranks_first()
     assert lr.seconds(block, "once") is None and lr.seconds(block, "twice") == 130.0
     assert lr.seconds(block, "always") == 120.0 and lr.best(block, ["once", "twice", "always"]) == ("always", 120.0)
     assert lr.seconds(block, "missing") is None and lr.best(block, ["once"]) == (None, None)
+
+
+def test_the_host_cost_table_shows_what_a_round_takes_from_compute_where_runs_recorded_it(tmp_path):
+    """Medians over ranks, then seeds: compute per micro-batch overlapped over in sync (none where no round
+    overlapped), the training thread's switches and the kernel's network time a step; a bed whose runs predate
+    the figures has no row, and the table none without them."""
+    from benchmarks.report.long_runs.summary import host_cost
+
+    ranks = [{"compute_s_per_mb_overlapped": 0.33, "compute_s_per_mb_sync": 0.30, "preempted_per_step": 290.0,
+              "softirq_s_per_step": 0.04},
+             {"compute_s_per_mb_overlapped": 0.36, "compute_s_per_mb_sync": 0.30, "preempted_per_step": 310.0,
+              "softirq_s_per_step": 0.05}]
+    assert host_cost({"ranks": ranks}) == pytest.approx({"tax": 1.15, "switches": 300.0, "network_s": 0.045})
+    assert host_cost({"ranks": [{"preempted_per_step": 200.0, "softirq_s_per_step": 0.01}]})["tax"] is None
+    assert page.host_table(lr.summarize(lr.collect(protocol(tmp_path / "without")))).count("\n") == 1  # header
+    for folder in protocol(tmp_path / "with"):
+        with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
+            runs = json.load(f)
+        seed = runs["runs"][0]["workload"]["seed"]
+        for r in runs["runs"]:
+            if r["config"] in ("sync_lowbit", "acco_lowbit_int4_fixed") and r["note"] == "long-real":
+                acco = r["config"] != "sync_lowbit"
+                r["ranks"] = [{"compute_s_per_mb_sync": 0.3, "preempted_per_step": 100.0 * seed + 1000 * acco,
+                               "softirq_s_per_step": 0.01, "compute_s_per_mb_overlapped": 0.3 * (1 + 0.1 * seed)
+                               if acco else None}]
+        with open(os.path.join(folder, "results.json"), "w", encoding="utf-8") as f:
+            json.dump(runs, f)
+    header, _, real = page.host_table(lr.summarize(lr.collect(page.folders(str(tmp_path / "with"))))).splitlines()
+    assert header.startswith("| bed | sync low-bit | sync low-bit, half batch | acco fixed |")
+    assert real == "| real compute, 100 Mbit/s | -; 200; 10 ms | - | 1.20x; 1200; 10 ms | - | - |"

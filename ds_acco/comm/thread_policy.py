@@ -8,7 +8,9 @@ training thread of an acco step was switched out about eight times as often as i
 thread waits while its round runs. A ``SCHED_BATCH`` thread gets the same share of the core but never preempts on
 waking: it runs when the running thread's slice ends. With the round's threads in it, acco's training thread is
 switched out about as often as sync's, and the kernel's network time a step halves (each long run records both:
-``preempted_per_step`` and ``softirq_s_per_step`` in its ``results.json``; docs/long-runs.md).
+``preempted_per_step`` and ``softirq_s_per_step`` in its ``results.json``; docs/long-runs.md), and an acco step
+took less time in each of three alternated pairs (``bench_results/round_threads_ab/``). An earlier version was
+reverted as no faster: its two pairs' ``SCHED_BATCH`` runs had slower sync steps too (the machine, not the policy).
 
 Why only where the round runs on gloo (CPU tensors): a GPU host's compute is not on its cores, and NCCL's threads launch
 and watch kernels, whose latency a delayed wake-up would add to. Why by inheritance: a thread takes the policy of the
@@ -68,6 +70,6 @@ def threads_started_here_yield(enabled: bool = True) -> Iterator[bool]:
 
 
 def policy_of(tid: int = 0) -> str:
-    """``"batch"``, ``"normal"`` or the policy's number, of thread ``tid`` (0: the calling thread); for logs and tests."""
+    """``"batch"``, ``"normal"`` or the policy's number, of thread ``tid`` (0: the calling thread): for tests."""
     p = os.sched_getscheduler(tid)
     return "batch" if p == BATCH else "normal" if p == NORMAL else str(p)

@@ -128,6 +128,7 @@ def folder_samples(folder: str, runs: list[dict]) -> dict:
                 "final_loss": run.get("val_loss"), "mb_per_commit": run.get("mean_counts_per_commit"),
                 "cpu_probe_ms": (run.get("load") or {}).get("cpu_probe_ms"),
                 "step_compute": _median([d.get("sync_compute_s_per_step") for d in run.get("ranks") or []]),
+                "host_cost": host_cost(run),
                 "unshaped_id": open_link["id"] if open_link else None,
                 "noise_curve": bm.noise_curve(os.path.join(folder, "runs", run["id"], "host0.log"), run.get("curve"),
                                               (run.get("workload") or {}).get("max_tokens")) if config in AUTO else []}
@@ -137,6 +138,22 @@ def folder_samples(folder: str, runs: list[dict]) -> dict:
                                  for c, t in sample["tokens_to"].items()}
         out[(bed, rate)] = block
     return out
+
+
+HOST_COST = ("tax", "switches", "network_s")
+"""What a round costs the compute beside it (:func:`host_cost`)."""
+
+
+def host_cost(run: dict) -> dict:
+    """Medians over the ranks: compute per micro-batch with a round in flight over that in sync steps (``tax``; None
+    where no round overlapped), the training thread's involuntary switches a step (``switches``) and the kernel's
+    network time on the host's core a step (``network_s``). Why: on one core per host a round's threads and the
+    link's network stack take the core from compute; the overlap hides a round's wire time, not this."""
+    ranks = run.get("ranks") or []
+    tax = [d["compute_s_per_mb_overlapped"] / d["compute_s_per_mb_sync"] for d in ranks
+           if d.get("compute_s_per_mb_overlapped") and d.get("compute_s_per_mb_sync")]
+    return {"tax": _median(tax), "switches": _median([d.get("preempted_per_step") for d in ranks]),
+            "network_s": _median([d.get("softirq_s_per_step") for d in ranks])}
 
 
 _READ: dict = {}
@@ -195,6 +212,7 @@ def summarize(groups: dict) -> dict:
                 "final_loss": _median([s["final_loss"] for s in samples]),
                 "mb_per_commit": _median([s["mb_per_commit"] for s in samples]),
                 "step_compute": _median([s["step_compute"] for s in samples]),
+                "host_cost": {k: _median([s["host_cost"][k] for s in samples]) for k in HOST_COST},
                 "cpu_probe_ms": [s["cpu_probe_ms"] for s in samples],
                 "runs": [f"{os.path.basename(s['folder'].rstrip('/'))}/{s['id']}" for s in samples]}
         for row in rows.values():

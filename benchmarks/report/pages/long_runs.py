@@ -168,6 +168,23 @@ def link_table(summary: dict) -> str:
     return md_table(["bed"] + [SHORT.get(c, c) for c in configs], rows)
 
 
+HOST_CONFIGS = (lr.REFERENCE, HALF, "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4")
+
+
+def host_table(summary: dict) -> str:
+    """Per two-host bed, each config's compute tax, the training thread's switches and the network stack's time a
+    step (:func:`benchmarks.report.long_runs.summary.host_cost`): what the overlap cannot hide on these hosts."""
+    def cell(row: dict | None) -> str:
+        c = (row or {}).get("host_cost") or {}
+        if c.get("switches") is None:
+            return "-"
+        tax = "-" if c["tax"] is None else f"{c['tax']:.2f}x"
+        return f"{tax}; {c['switches']:.0f}; {1e3 * c['network_s']:.0f} ms"
+    keys = [k for k in lr.two_host_beds(summary) if any(cell(summary[k]["rows"].get(c)) != "-" for c in HOST_CONFIGS)]
+    rows = [[bed_name(*k)] + [cell(summary[k]["rows"].get(c)) for c in HOST_CONFIGS] for k in keys]
+    return md_table(["bed"] + [SHORT.get(c, c) for c in HOST_CONFIGS], rows)
+
+
 def workers_table(summary: dict) -> str:
     """Seconds to the 75% loss per workers bed; half-batch sync and the gain against the better sync where a bed
     ran it (the batch control of a bed where acco adaptive commits smaller batches)."""
@@ -216,8 +233,12 @@ def long_runs(root: str = rs.ROOT) -> str:
              "of the bed measured along the run (no parameter fitted; rms: the residual)")
     link = ("The link's cost: seconds to the 75% loss on the shaped link over seconds to it unshaped (1: the link is "
             "hidden; left out where the two runs may have run on machines not alike: the machines line below)")
+    host = ("What a round costs the compute beside it: compute per micro-batch with a round in flight over in sync "
+            "steps; the training thread switched out a step; the kernel's network time on the host's core a step "
+            "(medians over ranks and seeds; real compute has one core per host, and the overlap hides a round's wire "
+            "time, not these)")
     parts = [(seconds, seconds_table(summary)), (penalty, penalty_table(summary)), (model, model_table(summary)),
-             (batch, batch_table(summary)), (link, link_table(summary)),
+             (batch, batch_table(summary)), (link, link_table(summary)), (host, host_table(summary)),
              ("More workers (the light sleep bed unless said; each keeps its batch): seconds to the 75% loss",
               workers_table(summary)),
              ("The issue's targets", targets_table(summary))]
@@ -225,7 +246,7 @@ def long_runs(root: str = rs.ROOT) -> str:
     if os.path.isfile(os.path.join(root, "bench_results", "long_runs", lr.PLOT)) and not _empty(parts[1][1]):
         shown.insert(2, f"![The delay penalty along the run and the seconds to each loss, per bed]"
                         f"(../bench_results/long_runs/{lr.PLOT})")  # python -m benchmarks.report.long_runs draws it
-    missing = [caption.split(":")[0] for caption, table in parts if _empty(table) and caption != batch]
+    missing = [caption.split(":")[0] for caption, table in parts if _empty(table) and caption not in (batch, host)]
     tail = [f"**Not run yet** (no runs of their beds): {'; '.join(missing)}."] if missing else []
     return "\n\n".join([describe()] + shown + [machines_note(summary)] + tail)
 

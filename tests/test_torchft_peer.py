@@ -39,6 +39,9 @@ LAUNCH = Workload(model_size="tiny", seq_len=SEQ, micro_batch=MB, grad_accum=ACC
 launched 2 steps (STREAMING_BLOCK's overlap) before it is merged."""
 
 
+TORCHFT_ABORT = "terminate called without an active exception"
+
+
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     out = tmp_path_factory.mktemp("peer")
@@ -46,8 +49,15 @@ def launched(tmp_path_factory):
     run_dir, config = prepare_run(spec, str(out))
     cmd = launch_command(spec, run_dir, config, netns=False, timeout_s=150)
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=200, check=False)
-    row = runner.parse_any(spec, run_dir, proc.returncode, 0.0, None)
+    for attempt in (1, 2):
+        if attempt == 2:
+            run_dir, config = prepare_run(spec, str(out))  # starts the run's folder clean (its jsonl files append)
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=200, check=False)
+        row = runner.parse_any(spec, run_dir, proc.returncode, 0.0, None)
+        # torchft 0.2.0 itself aborted once in a busy CI run ("terminate called without an active exception" at its
+        # step 0, in its own threads; the same launch passed alone): one more launch, for that abort only
+        if row["ok"] or TORCHFT_ABORT not in (row.get("error_tail") or "") or attempt == 2:
+            break
     assert row["ok"], (proc.stdout[-3000:], row.get("error_tail"))
     return {"cmd": cmd, "row": row, "run": W.read_run(run_dir, WORLD), "config": config}
 

@@ -7,8 +7,8 @@ for every few packets that arrive: on the emulated cluster's real-compute bed (o
 training thread of an acco step was switched out about eight times as often as in sync low-bit, whose training
 thread waits while its round runs. A ``SCHED_BATCH`` thread gets the same share of the core but never preempts on
 waking: it runs when the running thread's slice ends. With the round's threads in it, acco's training thread is
-switched out about as often as sync's, and the kernel's network time a step halves (each long run records both:
-``preempted_per_step`` and ``softirq_s_per_step`` in its ``results.json``; docs/long-runs.md), and an acco step
+switched out less than twice as often as sync's, and the kernel's network time a step halves (each long run records
+both: ``preempted_per_step`` and ``softirq_s_per_step`` in its ``results.json``; docs/long-runs.md), and an acco step
 took less time in each of three alternated pairs (``bench_results/round_threads_ab/``). An earlier version was
 reverted as no faster: its two pairs' ``SCHED_BATCH`` runs had slower sync steps too (the machine, not the policy).
 
@@ -35,12 +35,12 @@ NORMAL = getattr(os, "SCHED_OTHER", None)
 
 
 def yield_to_compute() -> bool:
-    """Put the calling thread in ``SCHED_BATCH`` if it is a normal thread; True where it now is."""
+    """Put the calling thread in ``SCHED_BATCH`` if it is a normal thread; True only where this call changed it."""
     if BATCH is None or NORMAL is None:
         return False
     try:
         if os.sched_getscheduler(0) != NORMAL:
-            return os.sched_getscheduler(0) == BATCH
+            return False  # its owner chose its policy
         os.sched_setscheduler(0, BATCH, os.sched_param(0))
         return True
     except OSError as exc:  # a sandbox that refuses the call: the round runs as a normal thread
@@ -52,16 +52,9 @@ def yield_to_compute() -> bool:
 def threads_started_here_yield(enabled: bool = True) -> Iterator[bool]:
     """Threads the calling thread starts inside the block are ``SCHED_BATCH``; the calling thread is put back after.
 
-    Yields whether they are. The calling thread is a normal thread again at the end of the block, whatever the block
+    Yields whether the block demoted it. It is a normal thread again at the end of the block, whatever the block
     raised (Linux lets any thread go back to ``SCHED_OTHER``)."""
-    if not enabled or BATCH is None or NORMAL is None:
-        yield False
-        return
-    try:
-        normal = os.sched_getscheduler(0) == NORMAL
-    except OSError:
-        normal = False
-    demoted = normal and yield_to_compute()
+    demoted = enabled and yield_to_compute()
     try:
         yield demoted
     finally:

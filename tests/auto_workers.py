@@ -65,10 +65,10 @@ def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", 
         if roundtrip:
             saved = engine.state_dict()
             engine.wait()  # a resume starts from an idle engine
-            engine.state.mode, engine.state.policy, engine.state.sync_quota = "sync", "fixed", 0
+            engine.state.mode, engine.state.policy, engine.state.step_quota = "sync", "fixed", 0
             engine.load_state_dict(saved)
             roundtrip = {"saved": (saved["mode"], saved["policy"]), "loaded": (engine.mode, engine.state.policy),
-                         "sync_quota": (saved["sync_quota"], engine.state.sync_quota)}
+                         "step_quota": (saved["step_quota"], engine.state.step_quota)}
     finally:
         engine.close()
         log.removeHandler(handler)

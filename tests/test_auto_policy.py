@@ -99,7 +99,10 @@ def test_the_noise_scale_decides_between_full_and_smaller_batches():
     assert "gradient noise scale 4.0 micro-batches" in low.line and "runs acco adaptive (was sync)" in low.line
     # sync at half the batch: 8 x 50 ms + two 40 ms rounds per 16 micro-batches, 8 per commit: 480 / 16 x 20 ms
     assert cands["sync half"]["score_ms"] == pytest.approx(480 / 16 * 20)
-    assert low.line.endswith("; the next best, sync at half the batch, would take 1.35x its time to a loss"), low.line
+    # acco fixed at half the batch: two steps of 2 x max(100, 40) ms per 16, 8 per commit: 400 / 16 x 20 ms
+    assert cands["acco fixed half"]["score_ms"] == pytest.approx(400 / 16 * 20)
+    assert low.line.endswith("; the next best, acco fixed at half the batch, would take 1.12x its time to a loss"), \
+        low.line
     # as a schedule decays the rate, a step's noise costs less: at a tenth of the peak every batch costs about per
     # committed step, and adaptive's 5.2 micro-batches cost 0.33x fixed's 16 (per step 0.325; 0.56x at the peak)
     late = choose(figures([50, 50], 40, sync_ms), "sync", cfg, 8, step=3, noise=4.0, rate=0.1)
@@ -108,8 +111,9 @@ def test_the_noise_scale_decides_between_full_and_smaller_batches():
     assert ratio == pytest.approx(0.33, abs=0.01) and "at the learning rate's 0.10 of its peak" in late.line
     assert late.line.endswith(  # docs/modes.md shows this line
         "sync 16.0 micro-batches per step: 463.2 ms, sync at half the batch 8.0 micro-batches per step: 255.3 ms, "
-        "acco fixed 16.0 micro-batches per step: 421.1 ms, acco adaptive 5.2 micro-batches per step: 139.9 ms: runs "
-        "acco adaptive (was sync); the next best, sync at half the batch, would take 1.83x its time to a loss"), \
+        "acco fixed 16.0 micro-batches per step: 421.1 ms, acco fixed at half the batch 8.0 micro-batches per step: "
+        "212.8 ms, acco adaptive 5.2 micro-batches per step: 139.9 ms: runs acco adaptive (was sync); the next best, "
+        "acco fixed at half the batch, would take 1.52x its time to a loss"), \
         late.line
     # a very large noise scale: at the rate best for 16 micro-batches, a smaller batch is past what its noise allows
     # (the model's gain per step is not positive) and only full batches are priced; acco's 400 ms against sync's
@@ -126,12 +130,13 @@ def test_a_noise_scale_below_resolution_prices_per_committed_step():
     candidates are priced per committed step, not per sample (which would make larger batches free). G = 8,
     50 ms micro-batches; an adaptive round of R ms ends R + 25 ms after it starts, on average."""
     cfg = parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0, "switch_margin": 0.05}))
+    only = dict(acco_half=False)  # (acco fixed at half the batch: tests/test_auto_half_batch.py)
     for round_ms, fixed_commit_ms, winner in [
             (130, 2 * 200, "adaptive"),  # per sample a tie (400 ms per 16): per committed step adaptive
             (230, 2 * 230, "fixed")]:  # per sample adaptive (400 against 460 ms per 16): per committed step fixed
         adaptive_commit_ms, adaptive_batch = 2 * (round_ms + 25), 2 * 2 * (round_ms + 25) / 50
         sync_ms = 8 * 50 + round_ms
-        got = choose(figures([50, 50], round_ms, sync_ms), "sync", cfg, 8, step=3, noise=0.0)
+        got = choose(figures([50, 50], round_ms, sync_ms), "sync", cfg, 8, step=3, noise=0.0, **only)
         cands = got.figures["candidates"]
         assert cands["acco adaptive"]["batch"] == pytest.approx(adaptive_batch)
         assert cands["acco adaptive"]["step_ms"] == pytest.approx(adaptive_commit_ms * 16 / adaptive_batch)
@@ -139,7 +144,7 @@ def test_a_noise_scale_below_resolution_prices_per_committed_step():
         assert cands["acco fixed"]["score_ms"] == pytest.approx(fixed_commit_ms)
         assert cands["sync"]["score_ms"] == pytest.approx(sync_ms)
         assert got.policy == winner, got.line
-        unpriced = choose(figures([50, 50], round_ms, sync_ms), "sync", cfg, 8, step=3)
+        unpriced = choose(figures([50, 50], round_ms, sync_ms), "sync", cfg, 8, step=3, **only)
         assert unpriced.policy != winner, unpriced.line  # per sample, the other choice
 
 
@@ -148,19 +153,19 @@ def test_a_near_tie_goes_to_the_simpler_candidate():
     is 3% ahead of sync at half the batch (measured-alike: 340 ms), inside the 5% margin, so sync at half the batch
     runs; with no margin adaptive does. Auto's first choices on real compute took adaptive at such near ties, and the
     runs measured half-batch sync level or ahead."""
-    figs = figures([50, 50], 140, 8 * 50 + 140)
+    figs, only = figures([50, 50], 140, 8 * 50 + 140), dict(acco_half=False)  # (tests/test_auto_half_batch.py)
     for margin, expected in [(0.05, ("sync", True)), (0.0, ("acco", False))]:
         cfg = parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0, "switch_margin": margin}))
-        got = choose(figs, "sync", cfg, 8, step=3, noise=0.0)
+        got = choose(figs, "sync", cfg, 8, step=3, noise=0.0, **only)
         cands = got.figures["candidates"]
         assert cands["acco adaptive"]["score_ms"] == pytest.approx(330) and cands["sync half"]["score_ms"] == 340
         assert (got.mode, got.sync_half) == expected, got.line
     assert "runs sync at half the batch (was sync); acco adaptive would take 0.97x its time to a loss, inside the 5% " \
         "switch margin" in choose(figs, "sync", parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0})), 8,
-                                  step=3, noise=0.0).line
+                                  step=3, noise=0.0, **only).line
     # 200 ms rounds: sync at half the batch and acco fixed both 400 ms a commit, an exact tie: sync runs
     cfg = parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0, "switch_margin": 0.0}))  # no margin at all
-    exact = choose(figures([50, 50], 200, 600), "sync", cfg, 8, step=3, noise=0.0)
+    exact = choose(figures([50, 50], 200, 600), "sync", cfg, 8, step=3, noise=0.0, **only)
     assert exact.figures["candidates"]["acco fixed"]["score_ms"] == pytest.approx(400)
     assert (exact.mode, exact.sync_half) == ("sync", True), exact.line
 
@@ -248,7 +253,7 @@ def test_a_slow_worker_makes_auto_choose_the_adaptive_policy_and_the_run_follows
     # a checkpoint keeps the policy auto chose, and a resume runs under it
     last = got["choices"][-1]
     assert got["roundtrip"] == {"saved": (last["runs"], last["policy"]), "loaded": (last["runs"], last["policy"]),
-                                "sync_quota": (0, 0)}
+                                "step_quota": (0, 0)}
 
 
 def test_sync_at_half_the_batch_commits_half_and_a_checkpoint_keeps_it():
@@ -268,7 +273,7 @@ def test_sync_at_half_the_batch_commits_half_and_a_checkpoint_keeps_it():
     assert "runs sync at half the batch (was sync)" in got["lines"][0], got["lines"][0]
     assert got["modes"] == ["sync"] * 7 and got["counts"] == [[16, 16]] * 3 + [[8, 8]] * 4, got["counts"]
     assert_trajectories_equal(got["trajectory"], auto_reference(got["modes"], counts=got["counts"], G=16))
-    assert got["roundtrip"]["sync_quota"] == (8, 8), got["roundtrip"]
+    assert got["roundtrip"]["step_quota"] == (8, 8), got["roundtrip"]
 
 
 def test_an_unresolved_noise_scale_is_priced_at_its_upper_end_not_at_zero():

@@ -45,9 +45,10 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
                                       telemetry_jsonl=str(tmp_path / "t.jsonl")) for name in configs.CONFIGS}
     for name, cfg in made.items():
         configs.validate(cfg)
-        if name == "sync_lowbit_half":  # the control: half the batch, the same warm-up in tokens
+        if name in configs.HALF_BATCH:  # half the batch, the same warm-up in tokens (and sync steps, in acco)
             assert cfg["gradient_accumulation_steps"] == 2 and cfg["scheduler"]["params"]["warmup_num_steps"] == (
                 2 * made["zero1"]["scheduler"]["params"]["warmup_num_steps"])
+            assert acco_config_of(config=cfg).warmup_steps == (2 if "acco" in name else 1), name
             continue
         assert cfg["train_micro_batch_size_per_gpu"] == 2 and cfg["gradient_accumulation_steps"] == 4
         assert cfg["optimizer"] == made["zero1"]["optimizer"] and cfg["scheduler"] == made["zero1"]["scheduler"]
@@ -64,10 +65,16 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
                      "acco_lowbit_lrwarm": ("acco", "fixed"), "auto_lowbit_adaptive": ("auto", "adaptive"),
                      "auto_lowbit_policy": ("auto", "auto"), "auto_lowbit_policy_early": ("auto", "auto"),
                      "acco_lowbit_int4_fixed": ("acco", "fixed"), "acco_lowbit_int4_adaptive": ("acco", "adaptive"),
-                     "auto_lowbit_int4": ("auto", "auto"), "auto_lowbit_int4_streaming": ("auto", "auto")}
-    # int4 estimates: those four only, on the low-bit rounds
+                     "auto_lowbit_int4": ("auto", "auto"), "auto_lowbit_int4_streaming": ("auto", "auto"),
+                     "acco_lowbit_int4_fixed_half": ("acco", "fixed")}
+    # int4 estimates: those five only, on the low-bit rounds
     assert {n for n, c in made.items() if c.get("acco", {}).get("estimate_quantization") == "int4"} == {
-        "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4", "auto_lowbit_int4_streaming"}
+        "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4", "auto_lowbit_int4_streaming",
+        "acco_lowbit_int4_fixed_half"}
+    half = dict(made["acco_lowbit_int4_fixed_half"]["acco"], warmup_steps=1)  # all else acco fixed's own
+    assert half == made["acco_lowbit_int4_fixed"]["acco"]
+    with pytest.raises(ValueError, match=r"grad_accum: got 6 for acco_lowbit_int4_fixed_half; allowed: a multiple"):
+        configs.make_config("acco_lowbit_int4_fixed_half", micro_batch=2, grad_accum=6)
     # the preset that may switch to streaming: the shipped auto preset plus streaming_int8's schedule and wire
     streaming = made["auto_lowbit_int4_streaming"]["acco"]
     assert streaming.pop("auto") == dict(made["auto_lowbit_int4"]["acco"]["auto"], streaming=True)
@@ -84,7 +91,7 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
     for name in ("sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "auto_lowbit", "sync_lowbit_half",
                  "acco_lowbit_lrwarm", "auto_lowbit_adaptive", "auto_lowbit_policy", "auto_lowbit_policy_early",
                  "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4",
-                 "auto_lowbit_int4_streaming"):
+                 "auto_lowbit_int4_streaming", "acco_lowbit_int4_fixed_half"):
         acco = made[name]["acco"]
         assert (acco["comm_quantization"], acco["error_feedback"], acco["all_gather_quantization"]) == (
             "int8", True, "int8"), name

@@ -40,6 +40,9 @@ run; only how gradients travel differs:
 ``acco_lowbit_int4_fixed``  acco_lowbit_fixed with ``estimate_quantization: "int4"``: the estimate
                     round's reduce-scatter and all-gather in int4 (the commit's stay int8)
 ``acco_lowbit_int4_adaptive``  acco_lowbit_adaptive with the same int4 estimates
+``acco_lowbit_int4_fixed_half``  acco_lowbit_int4_fixed at half the accumulation steps (rounds of a
+                    quarter of them), twice the scheduler's and the sync warm-up's steps: the overlap
+                    at sync_lowbit_half's batch (is the overlap worth more where the batch is smaller?)
 ``auto_lowbit_int4``  ds_configs/auto_lowbit.json as shipped: auto_lowbit_policy_early with int4
                     estimates (auto's acco candidates are the int4 ones, priced with the estimate's
                     byte fraction)
@@ -73,7 +76,9 @@ CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive
            "streaming_fp32", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_bf16",
            "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half", "acco_lowbit_lrwarm", "auto_lowbit_adaptive",
            "auto_lowbit_policy", "auto_lowbit_policy_early", "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive",
-           "auto_lowbit_int4", "auto_lowbit_int4_streaming")
+           "auto_lowbit_int4", "auto_lowbit_int4_streaming", "acco_lowbit_int4_fixed_half")
+HALF_BATCH = ("sync_lowbit_half", "acco_lowbit_int4_fixed_half")
+"""Configs at half the accumulation steps, with twice the scheduler's steps: the same tokens."""
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
 """The configs of the sweep part ``streaming`` (not in the default bandwidth comparison)."""
@@ -108,6 +113,7 @@ LABELS = {
     "acco_lowbit_lrwarm": "ds_acco acco low-bit fixed, sync while the LR warms up",
     "acco_lowbit_int4_fixed": "ds_acco acco low-bit fixed, int4 estimates",
     "acco_lowbit_int4_adaptive": "ds_acco acco low-bit adaptive, int4 estimates",
+    "acco_lowbit_int4_fixed_half": "ds_acco acco low-bit fixed, int4 estimates, half batch",
     "auto_lowbit_int4": "ds_acco auto low-bit, policy auto, int4 estimates",
     "auto_lowbit_int4_streaming": "ds_acco auto low-bit, int4 estimates, may switch to streaming",
 }
@@ -119,6 +125,7 @@ _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "a
                   "acco_lowbit_lrwarm": "acco_lowbit.json", "auto_lowbit_adaptive": "auto_lowbit.json",
                   "auto_lowbit_policy": "auto_lowbit.json", "auto_lowbit_policy_early": "auto_lowbit.json",
                   "acco_lowbit_int4_fixed": "acco_lowbit.json", "acco_lowbit_int4_adaptive": "acco_lowbit.json",
+                  "acco_lowbit_int4_fixed_half": "acco_lowbit.json",
                   "auto_lowbit_int4": "auto_lowbit.json", "auto_lowbit_int4_streaming": "auto_lowbit_streaming.json"}
 
 
@@ -186,7 +193,10 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
         if name in ("sync", "sync_lowbit", "sync_lowbit_half"):
             acco["mode"] = "sync"
             acco.pop("max_micro_batches_per_round", None)
-        if name == "sync_lowbit_half":
+        if name in HALF_BATCH:
+            if name != "sync_lowbit_half" and grad_accum % 4:
+                raise ValueError(f"grad_accum: got {grad_accum} for {name}; allowed: a multiple of 4 (acco fixed "
+                                 "at half the accumulation needs an even count per round)")
             cfg["gradient_accumulation_steps"] = max(1, grad_accum // 2)
             cfg["scheduler"]["params"]["warmup_num_steps"] *= 2  # the same warm-up in tokens
             if "total_num_steps" in cfg["scheduler"]["params"]:
@@ -203,7 +213,7 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
             acco["max_micro_batches_per_round"] = _load("acco_adaptive.json", template_dir)["acco"][
                 "max_micro_batches_per_round"]
         if warmup_steps is not None and acco.get("warmup_steps") != "scheduler":  # a preset's "scheduler" stays
-            acco["warmup_steps"] = warmup_steps
+            acco["warmup_steps"] = warmup_steps * (2 if name == "acco_lowbit_int4_fixed_half" else 1)  # same tokens
         if "streaming" in acco and streaming_sync_every is not None:  # the phase auto may switch to
             acco["streaming"]["sync_every"] = streaming_sync_every
             if acco["streaming"]["overlap_steps"] * acco["streaming"]["fragments"] >= streaming_sync_every:

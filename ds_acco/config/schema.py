@@ -47,7 +47,9 @@ class AccoConfig(_Block):
     ``adaptive``: a round ends when its communication ends; workers contribute
     however many micro-batches they finished meanwhile. ``auto`` (with ``mode: "auto"``):
     auto chooses the policy too, pricing the adaptive policy's smaller batches with the
-    gradient noise scale it measures (``ds_acco.rounds.auto.noise_scale``); ``"fastest"`` is the same."""
+    gradient noise scale it measures (``ds_acco.rounds.auto.noise_scale``), and may run sync or acco
+    fixed at half the accumulation (acco there: ``gradient_accumulation_steps`` a multiple of 4; docs/modes.md,
+    "Letting auto choose the policy too"); ``"fastest"`` is the same."""
     warmup_steps: int = Field(default=0, ge=0)
     """Optimizer steps run in ``sync`` mode before overlapped rounds start. ``"scheduler"`` (DeepSpeed
     front end): as many as the config's scheduler warms the learning rate up for, resolved before this

@@ -106,8 +106,8 @@ class RoundEngine(RoundDriver):
 
     @property
     def quota(self) -> int:
-        """Micro-batches per worker before a round launches: ``G/2`` in acco, ``G`` in sync (or ``G/2`` where auto
-        runs sync at half the accumulation)."""
+        """Micro-batches per worker before a round launches: ``G/2`` in acco, ``G`` in sync (half of each where
+        auto runs at half the accumulation)."""
         return self.schedule.quota
 
     def _reschedule(self, boundary: bool = False) -> None:

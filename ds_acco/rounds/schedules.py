@@ -47,7 +47,7 @@ class SyncSchedule:
     @property
     def quota(self) -> int:
         s = self.rounds.state
-        return s.sync_quota if s.mode == Mode.SYNC and s.sync_quota else self.rounds.G
+        return s.step_quota if s.mode == Mode.SYNC and s.step_quota else self.rounds.G
 
     def after_micro_batch(self) -> Boundary:
         r, s, auto = self.rounds, self.rounds.state, self.rounds.auto
@@ -128,13 +128,15 @@ class SyncSchedule:
 
 class FixedSchedule(SyncSchedule):
     """``dpu`` and ``acco`` past the warm-up, fixed policy: a round launches when this worker computed its quota
-    (``G/2`` in acco, ``G`` in dpu) and lands at the next, overlapped with the compute in between; acco alternates
-    estimates and commits. In ``mode: "auto"`` a choice comes after an estimate, where due: leaving acco, the step's
-    commit is waited for, so sync (or streaming) runs from the committed parameters."""
+    (``G/2`` in acco, ``G/4`` where auto runs it at half the accumulation, ``G`` in dpu) and lands at the next,
+    overlapped with the compute in between; acco alternates estimates and commits. In ``mode: "auto"`` a choice comes
+    after an estimate, where due: leaving acco, the step's commit is waited for, so sync (or streaming) runs from the
+    committed parameters."""
 
     @property
     def quota(self) -> int:
-        return self.rounds.G // 2 if self.rounds.state.mode == Mode.ACCO else self.rounds.G
+        s = self.rounds.state
+        return (s.step_quota or self.rounds.G) // 2 if s.mode == Mode.ACCO else self.rounds.G
 
     def ready(self) -> bool:
         return self.rounds.state.n >= self.quota

@@ -35,16 +35,17 @@ class RoundState:
     compute_committed: bool = True  # False while the compute parameters hold an estimate
     mode: str = Mode.SYNC  # the configured mode, or what mode "auto" chose last
     policy: str = Policy.FIXED  # the configured acco policy, or what policy "auto" chose last
-    sync_quota: int = 0
-    """Micro-batches per worker a sync round commits (0: ``G``); ``mode: "auto"`` sets ``G/2`` when it runs sync at
-    half the accumulation (where the policy may change the batch)."""
+    step_quota: int = 0
+    """Micro-batches per worker a step commits in sync or acco fixed (0: ``G``); ``mode: "auto"`` sets ``G/2`` when it
+    runs either at half the accumulation (where the policy may change the batch; acco's rounds then hold ``G/4``)."""
 
     def state_dict(self) -> dict:
         return {f.name: str(v) if isinstance(v, str) else v for f in fields(self) for v in [getattr(self, f.name)]}
 
     def load_state_dict(self, saved: dict) -> None:
-        """Every field from ``saved``; one an earlier release did not save takes its default (mode, policy: now's)."""
-        now = {"mode": self.mode, "policy": self.policy}
+        """Every field from ``saved``; one an earlier release did not save takes its default (mode, policy: now's).
+        Releases before acco at half the accumulation saved the quota as ``sync_quota`` (set in sync only)."""
+        now = {"mode": self.mode, "policy": self.policy, "step_quota": saved.get("sync_quota", 0)}
         for f in fields(self):
             setattr(self, f.name, saved.get(f.name, now.get(f.name, f.default)))
 

@@ -39,7 +39,10 @@ calibrates the other policy's prediction (the model's error is shared), and a ne
 measured commits over the model's (``batch_scale``) scale the commits predicted for it later: on real compute with
 one host at half speed the model gave 8-9 micro-batches a commit where adaptive committed 7, and priced by the noise
 scale that larger batch kept a job in sync for up to 120 steps.
-``policy: "adaptive"`` prices sync's full batches against adaptive's the same way.
+``policy: "adaptive"`` prices sync's full batches against adaptive's the same way. Where the batch may change, sync
+at half the accumulation is a candidate, and under ``policy: "auto"`` acco fixed at half the accumulation too
+(:data:`HALF`): its step is the fixed policy's with ``G/2``, hiding the round that half-batch sync pays twice per
+nominal step.
 """
 from __future__ import annotations
 
@@ -51,8 +54,11 @@ from ds_acco.config.names import Mode, Policy
 
 SYNC, ACCO, STREAMING = Mode.SYNC, Mode.ACCO, Mode.STREAMING
 HALF = "half"
-"""Sync at half the accumulation: a candidate wherever the policy may change the batch (the adaptive policy's
-commits are about half of ``G·N`` micro-batches on a fast link, so sync at that batch is its honest control)."""
+"""Half the accumulation (commits of ``G/2`` micro-batches per worker): sync there is a candidate wherever the policy
+may change the batch (the adaptive policy's commits are about half of ``G·N`` micro-batches on a fast link, so sync at
+that batch is its honest control), and acco fixed there, rounds of ``G/4``, under ``policy: "auto"`` with ``G`` a
+multiple of 4 (where a smaller batch buys more loss per sample, the round that sync at half the batch sends twice as
+often is the one to hide)."""
 FIGURES = 5
 """Integers each rank adds to a round's all-gather: µs per micro-batch without and with a round in
 flight, µs per round on the wire in the running mode, µs per nominal step measured in the running mode,
@@ -73,7 +79,7 @@ Between the ratios where streaming won (1.39-1.79 at 25 Mbit/s) and lost (0.71-1
 "Streaming against auto, four seeds")."""
 
 
-SIMPLEST_FIRST = ((SYNC, None), (SYNC, HALF), (ACCO, Policy.FIXED), (ACCO, Policy.ADAPTIVE))
+SIMPLEST_FIRST = ((SYNC, None), (SYNC, HALF), (ACCO, Policy.FIXED), (ACCO, HALF), (ACCO, Policy.ADAPTIVE))
 """Among candidates within ``auto.switch_margin`` of the best, the first here runs: sync is exact and has no delay
 to misprice, the fixed policy is deterministic, and a prediction of a mode not yet run is the one that errs (on real
 compute at 100 Mbit/s auto took adaptive at steps where its model put it 0-4% ahead of sync at half the batch, and
@@ -89,6 +95,8 @@ class Choice:
     """The acco policy to run (or the one priced best, when ``mode`` is sync)."""
     sync_half: bool = False
     """Sync runs at half the accumulation (commits of ``G/2`` micro-batches per worker)."""
+    acco_half: bool = False
+    """Acco fixed runs at half the accumulation (rounds of ``G/4`` micro-batches per worker)."""
 
 
 def samples_to_loss(batch: float, noise: float, rate: float, configured: float) -> float:
@@ -116,23 +124,26 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
            batch: Optional[float] = None, estimate_fraction: float = 1.0, streaming: bool = False,
            noise_measured: bool = True, penalty: Optional[float] = None,
            sync_half: Optional[bool] = None, penalty_note: str = "", noise_note: str = "",
-           batch_scale: Optional[dict] = None, rate: float = 1.0) -> Optional[Choice]:
+           batch_scale: Optional[dict] = None, rate: float = 1.0,
+           acco_half: Optional[bool] = None) -> Optional[Choice]:
     """The mode to run from ``figures`` (one row of :data:`FIGURES` per rank); None while they do not suffice.
 
-    ``policy``: the acco policy running (``current == "acco"``), or :data:`HALF` where sync runs at half the
-    accumulation; ``noise``: the gradient noise scale in micro-batches (:mod:`ds_acco.rounds.auto.noise_scale`; None:
-    not measured, or ``inf``: batches are then priced per sample; 0: below what the rounds resolve, priced per committed
-    step, the model's limit); ``batch``: micro-batches per step measured in the running mode (the adaptive policy's
-    varies); ``estimate_fraction``: an estimate round's bytes over a commit's (``acco.estimate_quantization``); round
-    times are commit rounds' (the timer scales estimates up by it); ``streaming``: ``acco.auto.streaming``, the job may
-    switch to streaming where the chosen gradient mode costs :data:`STREAMING_HINT` or more; ``noise_measured``: False
-    where ``noise`` is the small-noise limit taken before two rounds measured it; ``penalty``: acco's delay penalty now
-    (None: ``acco.auto.acco_step_penalty``; :meth:`AutoMode.penalty`); ``sync_half``: whether sync at half the
-    accumulation is a candidate (None: where the policy may change the batch, as the adaptive policy does, and ``G`` is
-    even); ``penalty_note``/``noise_note``: how the penalty and the noise scale were taken, for the line;
-    ``batch_scale``: per acco policy, its measured micro-batches per commit over the model's when it last ran
-    (:meth:`AutoMode.decision`), applied to the model's commits for it while it does not run; ``rate``: the learning
-    rate over its peak (:func:`samples_to_loss`)."""
+    ``policy``: the acco policy running (``current == "acco"``), or :data:`HALF` where sync (or acco fixed) runs at
+    half the accumulation; ``noise``: the gradient noise scale in micro-batches
+    (:mod:`ds_acco.rounds.auto.noise_scale`; None: not measured, or ``inf``: batches are then priced per sample; 0:
+    below what the rounds resolve, priced per committed step, the model's limit); ``batch``: micro-batches per step
+    measured in the running mode (the adaptive policy's varies); ``estimate_fraction``: an estimate round's bytes
+    over a commit's (``acco.estimate_quantization``); round times are commit rounds' (the timer scales estimates up
+    by it); ``streaming``: ``acco.auto.streaming``, the job may switch to streaming where the chosen gradient mode
+    costs :data:`STREAMING_HINT` or more; ``noise_measured``: False where ``noise`` is the small-noise limit taken
+    before two rounds measured it; ``penalty``: acco's delay penalty now (None: ``acco.auto.acco_step_penalty``;
+    :meth:`AutoMode.penalty`); ``sync_half``: whether sync at half the accumulation is a candidate (None: where the
+    policy may change the batch, as the adaptive policy does, and ``G`` is even); ``penalty_note``/``noise_note``:
+    how the penalty and the noise scale were taken, for the line; ``batch_scale``: per acco policy, its measured
+    micro-batches per commit over the model's when it last ran (:meth:`AutoMode.decision`), applied to the model's
+    commits for it while it does not run; ``rate``: the learning rate over its peak (:func:`samples_to_loss`);
+    ``acco_half``: whether acco fixed at half the accumulation is a candidate (None: under ``policy: "auto"`` with
+    ``G`` a multiple of 4)."""
     N = len(figures)
     # compute per micro-batch with a round in flight over without, from ranks that measured both
     interference = max((r[1] / r[0] for r in figures if r[0] > 0 and r[1] > 0), default=1.0)
@@ -150,6 +161,8 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     penalty = auto.acco_step_penalty if penalty is None else penalty
     if sync_half is None:
         sync_half = config.policy != Policy.FIXED and G % 2 == 0
+    if acco_half is None:
+        acco_half = config.policy == Policy.AUTO and G % 4 == 0
     running = (SYNC, HALF if policy == HALF else None) if current == SYNC else (ACCO, policy or _policies(config)[0])
     # seconds per nominal step (G·N micro-batches) and micro-batches per committed step, for each candidate; sync at
     # half the accumulation sends the same round twice per nominal step
@@ -163,7 +176,11 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
         batches[running] = batch if running == (SYNC, HALF) and batch else batches[running]
     R_acco = R * wire if current == SYNC else R
     predicted = {p: _predict_acco(c_acco_s, R_acco, G, config, p, estimate_fraction) for p in _policies(config)}
-    # in acco, the running policy's measured step calibrates the other's prediction
+    if acco_half or running == (ACCO, HALF):  # per G/2·N micro-batches: twice that per nominal step
+        t, b = _predict_acco(c_acco_s, R_acco, G // 2, config, Policy.FIXED, estimate_fraction)
+        predicted[HALF] = (2 * t, b)
+        predicted = {p: predicted[p] for p in sorted(predicted, key=lambda p: SIMPLEST_FIRST.index((ACCO, p)))}
+    # in acco, the running candidate's measured step calibrates the others' predictions
     calibration = measured / predicted[running[1]][0] if current == ACCO and running[1] in predicted else 1.0
     scaled = {p: x for p, x in (batch_scale or {}).items() if p in predicted and (ACCO, p) != running and x != 1.0}
     for p, (t, b) in predicted.items():
@@ -195,18 +212,32 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
             "sync_half": chosen == (SYNC, HALF), "switch_margin": auto.switch_margin, "penalty_scaled": penalty_note,
             "noise_note": noise_note, "predicted_batches": {p: b for p, (t, b) in predicted.items()},
             "batch_scale": scaled,
-            "was": current, "runs": runs, "policy": acco_c[1], "world_size": N,
+            "acco_half": chosen == (ACCO, HALF),
+            "was": current, "runs": runs, "policy": _policy(acco_c), "world_size": N,
             "noise_scale": noise, "noise_measured": noise_measured, "rate_share": rate, "streaming_ratio": ratio,
-            "candidates": {f"{m} {p}" if p else m: {
+            "candidates": {f"{m} {'fixed half' if c == (ACCO, HALF) else p}" if p else m: {
                 "step_ms": 1e3 * step_s[c], "batch": batches[c], "score_ms": 1e3 * score(c)}
                 for c in step_s for m, p in [c]}}
     line = _line(figs, G, current, running, chosen, step_s, batches, score, penalty,
                  several=len(predicted) > 1, streaming=streaming)
-    return Choice(runs, figs, line, acco_c[1], sync_half=chosen == (SYNC, HALF))
+    return Choice(runs, figs, line, _policy(acco_c), sync_half=chosen == (SYNC, HALF),
+                  acco_half=chosen == (ACCO, HALF))
 
 
 def _policies(config: AccoConfig) -> tuple:
     return (Policy.FIXED, Policy.ADAPTIVE) if config.policy == Policy.AUTO else (config.policy,)
+
+
+def _policy(candidate: tuple) -> str:
+    """An acco candidate's policy (at half the accumulation, the fixed one)."""
+    return Policy.FIXED if candidate[1] == HALF else candidate[1]
+
+
+def _name(c: tuple, several: bool) -> str:
+    """A candidate as the line says it."""
+    if c[1] == HALF:
+        return "sync at half the batch" if c[0] == SYNC else "acco fixed at half the batch"
+    return f"{c[0]} {c[1]}" if c[1] and several else c[0]
 
 
 def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_s: dict, batches: dict, score,
@@ -215,12 +246,12 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
     first = figs["step"] == 0  # the look before the first round: only compute measured
     how = {c: "measured" if c == running and not first else "predicted" for c in step_s}
     wire, noise = figs["wire_factor"], figs["noise_scale"]
-    acco = ", ".join(f"acco {c[1]} {1e3 * step_s[c]:.1f} ms ({how[c]}; {1e3 * step_s[c] * (1 + penalty):.1f} ms "
-                     f"with the {percent(penalty)} delay penalty)" for c in step_s if c[0] == ACCO)
+    acco = ", ".join(f"{_name(c, True)} {1e3 * step_s[c]:.1f} ms ({how[c]}; {1e3 * step_s[c] * (1 + penalty):.1f} "
+                     f"ms with the {percent(penalty)} delay penalty)" for c in step_s if c[0] == ACCO)
     half = (SYNC, HALF)
     sync = f"sync {figs['sync_step_ms']:.1f} ms ({how[(SYNC, None)]})" + (
         f", sync at half the batch {1e3 * step_s[half]:.1f} ms ({how[half]})" if half in step_s else "")
-    name = lambda c: "sync at half the batch" if c == half else f"{c[0]} {c[1]}" if c[1] and several else c[0]  # noqa
+    name = lambda c: _name(c, several)  # noqa: E731
     when, where = ("before the first round", "predicted from a probe of the link") if first else \
         (f"at step {figs['step']}", f"in {current}")
     line = (f"ds_acco auto {when}: compute {figs['compute_ms']:.1f} ms per micro-batch "
@@ -237,7 +268,7 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
             f" ({figs['noise_note']})" if figs.get("noise_note") else "")
         at = f" at the learning rate's {figs['rate_share']:.2f} of its peak" if figs["rate_share"] < 1 else ""
         line += f"; gradient noise scale {scale}{at}, so per step to a loss (delay penalty in) " + \
-            ", ".join(f"{name(c) if c[0] == SYNC else f'{c[0]} {c[1]}'} {batches[c]:.1f} micro-batches per step: "
+            ", ".join(f"{_name(c, c[0] == ACCO or several)} {batches[c]:.1f} micro-batches per step: "
                       + (f"{1e3 * score(c):.1f} ms" if score(c) < float("inf") else
                          "none, its noise outweighs a step at this rate") for c in step_s)
     if figs["runs"] == STREAMING:

@@ -122,11 +122,12 @@ class StepTimer:
 
 @dataclass(frozen=True)
 class Decision:
-    """What auto chose at a step: the mode to run from there, acco's policy, and sync's quota (0: ``G``)."""
+    """What auto chose at a step: the mode to run from there, acco's policy, and the micro-batches per worker a
+    step commits (0: ``G``; ``G/2`` at half the accumulation, sync or acco fixed)."""
 
     mode: str
     policy: Optional[str]
-    sync_quota: int
+    step_quota: int
 
     def apply(self, state) -> str:
         """Set it on a ``RoundState`` (streaming keeps the gradient modes' settings: a resume may not stream)."""
@@ -134,7 +135,7 @@ class Decision:
         if self.mode == ACCO:
             state.policy = self.policy
         if self.mode != STREAMING:
-            state.sync_quota = self.sync_quota
+            state.step_quota = self.step_quota
         return self.mode
 
 
@@ -242,7 +243,7 @@ class AutoMode:
         after ``step``, from every rank's ``figures`` and the round ``state`` running now; None while the figures do not
         suffice (or inside the warm-up, where only streaming may start). Logs the figures and starts the timer's figures
         afresh for a new mode; ``state`` is read, never changed. ``lr``: the learning rate now (:meth:`penalty`)."""
-        running = state.policy if state.mode == ACCO else (HALF if state.sync_quota else None)
+        running = _candidate(state.mode, state.policy, state.step_quota)[1]
         summary = self.noise.summary() if self.noise else None
         noise, note = (summary["value"], _noise_note(summary)) if summary else (None, "")
         assumed = noise is None and self.noise is not None and step < self.first
@@ -257,17 +258,18 @@ class AutoMode:
         self._retry = choice is None and step > 0  # (the look before the first round is not retried)
         if choice is None:
             return None
-        self._calibrate_batch(state.policy if state.mode == ACCO else None, choice.figures["predicted_batches"])
+        self._calibrate_batch(running if state.mode == ACCO and running != HALF else None,
+                              choice.figures["predicted_batches"])
         if step < self.first and choice.mode != STREAMING:  # a look inside the warm-up: sync until it ends
             logger.debug("%s (inside the warm-up: only streaming may start before step %d)", choice.line, self.first)
             return None
         self.choices.append(choice.figures)
         if self.rank == 0:
             logger.info(choice.line)
-        quota = self.G // 2 if choice.mode == SYNC and choice.sync_half else 0
-        self._ran.add(_candidate(state.mode, state.policy, state.sync_quota))
+        quota = self.G // 2 if (choice.sync_half if choice.mode == SYNC else choice.acco_half) else 0
+        self._ran.add(_candidate(state.mode, state.policy, state.step_quota))
         new = _candidate(choice.mode, choice.policy, quota)
-        if choice.mode != STREAMING and new != _candidate(state.mode, state.policy, state.sync_quota):
+        if choice.mode != STREAMING and new != _candidate(state.mode, state.policy, state.step_quota):
             self.timer.enter(choice.mode)  # (streaming's steps are not timed: auto does not choose after it)
             every = self.config.auto.check_every
             if new not in self._ran and CONFIRM_AFTER < every - (step - self.first) % every:  # before the next check
@@ -297,9 +299,12 @@ class AutoMode:
         self.timer.enter(SYNC)
 
 
-def _candidate(mode: str, policy: Optional[str], sync_quota: int) -> tuple:
-    """What a state runs, as a candidate of :func:`ds_acco.rounds.auto.choice.choose`."""
-    return (mode, policy) if mode == ACCO else (mode, bool(sync_quota))
+def _candidate(mode: str, policy: Optional[str], step_quota: int) -> tuple:
+    """What a state runs, as a candidate of :func:`ds_acco.rounds.auto.choice.choose` (streaming: its own)."""
+    if mode == STREAMING:
+        return (mode, None)
+    half = HALF if step_quota else None
+    return (mode, half or policy) if mode == ACCO else (mode, half)
 
 
 def _noise_note(summary: dict) -> str:

@@ -77,6 +77,7 @@ def train_auto(rank, world, *, G, compute_s, link, steps, config, device="cpu", 
             "counts": [r.counts for r in engine.telemetry.records], "choices": engine.auto.choices,
             "lines": handler.lines, "roundtrip": roundtrip, "global": global_params,
             "commit_bytes": engine.auto.commit_bytes, "piece_bytes": engine.coll.piece_bytes,
+            "per_round": engine.startup_fields()["micro_batches_per_round"],
             "fragments": [(r.step, r.fragment, r.applied_step)
                           for r in engine.telemetry.records if r.kind == "fragment"]}
 

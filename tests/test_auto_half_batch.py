@@ -79,3 +79,5 @@ def test_auto_runs_acco_fixed_at_half_the_batch_and_the_run_follows_the_rules():
     assert got["counts"][:3] == [[8, 8]] * 3 and set(map(tuple, got["counts"][3:])) == {(2, 2)}, got["counts"]
     assert_trajectories_equal(got["trajectory"], auto_reference(got["modes"], counts=got["counts"], G=8))
     assert got["roundtrip"]["step_quota"] == (4, 4), got["roundtrip"]
+    # the start-up line lists what a round may hold: sync's G or G/2, acco fixed's G/2 or G/4, adaptive's
+    assert got["per_round"] == "8|4(sync)|4|2(acco fixed)|adaptive(>=1,nominal 4)", got["per_round"]

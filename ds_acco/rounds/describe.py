@@ -31,8 +31,13 @@ def startup_fields(engine) -> dict:
     else:
         cap = cfg.max_micro_batches_per_round
         per_round = f"adaptive(>=1{'' if cap is None else f',<={cap}'},nominal {cfg.quota(engine.G)})"
+        G, half = engine.G, cfg.mode == Mode.AUTO and engine.G % 2 == 0  # (the choices' halves: auto/choice.py)
+        sync = f"{G}{f'|{G // 2}' if half else ''}(sync)"
         if cfg.policy == Policy.AUTO:
-            per_round = f"{engine.G}(sync)|{cfg.quota(engine.G)}(acco fixed)|{per_round}"
+            fixed = f"{cfg.quota(G)}{f'|{G // 4}' if G % 4 == 0 else ''}(acco fixed)"
+            per_round = f"{sync}|{fixed}|{per_round}"
+        elif cfg.mode == Mode.AUTO:
+            per_round = f"{sync}|{per_round}"
     return {
         "mode": cfg.mode, "policy": cfg.policy, "world_size": engine.world_size,
         "gradient_accumulation_steps": engine.G, "micro_batches_per_round": per_round,

@@ -87,3 +87,9 @@ def auto_reference(modes, counts=None, G=4):
     model = W.make_model()
     ref = ReferenceRun(W.ordered_params(model), W.reference_grad_fn(model), W.make_reference_optimizer, 2)
     return reference_schedule(ref, modes, G, counts=counts)
+
+
+def figures(c_ms, round_ms, step_ms):
+    """Auto's figures (``ds_acco.rounds.auto.choice.FIGURES``), one row per rank: ``c_ms`` each rank's compute per
+    micro-batch in sync, a round and a nominal step measured in the running mode, all in ms."""
+    return [[int(c * 1e3), 0, int(round_ms * 1e3), int(step_ms * 1e3), 0] for c in c_ms]

@@ -10,16 +10,11 @@ import pytest
 from ds_acco.config import parse_acco_config
 from ds_acco.rounds.auto.choice import choose
 from ds_acco.rounds.state import RoundState
-from tests.auto_workers import auto_reference, train_auto
+from tests.auto_workers import auto_reference, figures, train_auto
 from tests.dist_harness import run_distributed
 from tests.helpers import assert_trajectories_equal
 
 AUTO = {"mode": "auto", "policy": "auto", "auto": {"measure_steps": 3, "check_every": 20}}
-
-
-def figures(c_ms, round_ms, step_ms):
-    """One row per rank; ``c_ms`` their compute per micro-batch in ms."""
-    return [[int(c * 1e3), 0, int(round_ms * 1e3), int(step_ms * 1e3), 0] for c in c_ms]
 
 
 def test_acco_fixed_at_half_the_batch_hides_the_round_half_batch_sync_pays_twice():
@@ -66,7 +61,9 @@ def test_a_round_state_from_before_keeps_its_half_batch_sync():
 def test_auto_runs_acco_fixed_at_half_the_batch_and_the_run_follows_the_rules():
     """Equal workers, 50 ms micro-batches, 100 ms rounds on the simulated clock, G = 8: at its first choice (step 3)
     auto runs acco fixed at half the batch (the unit test above prices these figures); every acco round then holds
-    G/4 = 2 micro-batches per worker, the trajectory is the rules' with those counts, and a checkpoint keeps it."""
+    G/4 = 2 micro-batches per worker, the trajectory is the rules' with those counts, and a checkpoint keeps it.
+    Two real ranks, because what one process cannot show is that both compute the same choice from the gathered
+    figures and so launch rounds of the same quota (a disagreement would hang or mismatch their collectives)."""
     results = run_distributed(train_auto, 2, timeout=240, G=8, compute_s=0.05, link=[(0, 0.1)], steps=7,
                               config=dict(AUTO, auto=dict(AUTO["auto"], acco_step_penalty=0.0)), roundtrip=True)
     got = results[0]

@@ -12,7 +12,7 @@ from ds_acco.errors import AccoConfigError
 from ds_acco.rounds.auto.choice import choose, samples_to_loss
 from ds_acco.rounds.auto import noise_scale
 from ds_acco.rounds.auto.noise_scale import NoiseScale
-from tests.auto_workers import auto_reference, train_auto
+from tests.auto_workers import auto_reference, figures, train_auto
 from tests.dist_harness import run_distributed
 from tests.helpers import assert_trajectories_equal
 
@@ -71,11 +71,6 @@ def test_int4_estimates_leave_the_noise_scale_unbiased(trace):
     for r in range(rounds):
         est.add(squared[r].tolist(), counts, float(means[r].norm() ** 2))
     assert est.value() == pytest.approx(trace, rel=0.2)
-
-
-def figures(c_ms, round_ms, step_ms):
-    """Two ranks; ``c_ms`` their compute per micro-batch in ms."""
-    return [[int(c * 1e3), 0, int(round_ms * 1e3), int(step_ms * 1e3), 0] for c in c_ms]
 
 
 def test_the_noise_scale_decides_between_full_and_smaller_batches():

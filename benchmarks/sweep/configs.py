@@ -194,7 +194,7 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
             acco["mode"] = "sync"
             acco.pop("max_micro_batches_per_round", None)
         if name in HALF_BATCH:
-            if name != "sync_lowbit_half" and grad_accum % 4:
+            if name == "acco_lowbit_int4_fixed_half" and grad_accum % 4:
                 raise ValueError(f"grad_accum: got {grad_accum} for {name}; allowed: a multiple of 4 (acco fixed "
                                  "at half the accumulation needs an even count per round)")
             cfg["gradient_accumulation_steps"] = max(1, grad_accum // 2)

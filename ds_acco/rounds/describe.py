@@ -5,6 +5,8 @@ from __future__ import annotations
 from ds_acco.config.names import Mode, Policy
 from ds_acco.numerics.dtypes import dtype_name, resolve_dtype
 
+from .auto.choice import half_candidates
+
 
 def _per_kind(estimate: str, commit: str) -> str:
     return commit if estimate == commit else f"{estimate} (estimates), {commit} (commits)"
@@ -31,10 +33,11 @@ def startup_fields(engine) -> dict:
     else:
         cap = cfg.max_micro_batches_per_round
         per_round = f"adaptive(>=1{'' if cap is None else f',<={cap}'},nominal {cfg.quota(engine.G)})"
-        G, half = engine.G, cfg.mode == Mode.AUTO and engine.G % 2 == 0  # (the choices' halves: auto/choice.py)
-        sync = f"{G}{f'|{G // 2}' if half else ''}(sync)"
+        G = engine.G
+        sync_half, acco_half = half_candidates(cfg, G) if cfg.mode == Mode.AUTO else (False, False)
+        sync = f"{G}{f'|{G // 2}' if sync_half else ''}(sync)"
         if cfg.policy == Policy.AUTO:
-            fixed = f"{cfg.quota(G)}{f'|{G // 4}' if G % 4 == 0 else ''}(acco fixed)"
+            fixed = f"{cfg.quota(G)}{f'|{G // 4}' if acco_half else ''}(acco fixed)"
             per_round = f"{sync}|{fixed}|{per_round}"
         elif cfg.mode == Mode.AUTO:
             per_round = f"{sync}|{per_round}"

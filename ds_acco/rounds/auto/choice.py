@@ -159,10 +159,9 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
         measured = G * max(c_sync_s) + R
     auto, full = config.auto, float(G * N)
     penalty = auto.acco_step_penalty if penalty is None else penalty
-    if sync_half is None:
-        sync_half = config.policy != Policy.FIXED and G % 2 == 0
-    if acco_half is None:
-        acco_half = config.policy == Policy.AUTO and G % 4 == 0
+    halves = half_candidates(config, G)
+    sync_half = halves[0] if sync_half is None else sync_half
+    acco_half = halves[1] if acco_half is None else acco_half
     running = (SYNC, HALF if policy == HALF else None) if current == SYNC else (ACCO, policy or _policies(config)[0])
     # seconds per nominal step (G·N micro-batches) and micro-batches per committed step, for each candidate; sync at
     # half the accumulation sends the same round twice per nominal step
@@ -222,6 +221,12 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
                  several=len(predicted) > 1, streaming=streaming)
     return Choice(runs, figs, line, _policy(acco_c), sync_half=chosen == (SYNC, HALF),
                   acco_half=chosen == (ACCO, HALF))
+
+
+def half_candidates(config: AccoConfig, G: int) -> tuple[bool, bool]:
+    """Whether sync, and acco fixed, at half the accumulation are candidates: where the policy may change the batch
+    (as adaptive does) and ``G`` splits (``G/2`` per sync step; ``G/4`` per acco round, under ``policy: "auto"``)."""
+    return config.policy != Policy.FIXED and G % 2 == 0, config.policy == Policy.AUTO and G % 4 == 0
 
 
 def _policies(config: AccoConfig) -> tuple:

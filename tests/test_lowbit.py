@@ -177,8 +177,16 @@ def test_link_pacer_sizes_pieces_from_the_best_recent_rate():
     pacer.observe(1e12, 1.0)
     assert pacer.piece_bytes(4 << 20) == 4 << 20
     seen = []
-    assert pacer.run(10, 4, 8, lambda start, n: seen.append((start, n))) == 3
-    assert seen == [(0, 4), (4, 4), (8, 2)]
+
+    def launch(start, n, slot):
+        seen.append(("launch", start, n, slot))
+        return lambda: seen.append(("done", start))
+
+    assert pacer.run(10, 3, 8, launch) == 4
+    # two pieces on the wire at once, in alternating scratch slots: a slot's piece completes before it is reused
+    assert seen == [("launch", 0, 3, 0), ("launch", 3, 3, 1), ("done", 0), ("launch", 6, 3, 0), ("done", 3),
+                    ("launch", 9, 1, 1), ("done", 6), ("done", 9)]
+    assert pacer.run(2, 4, 8, lambda start, n, slot: None) == 1  # a piece that ran whole has nothing to complete
 
 
 # ------------------------------------------------------------------ training with low-bit all-gathers

@@ -18,22 +18,22 @@ On gloo the all-to-all, the reduce-scatter built on it and the all-gather run in
 ``MAX_PIECE_NUMEL`` elements per rank (a bound on the scratch they need), and on a slow link fewer
 (:mod:`ds_acco.comm.link_pacing`). Every rank must cut a collective the same way, and each measured its own rate, so a
 piece size takes effect only once the ranks agreed on it (:meth:`RoundCollectives.adopt_pacing`; before any rate is
-known, :meth:`RoundCollectives._probe`). ``WireBytes.calls`` counts collectives as the caller issued them,
-``WireBytes.pieces`` the gloo calls that carried them.
+known, :meth:`RoundCollectives._probe`). Two pieces are on the wire at once (gloo's asynchronous calls, each into
+its own scratch slot), so the link does not idle while a communication thread wakes between them.
+``WireBytes.calls`` counts collectives as the caller issued them, ``WireBytes.pieces`` the gloo calls that carried them.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from .link_pacing import MIN_PIECE_BYTES, PROBE_PIECES, LinkPacer
+from .link_pacing import MIN_PIECE_BYTES, PROBE_PIECES, Launch, LinkPacer, complete
 from .thread_policy import threads_started_here_yield
 
 # torch 2.13 renamed the *_tensor collectives; keep one spelling for the range we support.
@@ -43,7 +43,8 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 
 MAX_PIECE_NUMEL = 1 << 20
 """The most elements per rank slice in one gloo call (the int8 exchanges size their pieces from it too):
-bounds the piece scratch to ``2 * N * 1 Mi`` elements whatever the model size (gloo's own
+bounds the piece scratch to ``2 * IN_FLIGHT * N * 1 Mi`` elements (a send and a receive buffer for each piece on
+the wire, :data:`~ds_acco.comm.link_pacing.IN_FLIGHT`) whatever the model size (gloo's own
 reduce-scatter allocated 1.5x the payload in temporaries)."""
 
 
@@ -176,45 +177,52 @@ class RoundCollectives:
             raise ValueError(f"reduce_scatter_sum: full has {full.numel()} elements, out {chunk} x {N} ranks")
         rows = full.view(N, chunk)
 
-        def one(start: int, n: int) -> None:
-            recv = self._exchange_piece(rows, start, n)
-            piece = out.view(-1)[start:start + n]
-            if piece.dtype == recv.dtype:
-                torch.sum(recv, dim=0, out=piece)
-            else:
-                piece.copy_(recv.sum(dim=0, dtype=torch.float32))
+        def launch(start: int, n: int, slot: int) -> Callable[[], None]:
+            work, recv = self._launch_exchange(rows, start, n, slot)
 
-        pieces = self._paced(chunk, full.element_size(), one)
+            def finish() -> None:
+                work.wait()
+                piece = out.view(-1)[start:start + n]
+                if piece.dtype == recv.dtype:
+                    torch.sum(recv, dim=0, out=piece)
+                else:
+                    piece.copy_(recv.sum(dim=0, dtype=torch.float32))
+            return finish
+
+        pieces = self._paced(chunk, full.element_size(), launch)
         self.wire.add(_nbytes(full), N, pieces=pieces)
         return out
 
-    def _paced(self, per_rank: int, element_size: int, one, cap_numel: Optional[int] = None) -> int:
-        """Run ``one(start, n)`` over ``per_rank`` elements in pieces the pacer sizes (at most ``cap_numel``
-        each, by default ``MAX_PIECE_NUMEL``); returns how many."""
+    def _paced(self, per_rank: int, element_size: int, launch: Launch, cap_numel: Optional[int] = None) -> int:
+        """Run ``launch(start, n, slot)`` (:data:`~ds_acco.comm.link_pacing.Launch`) over ``per_rank`` elements
+        in pieces the pacer sizes (at most ``cap_numel`` each, by default ``MAX_PIECE_NUMEL``), two on the wire
+        at once; returns how many."""
         sent_per_element = (self.world_size - 1) * element_size
         cap = max(1, cap_numel or MAX_PIECE_NUMEL) * sent_per_element
         small = max(1, MIN_PIECE_BYTES // sent_per_element)  # (not a rank's own floor: every rank must agree)
         if self._probe_due and self.piece_bytes is None and per_rank > LinkPacer.probe_numel(small) and \
                 4 * small * sent_per_element <= cap:
             self._probe_due = False
-            return self._probe(per_rank, small, sent_per_element, cap, one)
-        return self.pacer.run(per_rank, self._piece(per_rank, cap, sent_per_element), sent_per_element, one)
+            return self._probe(per_rank, small, sent_per_element, cap, launch)
+        return self.pacer.run(per_rank, self._piece(per_rank, cap, sent_per_element), sent_per_element, launch)
 
     def _piece(self, per_rank: int, cap: int, sent_per_element: int) -> int:
         limit = cap if self.piece_bytes is None else min(cap, self.piece_bytes)
         return max(1, min(per_rank, limit // sent_per_element))
 
-    def _probe(self, per_rank: int, small: int, sent_per_element: int, cap: int, one) -> int:
+    def _probe(self, per_rank: int, small: int, sent_per_element: int, cap: int, launch: Launch) -> int:
         """The job's first large collective: its head times the link (:meth:`LinkPacer.probe`), one tiny
         all-gather agrees the piece size, and the rest goes in agreed pieces. Without it a job's first round ran
         unpaced, at about half a shaped link's rate (BENCHMARKS.md, "Auto looks after step 1, and a job's first
-        round is paced"). On a fast link it costs a dozen small calls once."""
-        head = self.pacer.probe(small, sent_per_element, one)
+        round is paced"). On a fast link it costs a dozen small calls once. The head goes one piece at a time:
+        the probe times each."""
+        head = self.pacer.probe(small, sent_per_element, lambda start, n: complete(launch(start, n, 0)))
         votes = self.all_gather_small(torch.tensor([self.pacing_vote()], dtype=torch.int64))
         self.adopt_pacing(votes.view(-1).tolist())
         rest = per_rank - head
         return 1 + 2 * PROBE_PIECES + self.pacer.run(rest, self._piece(rest, cap, sent_per_element),
-                                                     sent_per_element, lambda start, n: one(head + start, n))
+                                                     sent_per_element,
+                                                     lambda start, n, slot: launch(head + start, n, slot))
 
     def probe_link(self) -> Optional[float]:
         """Probe the link before any round needs it (collective; gloo only): the bytes per second this rank
@@ -231,28 +239,34 @@ class RoundCollectives:
         sent_per_element = self.world_size - 1  # one byte an element
         small = max(1, MIN_PIECE_BYTES // sent_per_element)
         numel = max(LinkPacer.probe_numel(small), 2 * PROBE_PIECES * 4 * small)
-        one = functools.partial(self._exchange_piece, torch.zeros(self.world_size, numel, dtype=torch.uint8))
-        self._probe(LinkPacer.probe_numel(small), small, sent_per_element, 4 * small * sent_per_element, one)
+        rows = torch.zeros(self.world_size, numel, dtype=torch.uint8)
+
+        def launch(start: int, n: int, slot: int) -> Callable[[], object]:
+            return self._launch_exchange(rows, start, n, slot)[0].wait
+
+        self._probe(LinkPacer.probe_numel(small), small, sent_per_element, 4 * small * sent_per_element, launch)
         if self.piece_bytes is None:
             return None
         piece = max(1, min(4 * small, self.piece_bytes // sent_per_element))
-        pieces = self.pacer.run(2 * PROBE_PIECES * piece, piece, sent_per_element, one)
+        pieces = self.pacer.run(2 * PROBE_PIECES * piece, piece, sent_per_element, launch)
         self.wire.add(self.world_size * (LinkPacer.probe_numel(small) + 2 * PROBE_PIECES * piece), self.world_size,
                       pieces=1 + 2 * PROBE_PIECES + pieces)
         return self.pacer.last_rate
 
-    def _exchange_piece(self, rows: torch.Tensor, start: int, n: int) -> torch.Tensor:
-        """All-to-all of columns ``[start, start + n)`` of ``rows`` (one row per destination rank), through
-        piece scratch; returns the received ``(N, n)`` rows (one per source rank), valid until the next piece."""
+    def _launch_exchange(self, rows: torch.Tensor, start: int, n: int, slot: int) -> tuple:
+        """Start the all-to-all of columns ``[start, start + n)`` of ``rows`` (one row per destination rank),
+        through scratch slot ``slot``; returns its work and where the ``(N, n)`` received rows (one per source
+        rank) land once the work is waited on, valid until that slot's next piece."""
         N = self.world_size
         whole = n == rows.shape[1]
-        send = rows if whole else self._scratch("send", N * n, rows).view(N, n).copy_(rows[:, start:start + n])
-        recv = self._scratch("recv", N * n, rows)
-        dist.all_to_all_single(recv, send.reshape(-1), group=self.group)
-        return recv.view(N, n)
+        send = rows if whole else \
+            self._scratch(f"send{slot}", N * n, rows).view(N, n).copy_(rows[:, start:start + n])
+        recv = self._scratch(f"recv{slot}", N * n, rows)
+        work = dist.all_to_all_single(recv, send.reshape(-1), group=self.group, async_op=True)
+        return work, recv.view(N, n)
 
     def _scratch(self, role: str, numel: int, like: torch.Tensor) -> torch.Tensor:
-        """The first ``numel`` elements of one buffer per role and dtype (a ragged last piece or a
+        """The first ``numel`` elements of one buffer per role (and slot) and dtype (a ragged last piece or a
         smaller group reuses it: one piece's worth of scratch per role, not one per size)."""
         key = (role, like.dtype, like.device)
         buf = self._a2a_scratch.get(key)
@@ -273,15 +287,20 @@ class RoundCollectives:
             self.wire.add(_nbytes(full), self.world_size)
             return full
 
-        def one(start: int, n: int) -> None:
+        def launch(start: int, n: int, slot: int) -> Callable[[], object]:
             if n == S:
-                _all_gather(full, shard, group=self.group)
-                return
-            recv = self._scratch("recv", N * n, full)  # piece j of every row is read before it is written
-            _all_gather(recv, shard.reshape(-1)[start:start + n], group=self.group)
-            full.view(N, S)[:, start:start + n].copy_(recv.view(N, n))
+                return _all_gather(full, shard, group=self.group, async_op=True).wait
+            # a piece writes only its own columns of every row, after its send was read: the piece after it
+            # (launched first) reads other columns of this rank's row
+            recv = self._scratch(f"recv{slot}", N * n, full)
+            work = _all_gather(recv, shard.reshape(-1)[start:start + n], group=self.group, async_op=True)
 
-        pieces = self._paced(S, full.element_size(), one)
+            def finish() -> None:
+                work.wait()
+                full.view(N, S)[:, start:start + n].copy_(recv.view(N, n))
+            return finish
+
+        pieces = self._paced(S, full.element_size(), launch)
         self.wire.add(_nbytes(full), self.world_size, pieces=pieces)
         return full
 
@@ -298,13 +317,17 @@ class RoundCollectives:
             self.wire.add(_nbytes(inp), N)
             return out
 
-        def one(start: int, n: int) -> None:
+        def launch(start: int, n: int, slot: int) -> Callable[[], object]:
             if n == chunk:  # straight into the caller's buffer: no scratch
-                dist.all_to_all_single(out, inp, group=self.group)
-                return
-            out.view(N, chunk)[:, start:start + n].copy_(self._exchange_piece(inp.view(N, chunk), start, n))
+                return dist.all_to_all_single(out, inp, group=self.group, async_op=True).wait
+            work, recv = self._launch_exchange(inp.view(N, chunk), start, n, slot)
 
-        pieces = self._paced(chunk, inp.element_size(), one, cap_numel=chunk)  # no scratch unless paced
+            def finish() -> None:
+                work.wait()
+                out.view(N, chunk)[:, start:start + n].copy_(recv)
+            return finish
+
+        pieces = self._paced(chunk, inp.element_size(), launch, cap_numel=chunk)  # no scratch unless paced
         self.wire.add(_nbytes(inp), N, pieces=pieces)
         return out
 

@@ -5,8 +5,8 @@ queue (a shaped WAN link, a router or VPN gateway with a large buffer; on the em
 queue), each host's queue fills with its own bulk data and the acknowledgements of the other direction's transfer wait
 behind it, so one direction stalls until the other has drained: a 3.3 MB low-bit round moved at 13-14 Mbit/s of a
 25 Mbit/s link, 22 Mbit/s paced (BENCHMARKS.md, "Time to loss"). A collective cut into pieces that each take a few tens
-of milliseconds of link time keeps no more than one piece queued in each direction, so the other direction's
-acknowledgements wait at most that long.
+of milliseconds of link time keeps no more than a piece or two (:data:`IN_FLIGHT`) queued in each direction, so the
+other direction's acknowledgements wait at most that long.
 
 Why measured, not configured: the piece that suits a 10 Mbit/s link (tens of KiB) would cut a loopback or datacenter
 round into thousands of collectives, each paying a fixed latency. The piece size follows the send rate of earlier pieces
@@ -19,14 +19,26 @@ estimate therefore keeps the best recent rate and lets it decay only by half per
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Callable, Optional
 
-PIECE_SECONDS = 0.025
+Launch = Callable[[int, int, int], Optional[Callable[[], object]]]
+"""Starts the piece ``(start, n)`` in scratch slot ``slot``; returns what completes it (None: it ran whole)."""
+
+PIECE_SECONDS = 0.0125
 """Link time one piece may take: on the emulated cluster 64 KiB pieces (21 ms at 25 Mbit/s, 52 ms at
-10 Mbit/s) brought the rounds to the link rate, 256 KiB pieces (84 ms at 25 Mbit/s) did not."""
+10 Mbit/s) brought the rounds to the link rate, 256 KiB pieces (84 ms at 25 Mbit/s) did not. Half of the
+25 ms it was while pieces went one at a time: :data:`IN_FLIGHT` of them queue as much as one did then."""
 
 PROBE_PIECES = 3
 """Pieces of each of the two sizes a job's first large collective times the link on (:meth:`LinkPacer.probe`)."""
+
+IN_FLIGHT = 2
+"""Pieces on the wire at once. One at a time, the link idled between pieces while each rank's communication
+thread woke, launched the next and the peers met again: a 1.65 MB all-to-all on the emulated cluster's 100 Mbit/s
+link (one core per host, compute running) moved at 7.3 MB/s in 6 sequential pieces, at 10.5 MB/s with the next
+piece launched before the last ended (11.2 MB/s in 12 pieces of half the size; ``bench_results/pieces_in_flight``).
+Two pieces of :data:`PIECE_SECONDS` queue no more than one piece of twice that did."""
 
 MIN_PIECE_BYTES = 64 << 10
 """Below this a piece's fixed per-collective cost (a few hundred microseconds on gloo) starts to show even
@@ -81,22 +93,32 @@ class LinkPacer:
     def probe_numel(small: int) -> int:
         return small * (1 + 5 * PROBE_PIECES)
 
-    def run(self, total: int, piece: int, sent_per_element: int, one: Callable[[int, int], None]) -> int:
-        """Call ``one(start, n)`` for consecutive pieces of ``piece`` elements covering ``total``, timing them.
+    def run(self, total: int, piece: int, sent_per_element: int, launch: Launch) -> int:
+        """Cover ``total`` elements in consecutive pieces of ``piece``, :data:`IN_FLIGHT` of them on the wire at
+        once, timing them; returns the number of pieces.
 
-        The first piece of several also absorbs the other ranks' arrival, so the rate is taken from the
-        rest; a collective of one piece is measured whole. Returns the number of pieces.
+        ``launch(start, n, slot)`` starts one piece and returns what completes it (None: it ran whole); a piece
+        is completed before the piece after next is launched, so a caller needs :data:`IN_FLIGHT` scratch slots,
+        ``slot`` naming the one this piece may use. The rate is taken over the whole collective, the other
+        ranks' arrival included (lower, never higher). With pieces overlapping, the time after the first piece
+        ended no longer measures the rest: two to six 64 KiB pieces at 10 Mbit/s read 0.47-0.76 of the link
+        that way, 0.84-1.03 whole.
         """
-        t_first = t0 = time.perf_counter()
+        pending: deque = deque()
+        t0 = time.perf_counter()
         pieces = 0
         for start in range(0, total, piece):
-            one(start, min(piece, total - start))
+            if len(pending) == IN_FLIGHT:
+                complete(pending.popleft())
+            pending.append(launch(start, min(piece, total - start), pieces % IN_FLIGHT))
             pieces += 1
-            if pieces == 1:
-                t_first = time.perf_counter()
-        t_end = time.perf_counter()
-        if pieces == 1:
-            self.observe(total * sent_per_element, t_end - t0)
-        else:
-            self.observe((total - piece) * sent_per_element, t_end - t_first)
+        while pending:
+            complete(pending.popleft())
+        self.observe(total * sent_per_element, time.perf_counter() - t0)
         return pieces
+
+
+def complete(finish: Optional[Callable[[], object]]) -> None:
+    """Complete a piece :data:`Launch` started (nothing to do where it ran whole)."""
+    if finish is not None:
+        finish()

@@ -35,10 +35,11 @@ PROBE_PIECES = 3
 
 IN_FLIGHT = 2
 """Pieces on the wire at once. One at a time, the link idled between pieces while each rank's communication
-thread woke, launched the next and the peers met again: a 1.65 MB all-to-all on the emulated cluster's 100 Mbit/s
-link (one core per host, compute running) moved at 7.3 MB/s in 6 sequential pieces, at 10.5 MB/s with the next
-piece launched before the last ended (11.2 MB/s in 12 pieces of half the size; ``bench_results/pieces_in_flight``).
-Two pieces of :data:`PIECE_SECONDS` queue no more than one piece of twice that did."""
+thread woke, launched the next and the peers met again: a round's 1.65 MB all-to-all on the emulated cluster's
+100 Mbit/s link (one core per host, the bed's model training on it) moved at 6.8 MB/s in pieces of 25 ms one at a
+time, 11.8 MB/s two at a time (7.8 and 11.8 MB/s in pieces of 12.5 ms); at 25 and 10 Mbit/s two at a time were as
+fast or faster (``python -m benchmarks.pieces_in_flight``, ``bench_results/pieces_in_flight``). Two pieces of
+:data:`PIECE_SECONDS` queue no more than one piece of twice that did."""
 
 MIN_PIECE_BYTES = 64 << 10
 """Below this a piece's fixed per-collective cost (a few hundred microseconds on gloo) starts to show even

@@ -1,5 +1,7 @@
 """``benchmarks.pieces_in_flight`` on two emulated hosts: every setting runs and is reported (a smoke run of one
-repetition on a small collective, not a measurement: that is ``bench_results/pieces_in_flight``)."""
+repetition on a small collective, not a measurement: that is ``bench_results/pieces_in_flight``). Two network
+namespaces, not a pooled job: on loopback the probe measures no link and nothing is paced, so no setting would
+cut the collective into pieces at all."""
 
 from __future__ import annotations
 

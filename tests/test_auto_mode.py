@@ -204,6 +204,33 @@ def test_the_timer_measures_the_wire_factor_across_a_switch():
     assert timer.local()[4] == 800  # 0.16 / 0.2: measured again across this switch
 
 
+def test_the_mode_not_running_is_priced_from_the_running_modes_compute():
+    """The in-flight factor is measured across a switch and carried: a machine that slows while sync runs slows
+    acco's predicted compute too, instead of leaving acco at the compute it measured many steps before."""
+    timer = StepTimer(G, 2)
+
+    def run(n: int, compute_s: float) -> None:
+        for _ in range(n):
+            timer.micro_batch()
+            timer.swap(compute_s=compute_s, round_s=0.1, committed=None, now=0.0)
+
+    run(2, 0.05)  # the first switch comes early: the first interval and one more
+    assert timer.local()[:2] == [50_000, 0] and timer.in_flight_factor == 0
+    timer.enter("acco")
+    run(4, 0.07)  # the first interval after a switch is skipped; then acco's window fills: x1.4
+    assert timer.in_flight_factor == pytest.approx(1.4) and timer.local()[:2] == [50_000, 70_000]
+    timer.enter("sync")
+    run(4, 0.05)
+    assert timer.in_flight_factor == pytest.approx(1.4)  # re-measured across this switch: the same
+    run(3, 0.06)  # the machine slows while sync runs
+    assert timer.local()[:2] == [60_000, 84_000]  # not acco's own window, 70 ms from when it ran
+    timer.enter("acco")
+    run(4, 0.09)
+    assert timer.in_flight_factor == pytest.approx(1.5)  # 90 over sync's last 60
+    run(3, 0.075)  # faster again, in acco: sync is derived from it
+    assert timer.local()[:2] == [50_000, 75_000]
+
+
 def test_a_choice_without_figures_is_tried_again_the_next_step():
     """A choice point whose figures do not suffice (no step measured yet, as after a resume just before it) is
     tried again at the next step, not ``check_every`` steps later."""

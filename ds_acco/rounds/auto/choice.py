@@ -9,7 +9,8 @@ per worker per step:
 * ``sync`` computes, then communicates: ``G·c + R`` per step;
 * ``acco`` (fixed policy) overlaps two rounds of ``G/2`` micro-batches with their communication: ``2·max(G/2·c', R)``,
   where ``c' = k·c`` is the compute of a micro-batch while a round is in flight (the communication thread shares the
-  core on a CPU; ``k`` is measured once ``acco`` has run, 1 before);
+  core on a CPU; ``k`` is measured across a switch, 1 before ``acco`` has run, and the mode not running takes
+  its compute from the running mode's, through ``k``: :attr:`~ds_acco.rounds.auto.mode.StepTimer.in_flight_factor`);
 * ``acco`` (adaptive policy) ends a round at the first micro-batch boundary after its communication ends, every worker
   contributing what it computed meanwhile: ``2·T`` per ``2·Σ T/c'_r`` micro-batches with
   ``T = max_r max(c'_r, R + c'_r/2)`` (:data:`LANDING`), scaled to ``G`` micro-batches per worker.
@@ -61,7 +62,8 @@ multiple of 4 (where a smaller batch buys more loss per sample, the round that s
 often is the one to hide)."""
 FIGURES = 5
 """Integers each rank adds to a round's all-gather: µs per micro-batch without and with a round in
-flight, µs per round on the wire in the running mode, µs per nominal step measured in the running mode,
+flight (the mode not running: the running mode's through the in-flight factor, once measured), µs per round on the
+wire in the running mode, µs per nominal step measured in the running mode,
 and the wire factor in thousandths (0: not measured yet)."""
 LANDING = 0.5
 """Where in a micro-batch an adaptive round lands, on average (0: at its end, 1: at its start): the swap waits for

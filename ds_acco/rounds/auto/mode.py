@@ -51,6 +51,14 @@ class StepTimer:
         window against the new mode's first), then kept: a link that changes later moves both modes' rounds alike."""
         self._across: Optional[float] = None
         """The old mode's median round just before a switch, until the new mode's first window fills."""
+        self.in_flight_factor = 0.0
+        """Compute per micro-batch with a round in flight over without (0: not measured), measured across a switch
+        as the wire factor is, then applied to the running mode's compute to give the other mode's. The other
+        mode's own window is as old as its last run: on the slow-host bed, compute that slowed while half-batch
+        sync ran (490 -> 610 ms a micro-batch) left acco priced at its compute of 150 steps before, and auto
+        switched into acco fixed at half the batch, predicted faster than it then was."""
+        self._across_compute: Optional[float] = None
+        self._fresh = 0  # compute samples of the running mode since it started running
         self._mode = SYNC
         self._mb_since_swap = 0
         self._skip = 0
@@ -70,6 +78,10 @@ class StepTimer:
         the wire factor is measured across a change of mode only)."""
         if self.rounds and mode != self._mode:
             self._across = statistics.median(self.rounds)
+        if mode != self._mode:
+            fresh = list(self.compute[self._mode])[-self._fresh:] if self._fresh else []
+            self._across_compute = statistics.median(fresh) if fresh else None  # (the first switch: 1-2 samples)
+            self._fresh = 0
         self._mode = mode
         for window in (self.rounds, self.steps, self.batches):
             window.clear()
@@ -88,6 +100,8 @@ class StepTimer:
         else:
             if mbs > 0:
                 self.compute[self._mode].append(compute_s / mbs)
+                self._fresh += 1
+                self._measure_in_flight_factor()
             self.rounds.append(round_s)
             if self._across is not None and len(self.rounds) == _WINDOW:
                 before, now_s = self._across, statistics.median(self.rounds)
@@ -103,6 +117,16 @@ class StepTimer:
                 self.batches.append(committed - done)
         self._last_commit = (now, committed)
 
+    def _measure_in_flight_factor(self) -> None:
+        """Once the new mode's compute window is its own, the factor across the switch (the old mode's last window
+        against it: minutes apart at most, where the two windows' own ages may differ by the whole run)."""
+        if self._across_compute is None or self._fresh != _WINDOW:
+            return
+        before, now_s = self._across_compute, statistics.median(self.compute[self._mode])
+        if before > 0 and now_s > 0:
+            self.in_flight_factor = now_s / before if self._mode == ACCO else before / now_s
+        self._across_compute = None
+
     def first_compute(self) -> Optional[float]:
         """Seconds per micro-batch in the job's first interval so far, its first micro-batch left out (None
         before two micro-batches ended, or once the interval is over)."""
@@ -116,8 +140,13 @@ class StepTimer:
     def local(self) -> list[int]:
         def us(xs) -> int:
             return int(round(statistics.median(xs) * 1e6)) if xs else 0
-        return [us(self.compute[SYNC]), us(self.compute[ACCO]), us(self.rounds), us(self.steps),
-                int(round(self.wire_factor * 1000))]
+        sync_c, acco_c, k = us(self.compute[SYNC]), us(self.compute[ACCO]), self.in_flight_factor
+        if k > 0 and self._fresh >= _WINDOW:  # the other mode's compute follows the running mode's
+            if self._mode == ACCO:
+                sync_c = int(round(acco_c / k))
+            else:
+                acco_c = int(round(sync_c * k))
+        return [sync_c, acco_c, us(self.rounds), us(self.steps), int(round(self.wire_factor * 1000))]
 
 
 @dataclass(frozen=True)

@@ -229,6 +229,12 @@ def test_the_mode_not_running_is_priced_from_the_running_modes_compute():
     assert timer.in_flight_factor == pytest.approx(1.5)  # 90 over sync's last 60
     run(3, 0.075)  # faster again, in acco: sync is derived from it
     assert timer.local()[:2] == [50_000, 75_000]
+    timer.enter("sync")
+    timer.swap(compute_s=0.0, round_s=0.3, committed=None, now=0.0)  # acco's last commit, waited for: no compute
+    run(1, 0.09)  # the new mode's first interval (start-up of the switch) is the one skipped...
+    run(1, 0.07)
+    run(2, 0.06)  # ...not the commit: with it skipped instead, 0.09 counted and the factor read 1.07
+    assert timer.in_flight_factor == pytest.approx(1.25) and timer.local()[:3] == [60_000, 75_000, 100_000]
 
 
 def test_a_choice_without_figures_is_tried_again_the_next_step():

@@ -99,7 +99,8 @@ class StepTimer:
             # a swap without micro-batches is the old mode's last round, waited for at the switch: the skip is for
             # the new mode's first interval (leaving acco on the slow-host bed, that commit took it, and sync's
             # first two steps, 20% slower than the rest, read an in-flight factor of 1.04 where it was 1.26)
-            self._skip -= 1 if mbs > 0 else 0
+            if mbs > 0:
+                self._skip -= 1
         else:
             if mbs > 0:
                 self.compute[self._mode].append(compute_s / mbs)
@@ -107,9 +108,7 @@ class StepTimer:
                 self._measure_in_flight_factor()
             self.rounds.append(round_s)
             if self._across is not None and len(self.rounds) == _WINDOW:
-                before, now_s = self._across, statistics.median(self.rounds)
-                if before > 0 and now_s > 0:
-                    self.wire_factor = now_s / before if self._mode == ACCO else before / now_s
+                self.wire_factor = self._acco_over_sync(self._across, self.rounds) or self.wire_factor
                 self._across = None
         if committed is None:
             return
@@ -125,10 +124,17 @@ class StepTimer:
         against it: minutes apart at most, where the two windows' own ages may differ by the whole run)."""
         if self._across_compute is None or self._fresh != _WINDOW:
             return
-        before, now_s = self._across_compute, statistics.median(self.compute[self._mode])
-        if before > 0 and now_s > 0:
-            self.in_flight_factor = now_s / before if self._mode == ACCO else before / now_s
+        self.in_flight_factor = self._acco_over_sync(self._across_compute, self.compute[self._mode]) \
+            or self.in_flight_factor
         self._across_compute = None
+
+    def _acco_over_sync(self, before: float, window) -> float:
+        """A figure in acco over the same in sync, across the switch into the running mode: ``before`` the old
+        mode's median, ``window`` the new mode's first (0 where either is not positive)."""
+        now_s = statistics.median(window)
+        if before <= 0 or now_s <= 0:
+            return 0.0
+        return now_s / before if self._mode == ACCO else before / now_s
 
     def first_compute(self) -> Optional[float]:
         """Seconds per micro-batch in the job's first interval so far, its first micro-batch left out (None

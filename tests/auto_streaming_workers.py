@@ -17,28 +17,29 @@ CONFIG = {"mode": "auto", "auto": {"measure_steps": SWITCH, "check_every": 2, "s
 FRAGMENTS = [[0, 2], [1, 3]]  # ordered_params is (w1, w2, b1, b2); the default split is one Linear per fragment
 
 
-def reference(steps: int, world: int = 2):
-    """The sync reference for SWITCH steps, then the streaming reference from its state."""
+def reference(steps: int, world: int = 2, switch: int = SWITCH, inner_G: int = G):
+    """The sync reference for ``switch`` steps of ``G`` micro-batches, then the streaming reference from its state,
+    each inner step one mean of ``inner_G`` micro-batches."""
     model = W.make_model()
     run = ReferenceRun(W.ordered_params(model), W.reference_grad_fn(model), W.make_reference_optimizer, world)
-    sync = reference_schedule(run, ["sync"] * SWITCH, G)
+    sync = reference_schedule(run, ["sync"] * switch, G)
     state = copy.deepcopy(run.opt.state_dict())
     grad = W.reference_grad_fn(model)
 
-    def mean_grad(worker, j, params):  # inner step j: micro-batches SWITCH·G + j·G ... of this worker, as a mean
+    def mean_grad(worker, j, params):  # inner step j: micro-batches switch·G + j·inner_G ... of this worker, a mean
         total = None
-        for i in range(G):
-            g = grad(worker, SWITCH * G + j * G + i, params)
+        for i in range(inner_G):
+            g = grad(worker, switch * G + j * inner_G + i, params)
             total = [t.clone() for t in g] if total is None else [a.add_(b) for a, b in zip(total, g)]
-        return [t.mul_(1.0 / G) for t in total]
+        return [t.mul_(1.0 / inner_G) for t in total]
 
     def inner(params):
         opt = W.make_reference_optimizer(params)
         opt.load_state_dict(copy.deepcopy(state))  # load_state_dict keeps same-device tensors: one copy each
         return opt
 
-    trace = streaming_reference(run.theta, mean_grad, inner, world, FRAGMENTS, steps - SWITCH, sync_every=STREAM[
-        "sync_every"], overlap_steps=STREAM["overlap_steps"])
+    trace = streaming_reference(run.theta, mean_grad, inner, world, FRAGMENTS, steps - switch, sync_every=STREAM[
+        "sync_every"], overlap_steps=STREAM["overlap_steps"], first_step=switch)
     return sync, trace
 
 

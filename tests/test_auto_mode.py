@@ -19,6 +19,7 @@ from ds_acco.config import parse_acco_config
 from ds_acco.errors import AccoConfigError
 from ds_acco.rounds.auto.choice import choose
 from ds_acco.rounds.auto.mode import AutoMode, StepTimer
+from ds_acco.rounds.state import RoundState
 from tests.auto_workers import auto_reference, train_auto
 from tests.dist_harness import run_distributed
 from tests.helpers import assert_trajectories_equal
@@ -240,7 +241,6 @@ def test_the_mode_not_running_is_priced_from_the_running_modes_compute():
 def test_a_choice_without_figures_is_tried_again_the_next_step():
     """A choice point whose figures do not suffice (no step measured yet, as after a resume just before it) is
     tried again at the next step, not ``check_every`` steps later."""
-    from ds_acco.rounds.state import RoundState
 
     auto = AutoMode(parse_acco_config(dict(AUTO, auto={"measure_steps": 3, "check_every": 20})), G, 2, 0)
     state = RoundState(mode="sync", policy="fixed")
@@ -257,7 +257,6 @@ def test_a_switch_into_a_mode_not_run_before_is_checked_once_it_is_measured():
     checked again after CONFIRM_AFTER commits, on the new mode's measured figures, not ``check_every`` steps later;
     a switch back into a mode already run waits for the schedule."""
     from ds_acco.rounds.auto.mode import CONFIRM_AFTER
-    from ds_acco.rounds.state import RoundState
 
     auto = AutoMode(parse_acco_config(dict(AUTO, auto={"measure_steps": 3, "check_every": 20})), G, 2, 0)
     state = RoundState(mode="sync", policy="fixed")
@@ -370,6 +369,25 @@ def test_the_look_before_the_first_round_prices_a_commit_from_the_probed_rate():
     assert choice.line.startswith("ds_acco auto before the first round: compute 50.0 ms per micro-batch"), choice.line
     assert "round 800.0 ms predicted from a probe of the link" in choice.line and "sync 1000.0 ms (predicted)" in \
         choice.line, choice.line
+
+
+def test_streaming_steps_on_half_the_batch_where_the_noise_scale_prices_that_cheaper():
+    """Where the batch may change (``policy: "auto"``), streaming's inner steps take whichever of ``G`` and ``G/2`` the
+    noise scale prices best: half with a small scale (a committed step of either batch buys about the same loss), the
+    full batch with a scale far above the batch (half a batch's noise outweighs its steps), and the full batch
+    wherever the policy keeps the batch."""
+    row = [50_000, 0, 800_000, 0, 0]
+    for policy, noise, half in (("auto", 0.0, True), ("auto", 0.5, True), ("auto", 1000.0, False),
+                                ("fixed", 0.0, False)):
+        cfg = parse_acco_config(dict(AUTO, policy=policy, auto=dict(AUTO["auto"], streaming=True),
+                                     streaming={"fragments": 2}))
+        choice = choose([row, row], "sync", cfg, G, step=0, streaming=True, noise=noise)
+        assert choice.mode == "streaming" and choice.streaming_half is half, (policy, noise, choice.figures)
+        assert ("runs streaming at half the batch (2 micro-batches an inner step)" in choice.line) is half, \
+            choice.line
+        if noise == 0.0:  # what a look before two rounds measured the scale takes it as (auto's own decision)
+            decided = AutoMode(cfg, G, 2, 0).decision([row, row], RoundState(), 0)
+            assert decided.mode == "streaming" and decided.step_quota == (G // 2 if half else 0), decided
 
 
 def test_the_clock_is_perf_counter_unless_given_and_a_simulated_one_ends_rounds_by_its_stamps():

@@ -26,6 +26,10 @@ from tests.dist_harness import run_distributed
 from tests.helpers import assert_trajectories_equal
 from tests.sim_clock import SimBed
 
+POLICY_AUTO = dict(CONFIG, policy="auto", max_micro_batches_per_round=16, warmup_steps=2,
+                   auto=dict(CONFIG["auto"], measure_steps=1))
+"""A policy that may change the batch, and a look after step 1 (inside the warm-up: streaming or nothing)."""
+
 
 @pytest.mark.parametrize("warmup", [0, 10])
 def test_a_slow_link_switches_auto_to_streaming_and_each_replica_follows_the_reference(warmup):
@@ -38,6 +42,7 @@ def test_a_slow_link_switches_auto_to_streaming_and_each_replica_follows_the_ref
     assert first["step"] == SWITCH and first["runs"] == "streaming", first
     assert first["streaming_ratio"] >= STREAMING_HINT and first["round_ms"] == pytest.approx(500), first
     assert first["streaming_ratio"] == pytest.approx(700 / 200), first  # a sync step against its bare compute
+    assert not first["streaming_half"], first  # the policy keeps the batch: inner steps of G
     assert 0 < first["switch_s"] < 30, first  # what the switch itself cost, in real time (logged on rank 0)
     line = got[0]["lines"][0]
     assert "runs streaming (was sync; sync is the best gradient mode)" in line and "auto does not choose again" \
@@ -69,20 +74,31 @@ def test_a_look_inside_the_warm_up_starts_nothing_but_streaming():
     assert len(got["lines"]) == len(got["choices"])  # the look inside the warm-up logged nothing at INFO
 
 
-def test_a_look_after_step_one_prices_unmeasured_noise_small_and_starts_streaming():
+def test_a_look_after_step_one_prices_unmeasured_noise_small_and_streams_at_half_the_batch():
     """``policy: "auto"``: the noise scale needs two rounds, so the look after step 1 takes it as small (a committed
     step of any batch buys the same loss) rather than pricing the adaptive policy's up-to-16-micro-batch commits per
     sample, which on a link no round hides would look free; so a 500 ms round against 200 ms of compute starts
-    streaming after step 1, and the line says how the noise scale was taken."""
-    config = dict(CONFIG, policy="auto", max_micro_batches_per_round=16, warmup_steps=2,
-                  auto=dict(CONFIG["auto"], measure_steps=1))
-    got = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=COMPUTE_S, link=[(0, 0.5)], steps=6,
-                          config=config)[0]
-    first = got["choices"][0]
+    streaming after step 1, and the line says how the noise scale was taken. Priced so, a half batch is cheaper, and
+    this policy may change the batch: streaming's inner steps take ``G/2`` micro-batches, and from the sync reference's
+    state after step 1 each replica follows the streaming reference at that batch (the first test, whose policy keeps
+    the batch, streams at ``G``)."""
+    steps = 1 + 13
+    got = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=COMPUTE_S, link=[(0, 0.5)], steps=steps,
+                          config=POLICY_AUTO)
+    first, line = got[0]["choices"][0], got[0]["lines"][0]
     assert first["step"] == 1 and first["runs"] == "streaming" and first["noise_measured"] is False, first
     assert first["candidates"]["acco adaptive"]["batch"] > 8, first  # it would commit more than sync's 8
-    assert "gradient noise scale not measured yet, taken as small" in got["lines"][0], got["lines"][0]
-    assert got["modes"] == ["sync"], got["modes"]  # commits after step 1 are streaming's fragment syncs
+    assert "gradient noise scale not measured yet, taken as small" in line, line
+    assert got[0]["modes"] == ["sync"], got[0]["modes"]  # commits after step 1 are streaming's fragment syncs
+    assert first["streaming_half"] and f"runs streaming at half the batch ({G // 2} micro-batches an inner step)" \
+        in line, line
+    sync, trace = reference(steps, switch=1, inner_G=G // 2)
+    for rank in (0, 1):
+        traj = got[rank]["trajectory"]
+        assert len(traj) == steps
+        assert_trajectories_equal(traj[:1], sync)
+        assert_trajectories_equal(traj[1:], [workers[rank] for workers in trace.workers])
+    assert len(trace.syncs) >= 3
 
 
 def test_auto_streaming_is_refused_where_it_cannot_run():
@@ -129,7 +145,7 @@ def _train(engine, model, rank, k, steps, bed, on_step=None):
     return trajectory, k
 
 
-def _resume_job(rank, world, *, save_at, steps):
+def _resume_job(rank, world, *, save_at, steps, config=CONFIG):
     """Train to ``steps`` saving at ``save_at`` (in the phase), then a fresh engine resumes that save to ``steps``."""
     import io
 
@@ -138,7 +154,7 @@ def _resume_job(rank, world, *, save_at, steps):
 
     def build():
         model, bed = W.make_model(), SimBed(link=[(0, 0.5)])
-        engine = plain.build(W.param_groups(model), torch.optim.AdamW, W.OPT_KWARGS, config=CONFIG,
+        engine = plain.build(W.param_groups(model), torch.optim.AdamW, W.OPT_KWARGS, config=config,
                              gradient_accumulation_steps=G, on_stage=bed.on_stage, model=model, clock=bed.clock)
         bed.attach(engine)
         return model, engine, bed
@@ -164,21 +180,27 @@ def _resume_job(rank, world, *, save_at, steps):
     state = torch.load(io.BytesIO(saved["bytes"]), weights_only=False)
     model, engine, bed = build()
     plain.load_state_dict(engine, state)
-    mode = engine.mode
+    mode, inner_G = engine.mode, engine.phase.G
     resumed, _ = _train(engine, model, rank, engine.micro_batches, steps, bed)
     engine.close()
     groups = W.param_groups(W.make_model())
-    return {"whole": whole, "resumed": resumed, "saved_mode": saved["mode"], "mode": mode, "finished": finished,
+    return {"whole": whole, "resumed": resumed, "saved_mode": saved["mode"], "mode": mode, "inner_G": inner_G,
+            "finished": finished,
             "final_global": final_global, "saved_global": saved["global"], "inside": saved["inside"],
             "final_masters": final_masters,
             "saved_masters": state["masters"], "sizes": [sum(p.numel() for p in g["params"]) for g in groups]}
 
 
-def test_a_checkpoint_in_the_phase_resumes_exactly_and_its_masters_hold_the_global_model():
-    save_at, steps = SWITCH + 4, SWITCH + 10
-    got = run_distributed(_resume_job, 2, timeout=240, save_at=save_at, steps=steps)
+@pytest.mark.parametrize("half", [False, True])
+def test_a_checkpoint_in_the_phase_resumes_exactly_and_its_masters_hold_the_global_model(half):
+    """``half``: the phase entered at half the batch after step 1 (see above) resumes with inner steps of ``G/2``."""
+    switch = 1 if half else SWITCH
+    config = POLICY_AUTO if half else CONFIG
+    save_at, steps = switch + 4, switch + 10
+    got = run_distributed(_resume_job, 2, timeout=240, save_at=save_at, steps=steps, config=config)
     for r in got:
         assert r["saved_mode"] == "streaming" and r["mode"] == "streaming"
+        assert r["inner_G"] == (G // 2 if half else G)
         assert_trajectories_equal(r["resumed"], r["whole"][save_at:], atol=0, rtol=0)
         # the front end's masters were written from θ_g: the rank-major concatenation of both ranks' shards
         for g, size, full in zip(range(2), r["sizes"], r["saved_global"]):
@@ -261,8 +283,8 @@ LOWBIT = dict(CONFIG, comm_quantization="int8", error_feedback=True, all_gather_
 def test_the_low_bit_preset_switches_too_and_stays_near_the_exact_run():
     """The shipped preset's path: int8 gradient rounds and parameter all-gathers before the switch (the replicas
     then trail the masters by an int8 step and start the phase from there), the optimizer state gathered at one
-    byte an element, int8 pseudo-gradients after it. Not exact: within 1% of the fp32 run (0.1-0.4% measured), and the ranks agree on
-    θ_g while their replicas differ."""
+    byte an element, int8 pseudo-gradients after it. Not exact: within 1% of the fp32 run (0.1-0.4% measured), and
+    the ranks agree on θ_g while their replicas differ."""
     steps = SWITCH + 13
     exact = run_distributed(train_auto, 2, timeout=240, G=G, compute_s=COMPUTE_S, link=[(0, 0.5)], steps=steps,
                             config=CONFIG)

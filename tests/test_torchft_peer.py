@@ -208,6 +208,13 @@ def test_torchft_config_takes_streaming_settings_and_zero1s_optimizer():
         cfgs.make_torchft_config("torchft_streaming_diloco", base, sync_every=10)
     with pytest.raises(ValueError, match="torchft_diloco"):
         cfgs.make_torchft_config("diloco", base)
+    # at half the batch: DiLoCo's block, half the accumulation, the scheduler's steps twice (the same tokens)
+    decayed = cfgs.make_config("zero1", micro_batch=4, grad_accum=4, lr_schedule="decay", lr_total_steps=100)
+    half = cfgs.make_torchft_config("torchft_diloco_half", decayed, sync_every=8)
+    assert half["torchft"] == cfgs.make_torchft_config("torchft_diloco", decayed, sync_every=8)["torchft"]
+    assert half["gradient_accumulation_steps"] == 2 and decayed["gradient_accumulation_steps"] == 4
+    params, was = half["scheduler"]["params"], decayed["scheduler"]["params"]
+    assert (params["warmup_num_steps"], params["total_num_steps"]) == (2 * was["warmup_num_steps"], 200)
 
 
 def test_sweep_gives_torchft_zero1s_schedule_and_its_own_command(tmp_path):

@@ -45,11 +45,15 @@ def streaming_reference(
     alpha: float = 0.5,
     outer_lr: float = 0.7,
     outer_momentum: float = 0.9,
+    first_step: int = 0,
 ) -> StreamingTrace:
     """Run ``steps`` inner steps of Streaming DiLoCo on ``world_size`` simulated workers from ``θ_0 = params`` (every
     worker's and ``θ_g``); ``grad_fn(worker, k, params)`` is the gradient of a worker's ``k``-th micro-batch,
     ``fragments`` are ``P`` lists of indices into ``params``, and ``sync_every`` / ``overlap_steps`` / ``alpha`` /
-    ``outer_lr`` / ``outer_momentum`` are ``H``, ``tau``, ``α`` and the outer Nesterov SGD, as in ``acco.streaming``."""
+    ``outer_lr`` / ``outer_momentum`` are ``H``, ``tau``, ``α`` and the outer Nesterov SGD, as in ``acco.streaming``;
+    ``first_step``: the job's steps before the first inner step (a phase entered mid-job: its fragment schedule
+    counts the job's steps, so fragment ``p`` still syncs at the job's steps ``≡ p·H/P (mod H)``). The trace counts
+    inner steps from 1."""
     N, H, P, tau = world_size, sync_every, len(fragments), overlap_steps
     workers = [[torch.nn.Parameter(p.detach().clone().float()) for p in params] for _ in range(N)]
     inner = [make_inner_optimizer(ws) for ws in workers]
@@ -78,7 +82,7 @@ def streaming_reference(
             merge(pending[0], pending[3])
             trace.syncs.append((pending[1], pending[0], step))
             pending = None
-        frag_index = due_fragment.get(step % H)
+        frag_index = due_fragment.get((first_step + step) % H)
         if frag_index is not None:
             with torch.no_grad():
                 for i in fragments[frag_index]:

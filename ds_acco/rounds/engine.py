@@ -266,7 +266,7 @@ class RoundEngine(RoundDriver):
         sets the step counter, ``compute_committed=False`` where the loaded parameters may be an estimate."""
         if self.phase is not None:
             self._leave_phase()
-            self.state.mode = Mode.SYNC  # auto measures afresh
+            self.state.mode, self.state.step_quota = Mode.SYNC, 0  # auto measures afresh, at the configured batch
         self.quiesce()
         if self._inflight is not None:
             self.landing.zero_in_flight()  # it held the dropped round's parameters

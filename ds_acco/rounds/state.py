@@ -36,8 +36,9 @@ class RoundState:
     mode: str = Mode.SYNC  # the configured mode, or what mode "auto" chose last
     policy: str = Policy.FIXED  # the configured acco policy, or what policy "auto" chose last
     step_quota: int = 0
-    """Micro-batches per worker a step commits in sync or acco fixed (0: ``G``); ``mode: "auto"`` sets ``G/2`` when it
-    runs either at half the accumulation (where the policy may change the batch; acco's rounds then hold ``G/4``)."""
+    """Micro-batches per worker a step commits in sync or acco fixed, or a streaming phase's inner step (0: ``G``);
+    ``mode: "auto"`` sets ``G/2`` when it runs one at half the accumulation (where the policy may change the batch;
+    acco's rounds then hold ``G/4``)."""
 
     def state_dict(self) -> dict:
         return {f.name: str(v) if isinstance(v, str) else v for f in fields(self) for v in [getattr(self, f.name)]}

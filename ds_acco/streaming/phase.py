@@ -64,7 +64,8 @@ class StreamingPhase:
         groups: the round engine's sharded groups (fp32, no packing: :meth:`PhaseFactory.check`).
         shard_optimizer: steps the master shards; its class, settings and state seed the inner optimizer.
         fragments: ``P`` lists of the groups' parameters (:func:`ds_acco.streaming.fragments_of`).
-        config: the ``"acco"`` block (mode ``auto``); G: micro-batches per worker per step; clip: this rank's clip.
+        config: the ``"acco"`` block (mode ``auto``); G: micro-batches per worker per inner step (the configured
+            accumulation, or half of it where auto priced that batch best); clip: this rank's clip.
         piece_bytes: the piece size the round engine's collectives agreed on (None: unpaced): a fresh group
             starts unpaced, and on a shaped link the state's all-gather then moved at half the link rate.
         rounds: the round engine whose schedule the phase becomes; None: a phase stepped by hand.
@@ -339,7 +340,8 @@ class PhaseFactory:
         (collective). None where some rank has not the memory for it: a job must not fail mid-run for a switch it
         did not need."""
         need, free = self.bytes_needed(rounds.groups, rounds.shard_optimizer), free_bytes(rounds.device)
-        fits = rounds.coll.all_gather_small(torch.tensor([int(free is None or need < 0.8 * free)], device=rounds.device))
+        fits = rounds.coll.all_gather_small(torch.tensor([int(free is None or need < 0.8 * free)],
+                                                         device=rounds.device))
         if not bool(fits.all()):
             if rounds.rank == 0:
                 logger.warning("ds_acco: auto chose streaming, but it needs about %.2f GiB more per rank and some rank "
@@ -347,13 +349,15 @@ class PhaseFactory:
                                need / 2**30, "unknown" if free is None else f"{free / 2**30:.2f} GiB")
             return None
         t0 = time.perf_counter()  # what the switch cost: real time, whatever the engine's clock
+        G = rounds.state.step_quota or rounds.G  # auto may run streaming's inner steps at half the accumulation
         phase = self(rounds.groups, rounds.shard_optimizer, config=rounds.config, process_group=rounds.coll.group,
-                     G=rounds.G, clip=rounds.clip, on_stop=rounds.on_stop, piece_bytes=rounds.coll.piece_bytes,
+                     G=G, clip=rounds.clip, on_stop=rounds.on_stop, piece_bytes=rounds.coll.piece_bytes,
                      clock=rounds.clock, rounds=rounds)
         phase.switch_s = time.perf_counter() - t0
         if rounds.rank == 0:
-            logger.info("ds_acco: streaming from step %d on; the switch took %.2f s (the optimizer state follows, "
-                        "gathered behind that step's compute)", rounds.state.commits + 1, phase.switch_s)
+            logger.info("ds_acco: streaming from step %d on, %d micro-batches an inner step; the switch took %.2f s "
+                        "(the optimizer state follows, gathered behind that step's compute)", rounds.state.commits + 1,
+                        G, phase.switch_s)
         return phase
 
 

@@ -27,7 +27,8 @@ every rank's figures including it (:meth:`AutoMode.gathered`), so the first choi
 exceeds the whole compute of a step, ``acco`` cannot hide it and ``sync`` wins; when ``R`` is tiny, hiding it is not
 worth the penalty; between the two, ``acco`` wins. Where even the best of them costs :data:`STREAMING_HINT` times a
 step's bare compute, ``acco.auto.streaming`` switches the job to streaming
-(:meth:`ds_acco.streaming.phase.PhaseFactory.enter`).
+(:meth:`ds_acco.streaming.phase.PhaseFactory.enter`), its inner steps at the configured batch or at half of it,
+whichever the noise scale prices best (:func:`streaming_batch`).
 
 With ``policy: "auto"`` both acco policies are candidates. The adaptive policy commits fewer micro-batches per step, and
 a smaller batch may buy as much loss per step: each candidate's time to a loss is its seconds per ``G·N`` micro-batches
@@ -77,6 +78,8 @@ STREAMING_HINT = 1.35
 """Where the best gradient mode costs this many times a step's bare compute (``G`` micro-batches, a full batch, priced
 to a loss as the candidates are: delay penalty and batch in), no gradient round hides and streaming, whose fragment
 rounds do, is the faster mode: with ``acco.auto.streaming`` the job switches to it, otherwise the line points to it.
+The ratio is against streaming at the full batch even where streaming then runs at half of it (a half batch priced
+cheaper only makes streaming look better): the threshold was placed where full-batch streaming won and lost.
 Between the ratios where streaming won (1.39-1.79 at 25 Mbit/s) and lost (0.71-1.30 at 100 Mbit/s; BENCHMARKS.md,
 "Streaming against auto, four seeds")."""
 
@@ -99,6 +102,9 @@ class Choice:
     """Sync runs at half the accumulation (commits of ``G/2`` micro-batches per worker)."""
     acco_half: bool = False
     """Acco fixed runs at half the accumulation (rounds of ``G/4`` micro-batches per worker)."""
+    streaming_half: bool = False
+    """Streaming's inner steps take half the accumulation (``G/2`` micro-batches per worker;
+    :func:`streaming_batch`)."""
 
 
 def samples_to_loss(batch: float, noise: float, rate: float, configured: float) -> float:
@@ -207,6 +213,7 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     k = max(c_acco_s) / max(c_sync_s)
     ratio = score(chosen) / price(G * max(c_sync_s), full)
     runs = STREAMING if streaming and ratio >= STREAMING_HINT else chosen[0]
+    streaming_half = runs == STREAMING and sync_half and streaming_batch(price, G * max(c_sync_s), full) < full
     figs = {"step": step, "compute_ms": 1e3 * max(c_sync_s), "in_flight_factor": k, "round_ms": 1e3 * R,
             "wire_factor": wire, "sync_step_ms": 1e3 * step_s[(SYNC, None)], "acco_step_ms": 1e3 * step_s[acco_c],
             "acco_charged_ms": 1e3 * step_s[acco_c] * (1.0 + penalty), "penalty": penalty,
@@ -214,7 +221,8 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
             "noise_note": noise_note, "predicted_batches": {p: b for p, (t, b) in predicted.items()},
             "batch_scale": scaled,
             "acco_half": chosen == (ACCO, HALF),
-            "was": current, "runs": runs, "policy": _policy(acco_c), "world_size": N,
+            "was": current, "runs": runs, "streaming_half": streaming_half, "policy": _policy(acco_c),
+            "world_size": N,
             "noise_scale": noise, "noise_measured": noise_measured, "rate_share": rate, "streaming_ratio": ratio,
             "candidates": {f"{m} {'fixed half' if c == (ACCO, HALF) else p}" if p else m: {
                 "step_ms": 1e3 * step_s[c], "batch": batches[c], "score_ms": 1e3 * score(c)}
@@ -222,7 +230,18 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     line = _line(figs, G, current, running, chosen, step_s, batches, score, penalty,
                  several=len(predicted) > 1, streaming=streaming)
     return Choice(runs, figs, line, _policy(acco_c), sync_half=chosen == (SYNC, HALF),
-                  acco_half=chosen == (ACCO, HALF))
+                  acco_half=chosen == (ACCO, HALF), streaming_half=streaming_half)
+
+
+def streaming_batch(price, compute_s: float, full: float) -> float:
+    """Micro-batches per inner step for streaming, given half the accumulation is a candidate: ``full`` or half of
+    it, whichever ``price`` (a candidate's seconds per nominal step and batch to a loss) says reaches a loss sooner.
+
+    Streaming hides its fragment rounds behind compute at either batch, so a nominal step costs its bare compute
+    (``compute_s``) at both, and its batch is priced as the gradient modes' are, from the noise scale: where a smaller
+    batch buys more loss per sample, inner steps of ``G/2`` reach a loss sooner (half-batch sync needed about half the
+    tokens of full-batch sync to every loss on the long runs, docs/long-runs.md). A tie keeps the configured batch."""
+    return full / 2 if price(compute_s, full / 2) < price(compute_s, full) else full
 
 
 def half_candidates(config: AccoConfig, G: int) -> tuple[bool, bool]:
@@ -279,7 +298,8 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
                       + (f"{1e3 * score(c):.1f} ms" if score(c) < float("inf") else
                          "none, its noise outweighs a step at this rate") for c in step_s)
     if figs["runs"] == STREAMING:
-        line += f": runs streaming (was {name(running)}; {name(chosen)} is the best gradient mode)"
+        at = f" at half the batch ({G // 2} micro-batches an inner step)" if figs["streaming_half"] else ""
+        line += f": runs streaming{at} (was {name(running)}; {name(chosen)} is the best gradient mode)"
     else:
         line += f": runs {name(chosen)}" + ("" if chosen == running else f" (was {name(running)})")
         best = min(step_s, key=score)

@@ -161,19 +161,18 @@ class StepTimer:
 @dataclass(frozen=True)
 class Decision:
     """What auto chose at a step: the mode to run from there, acco's policy, and the micro-batches per worker a
-    step commits (0: ``G``; ``G/2`` at half the accumulation, sync or acco fixed)."""
+    step commits (0: ``G``; ``G/2`` at half the accumulation: sync, acco fixed, or streaming's inner steps)."""
 
     mode: str
     policy: Optional[str]
     step_quota: int
 
     def apply(self, state) -> str:
-        """Set it on a ``RoundState`` (streaming keeps the gradient modes' settings: a resume may not stream)."""
+        """Set it on a ``RoundState`` (streaming keeps acco's policy; the phase reads the quota when it is built)."""
         state.mode = self.mode
         if self.mode == ACCO:
             state.policy = self.policy
-        if self.mode != STREAMING:
-            state.step_quota = self.step_quota
+        state.step_quota = self.step_quota
         return self.mode
 
 
@@ -304,7 +303,8 @@ class AutoMode:
         self.choices.append(choice.figures)
         if self.rank == 0:
             logger.info(choice.line)
-        quota = self.G // 2 if (choice.sync_half if choice.mode == SYNC else choice.acco_half) else 0
+        half = {SYNC: choice.sync_half, ACCO: choice.acco_half, STREAMING: choice.streaming_half}[choice.mode]
+        quota = self.G // 2 if half else 0
         self._ran.add(_candidate(state.mode, state.policy, state.step_quota))
         new = _candidate(choice.mode, choice.policy, quota)
         if choice.mode != STREAMING and new != _candidate(state.mode, state.policy, state.step_quota):

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 
+from benchmarks.sweep import configs as cfgs
 from benchmarks.sweep.commands import REPO
 from benchmarks.sweep.plans import build_sweep
 from benchmarks.sweep.specs import RunSpec
@@ -64,7 +65,7 @@ def estimate_s(spec: RunSpec) -> float:
     s = S_PER_STEP.get((bed, rate), S_PER_STEP[(bed, "100mbit")])
     if spec.config in ("sync", "zero1", "zero1_overlap"):
         s *= FP32.get(rate, FP32["25mbit"])
-    elif spec.config in ("sync_lowbit_half", "acco_lowbit_int4_fixed_half"):
+    elif spec.config in cfgs.HALF_BATCH:
         s *= HALF_BATCH
     if kind == "light":
         s *= 1 + PER_EXTRA_HOST * (spec.hosts - 2)

@@ -52,8 +52,9 @@ WORKERS = ("sync", "sync_lowbit", "acco_lowbit_int4_fixed", "acco_lowbit_int4_ad
            "streaming_int8")
 """The workers comparison's configs: the baseline whose loss is the target, sync low-bit, the overlap at sync's
 batch and adaptive, auto, streaming."""
-TORCHFT = ("torchft_diloco", "torchft_streaming_diloco")
-"""The external peer; they join every bed's list once configs.py defines them (:func:`torchft_configs`)."""
+TORCHFT = ("torchft_diloco", "torchft_streaming_diloco", "torchft_diloco_half")
+"""The external peer (DiLoCo at half the batch too: the batch auto with streaming may run); they join every bed's
+list once configs.py defines them (:func:`torchft_configs`)."""
 REAL_STEPS, SLEEP_STEPS = 100, 300
 """Nominal steps of the budgets (the issue's minimum on each bed)."""
 SCHEDULE = "decay"

@@ -77,7 +77,7 @@ CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive
            "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half", "acco_lowbit_lrwarm", "auto_lowbit_adaptive",
            "auto_lowbit_policy", "auto_lowbit_policy_early", "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive",
            "auto_lowbit_int4", "auto_lowbit_int4_streaming", "acco_lowbit_int4_fixed_half")
-HALF_BATCH = ("sync_lowbit_half", "acco_lowbit_int4_fixed_half")
+HALF_BATCH = ("sync_lowbit_half", "acco_lowbit_int4_fixed_half", "torchft_diloco_half")
 """Configs at half the accumulation steps, with twice the scheduler's steps: the same tokens."""
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
@@ -197,10 +197,7 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
             if name == "acco_lowbit_int4_fixed_half" and grad_accum % 4:
                 raise ValueError(f"grad_accum: got {grad_accum} for {name}; allowed: a multiple of 4 (acco fixed "
                                  "at half the accumulation needs an even count per round)")
-            cfg["gradient_accumulation_steps"] = max(1, grad_accum // 2)
-            cfg["scheduler"]["params"]["warmup_num_steps"] *= 2  # the same warm-up in tokens
-            if "total_num_steps" in cfg["scheduler"]["params"]:
-                cfg["scheduler"]["params"]["total_num_steps"] *= 2  # and the same decay
+            _halve(cfg)
         if name == "auto_lowbit":
             acco.update(mode="auto", policy="fixed")
             acco.pop("max_micro_batches_per_round", None)
@@ -228,6 +225,14 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
         acco["telemetry"] = telemetry
         cfg["acco"] = acco
     return cfg
+
+
+def _halve(cfg: dict) -> None:
+    """Half the accumulation steps and twice the scheduler's steps: the same warm-up and decay in tokens."""
+    cfg["gradient_accumulation_steps"] = max(1, cfg["gradient_accumulation_steps"] // 2)
+    cfg["scheduler"]["params"]["warmup_num_steps"] *= 2
+    if "total_num_steps" in cfg["scheduler"]["params"]:
+        cfg["scheduler"]["params"]["total_num_steps"] *= 2
 
 
 LR_SCHEDULES = ("decay", "cosine")
@@ -324,11 +329,13 @@ def make_fsdp_config(name: str, template_dir: str = TEMPLATE_DIR, lr_schedule: O
     return cfg
 
 
-TORCHFT_CONFIGS = ("torchft_diloco", "torchft_streaming_diloco")
+TORCHFT_CONFIGS = ("torchft_diloco", "torchft_streaming_diloco", "torchft_diloco_half")
 """The external peer: torchft 0.2.0's DiLoCo and Streaming DiLoCo (``examples/train_lm_torchft.py``), on zero1's
 model, data, inner optimizer, schedule, clipping and batch, with :data:`STREAMING_BLOCK`'s H, fragments, overlap
-and mixing where torchft has the same knob."""
-TORCHFT_LABELS = {"torchft_diloco": "torchft DiLoCo", "torchft_streaming_diloco": "torchft Streaming DiLoCo"}
+and mixing where torchft has the same knob; ``torchft_diloco_half``: DiLoCo at half the accumulation steps (twice
+the scheduler's steps, H in inner steps as ever), the peer at the batch auto may stream at."""
+TORCHFT_LABELS = {"torchft_diloco": "torchft DiLoCo", "torchft_streaming_diloco": "torchft Streaming DiLoCo",
+                  "torchft_diloco_half": "torchft DiLoCo, half batch"}
 LABELS.update(TORCHFT_LABELS)
 TORCHFT_SOURCES = {
     "outer_optimizer": "torchft's DiLoCo example and tests (torchft/_test/diloco_trainer.py): SGD lr 0.7, momentum "
@@ -355,7 +362,7 @@ def make_torchft_config(name: str, base: dict, sync_every: Optional[int] = None)
     if name not in TORCHFT_CONFIGS:
         raise ValueError(f"config: got {name!r}; allowed: {', '.join(TORCHFT_CONFIGS)}")
     h = STREAMING_BLOCK["sync_every"] if sync_every is None else sync_every
-    streaming = name == "torchft_streaming_diloco"
+    streaming = name.removesuffix("_half") == "torchft_streaming_diloco"
     fragments = STREAMING_BLOCK["fragments"] if streaming else 1
     delay = STREAMING_BLOCK["overlap_steps"] if streaming else 0
     if isinstance(h, bool) or not isinstance(h, int) or h < fragments or h % fragments:
@@ -364,6 +371,8 @@ def make_torchft_config(name: str, base: dict, sync_every: Optional[int] = None)
         delay = 0
     cfg = copy.deepcopy(base)
     cfg.pop("acco", None)
+    if name in HALF_BATCH:
+        _halve(cfg)
     cfg["torchft"] = {
         "algorithm": "streaming_diloco" if streaming else "diloco", "sync_every": h, "fragments": fragments,
         "fragment_sync_delay": delay, "fragment_update_alpha": STREAMING_BLOCK["alpha"] if streaming else 0.0,

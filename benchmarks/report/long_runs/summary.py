@@ -64,7 +64,7 @@ SHORT = {"zero1": "ZeRO-1", "zero1_overlap": "ZeRO-1 overlap_comm", "sync": "syn
          "acco_lowbit_int4_adaptive": "acco adaptive", "acco_lowbit_int4_fixed_half": "acco fixed, half batch",
          "streaming_int8": "streaming", "auto_lowbit_int4": "auto",
          "auto_lowbit_int4_streaming": "auto + streaming", "torchft_diloco": "torchft DiLoCo",
-         "torchft_streaming_diloco": "torchft Streaming DiLoCo"}
+         "torchft_streaming_diloco": "torchft Streaming DiLoCo", "torchft_diloco_half": "torchft DiLoCo, half batch"}
 """Short names for the tables and the plot."""
 WORKERS_BED = "long-workers"
 """The light sleep bed's runs (:func:`benchmarks.protocol.plans.sleep_workload` ``light``) have notes starting so."""

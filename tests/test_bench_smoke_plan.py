@@ -62,3 +62,24 @@ def test_a_shared_launch_reports_each_run_by_its_own_hosts(tmp_path):
     row = parse_run(specs[2], dirs[2], 3, 40.0)
     assert row["ok"] is False and row["exit_code"] == 3 and row["netns"] is True
     assert shared_launch.main(["a", "b"]) == 2  # usage
+
+
+def test_a_steps_tokens_come_from_its_rounds_else_the_scripts_count(tmp_path):
+    """A commit's tokens are its rounds' counts; a step no gradient round made (a streaming phase's inner step, which
+    auto may run at half the batch) takes the training script's own count, not the nominal batch."""
+    wl = plans.build_sweep("smoke", netns=True, root=True).runs[0].workload
+    spec = RunSpec("time_to_loss", "auto_lowbit_int4_streaming", wl)
+    per_mb = wl.micro_batch * wl.seq_len
+    nominal = per_mb * wl.grad_accum * spec.hosts
+    steps = [{"step": s, "t": float(s), "loss": 3.0, "train_s": float(s), "micro_batch_index": s,
+              "tx_bytes": -1} for s in (1, 2, 3)]
+    for r in range(spec.hosts):
+        (tmp_path / f"worker_rank{r}.json").write_text(json.dumps({"steps": steps, "summary": {"steps": 3},
+                                                                        "peak_rss_kb": 2, "baseline_rss_kb": 1}))
+        (tmp_path / f"telemetry.jsonl.rank{r}").write_text(json.dumps(
+            {"index": 0, "kind": "commit", "mode": "sync", "counts": [wl.grad_accum] * spec.hosts,
+             "waited_s": 0.0, "round_s": 0.1, "compute_s": 0.1, "bytes_sent": 1, "stage_s": {}}) + "\n")
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(dict(s, tokens=nominal + (s["step"] - 1) * nominal // 2))
+                                                  + "\n" for s in steps) + json.dumps({"tokens": 0}) + "\n")
+    row = parse_run(spec, str(tmp_path), 0, 10.0)
+    assert [c["tokens"] for c in row["curve"]] == [nominal, 3 * nominal // 2, 2 * nominal]

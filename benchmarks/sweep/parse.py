@@ -234,11 +234,16 @@ def parse_run(spec: "RunSpec", run_dir: str, rc: int, wall_s: float, load: Optio
     row["mean_counts_per_commit"] = mean("mean_counts_per_commit")
 
     # ---- curves (rank 0): loss vs step/tokens/time, validation points, round timeline
+    # a step's tokens: the commits' round records, else the script's own count (DeepSpeed's sample counter: a
+    # streaming phase's inner steps have no gradient round, and auto may run them at half the batch), else nominal
     tok = tokens_by_step(rounds[0], tokens_per_mb) if rounds and rounds[0] else {}
+    script = {x["step"]: x.get("tokens") for x in read_jsonl(os.path.join(run_dir, "train.jsonl"))
+              if "micro_batch_index" in x}  # the training script's per-step records (rank 0)
     curve = []
     for x in (workers[0] or {}).get("steps") or []:
         s = x["step"]
-        curve.append({"step": s, "tokens": tok.get(s, s * nominal_tokens_per_step), "train_s": x.get("train_s"),
+        tokens = tok.get(s) or script.get(s) or s * nominal_tokens_per_step
+        curve.append({"step": s, "tokens": tokens, "train_s": x.get("train_s"),
                       "loss": _finite(x.get("loss")), "val_loss": _finite(x.get("val_loss")),
                       "val_train_s": x.get("val_train_s")})
     if curve and row["val_loss"] is not None:

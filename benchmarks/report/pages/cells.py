@@ -15,7 +15,8 @@ LABELS = {"sync": "sync fp32 (the fair baseline)", "sync_lowbit": "sync low-bit"
           "sync low-bit, half the batch", "acco_lowbit_int4_fixed": "acco fixed", "acco_lowbit_int4_adaptive":
           "acco adaptive", "auto_lowbit_int4": "auto (`auto_lowbit.json`)", "auto_lowbit_int4_streaming":
           "auto with `auto.streaming`", "streaming_int8": "streaming by hand", "zero1": "stock ZeRO-1",
-          "torchft_diloco": "torchft DiLoCo", "torchft_streaming_diloco": "torchft Streaming DiLoCo"}
+          "torchft_diloco": "torchft DiLoCo", "torchft_streaming_diloco": "torchft Streaming DiLoCo",
+          "torchft_diloco_half": "torchft DiLoCo, half the batch"}
 HAND = ("sync", "sync_lowbit", "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "streaming_int8")
 """The modes a user picks by hand at the bench's batch (what auto is compared with)."""
 

@@ -106,6 +106,11 @@ class Choice:
     """Streaming's inner steps take half the accumulation (``G/2`` micro-batches per worker;
     :func:`streaming_batch`)."""
 
+    @property
+    def half(self) -> bool:
+        """Whether the mode that runs takes half the accumulation (its own flag of the three)."""
+        return {SYNC: self.sync_half, ACCO: self.acco_half, STREAMING: self.streaming_half}[self.mode]
+
 
 def samples_to_loss(batch: float, noise: float, rate: float, configured: float) -> float:
     """Samples (micro-batches) to a loss with commits of ``batch`` micro-batches, up to a constant: ``noise`` the

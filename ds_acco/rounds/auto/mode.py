@@ -303,8 +303,7 @@ class AutoMode:
         self.choices.append(choice.figures)
         if self.rank == 0:
             logger.info(choice.line)
-        half = {SYNC: choice.sync_half, ACCO: choice.acco_half, STREAMING: choice.streaming_half}[choice.mode]
-        quota = self.G // 2 if half else 0
+        quota = self.G // 2 if choice.half else 0
         self._ran.add(_candidate(state.mode, state.policy, state.step_quota))
         new = _candidate(choice.mode, choice.policy, quota)
         if choice.mode != STREAMING and new != _candidate(state.mode, state.policy, state.step_quota):

@@ -48,7 +48,8 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
         if name in configs.HALF_BATCH:  # half the batch, the same warm-up in tokens (and sync steps, in acco)
             assert cfg["gradient_accumulation_steps"] == 2 and cfg["scheduler"]["params"]["warmup_num_steps"] == (
                 2 * made["zero1"]["scheduler"]["params"]["warmup_num_steps"])
-            assert acco_config_of(config=cfg).warmup_steps == (2 if "acco" in name else 1), name
+            want = 2 if "acco" in name else 0 if name.startswith("streaming") else 1  # streaming has no sync steps
+            assert acco_config_of(config=cfg).warmup_steps == want, name
             continue
         assert cfg["train_micro_batch_size_per_gpu"] == 2 and cfg["gradient_accumulation_steps"] == 4
         assert cfg["optimizer"] == made["zero1"]["optimizer"] and cfg["scheduler"] == made["zero1"]["scheduler"]
@@ -66,7 +67,7 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
                      "auto_lowbit_policy": ("auto", "auto"), "auto_lowbit_policy_early": ("auto", "auto"),
                      "acco_lowbit_int4_fixed": ("acco", "fixed"), "acco_lowbit_int4_adaptive": ("acco", "adaptive"),
                      "auto_lowbit_int4": ("auto", "auto"), "auto_lowbit_int4_streaming": ("auto", "auto"),
-                     "acco_lowbit_int4_fixed_half": ("acco", "fixed")}
+                     "acco_lowbit_int4_fixed_half": ("acco", "fixed"), "streaming_int8_half": ("streaming", "fixed")}
     # int4 estimates: those five only, on the low-bit rounds
     assert {n for n, c in made.items() if c.get("acco", {}).get("estimate_quantization") == "int4"} == {
         "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4", "auto_lowbit_int4_streaming",
@@ -100,11 +101,12 @@ def test_configs_share_everything_but_the_gradient_path(tmp_path):
              for n in ("acco_bf16", "acco_bf16_fp32acc")}
     assert accum == {"acco_bf16": ({"enabled": True}, "bf16", "bf16"),
                      "acco_bf16_fp32acc": ({"enabled": True}, "fp32", "bf16")}
-    for name in ("streaming_int8", "streaming_fp32"):  # stage 0, the benchmark's fragment schedule
+    for name in ("streaming_int8", "streaming_fp32", "streaming_int8_half"):  # stage 0, the fragment schedule
         assert made[name]["zero_optimization"] == {"stage": 0}
         assert {k: made[name]["acco"]["streaming"][k] for k in configs.STREAMING_BLOCK} == configs.STREAMING_BLOCK
     assert made["streaming_int8"]["acco"]["streaming"]["quantize"] == "int8"
     assert made["streaming_fp32"]["acco"]["streaming"]["quantize"] == "none"
+    assert made["streaming_int8_half"]["acco"] == made["streaming_int8"]["acco"]  # all but the batch and schedule
     assert all(c["acco"]["telemetry"]["jsonl_path"] == str(tmp_path / "t.jsonl") for c in made.values() if "acco" in c)
 
 

@@ -42,12 +42,13 @@ from benchmarks.sweep.specs import RunSpec, Workload
 
 SCENARIO = "time_to_loss"
 LONG = ("zero1", "zero1_overlap", "sync", "sync_lowbit", "sync_lowbit_half", "acco_lowbit_int4_fixed",
-        "acco_lowbit_int4_adaptive", "acco_lowbit_int4_fixed_half", "streaming_int8", "auto_lowbit_int4",
-        "auto_lowbit_int4_streaming")
+        "acco_lowbit_int4_adaptive", "acco_lowbit_int4_fixed_half", "streaming_int8", "streaming_int8_half",
+        "auto_lowbit_int4", "auto_lowbit_int4_streaming")
 """Every honest alternative that configs.py holds: stock ZeRO-1 with and without overlap_comm, sync fp32 (the fair
 baseline), sync low-bit at the bed's batch and at half of it (about the adaptive policy's commits), acco fixed and
 adaptive with the shipped preset's int4 estimates, acco fixed at half the batch (the overlap where the smaller batch
-pays), streaming, the two shipped auto presets."""
+pays), streaming at the bed's batch and at half of it (the batch auto with streaming may run), the two shipped
+auto presets."""
 WORKERS = ("sync", "sync_lowbit", "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4",
            "streaming_int8")
 """The workers comparison's configs: the baseline whose loss is the target, sync low-bit, the overlap at sync's

@@ -21,6 +21,9 @@ run; only how gradients travel differs:
 ``streaming_int8``  ds_acco ``mode: streaming`` on stage 0, int8 pseudo-gradients,
                     bf16 all-gather (streaming_int8.json, :data:`STREAMING_BLOCK`)
 ``streaming_fp32``  the same schedule with fp32 both ways (what int8 saves)
+``streaming_int8_half``  streaming_int8 at half the accumulation steps (inner steps of half the batch, the
+                    same H in inner steps), twice the scheduler's steps: the batch auto with streaming
+                    may run its inner steps at, by hand (does streaming at that batch beat the overlap?)
 ``sync_lowbit``     ds_acco ``mode: sync`` with the low-bit rounds of
                     acco_lowbit.json (int8 reduce-scatter with error feedback,
                     int8 delta all-gather): ZeRO-1 steps at ACCO's bytes
@@ -76,8 +79,8 @@ CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive
            "streaming_fp32", "sync_lowbit", "acco_lowbit_fixed", "acco_lowbit_adaptive", "acco_bf16",
            "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half", "acco_lowbit_lrwarm", "auto_lowbit_adaptive",
            "auto_lowbit_policy", "auto_lowbit_policy_early", "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive",
-           "auto_lowbit_int4", "auto_lowbit_int4_streaming", "acco_lowbit_int4_fixed_half")
-HALF_BATCH = ("sync_lowbit_half", "acco_lowbit_int4_fixed_half", "torchft_diloco_half")
+           "auto_lowbit_int4", "auto_lowbit_int4_streaming", "acco_lowbit_int4_fixed_half", "streaming_int8_half")
+HALF_BATCH = ("sync_lowbit_half", "acco_lowbit_int4_fixed_half", "torchft_diloco_half", "streaming_int8_half")
 """Configs at half the accumulation steps, with twice the scheduler's steps: the same tokens."""
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
@@ -100,6 +103,7 @@ LABELS = {
     "zero1_bf16": "DeepSpeed ZeRO-1 bf16",
     "streaming_int8": "ds_acco streaming int8",
     "streaming_fp32": "ds_acco streaming fp32",
+    "streaming_int8_half": "ds_acco streaming int8, half batch",
     "sync_lowbit": "ds_acco sync low-bit",
     "acco_lowbit_fixed": "ds_acco acco low-bit fixed",
     "acco_lowbit_adaptive": "ds_acco acco low-bit adaptive",
@@ -183,6 +187,8 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
                 block["overlap_steps"] = 0
         if name == "streaming_fp32":
             acco["streaming"].update(quantize="none", all_gather_dtype="fp32")
+        if name in HALF_BATCH:
+            _halve(cfg)
         acco["telemetry"] = dict(acco.get("telemetry", {}), log_every=0,
                                  **({"jsonl_path": telemetry_jsonl} if telemetry_jsonl else {}))
         cfg["acco"] = acco

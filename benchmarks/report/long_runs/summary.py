@@ -62,7 +62,7 @@ ORDER = LONG + TORCHFT
 SHORT = {"zero1": "ZeRO-1", "zero1_overlap": "ZeRO-1 overlap_comm", "sync": "sync fp32", "sync_lowbit": "sync low-bit",
          "sync_lowbit_half": "sync low-bit, half batch", "acco_lowbit_int4_fixed": "acco fixed",
          "acco_lowbit_int4_adaptive": "acco adaptive", "acco_lowbit_int4_fixed_half": "acco fixed, half batch",
-         "streaming_int8": "streaming", "auto_lowbit_int4": "auto",
+         "streaming_int8": "streaming", "streaming_int8_half": "streaming, half batch", "auto_lowbit_int4": "auto",
          "auto_lowbit_int4_streaming": "auto + streaming", "torchft_diloco": "torchft DiLoCo",
          "torchft_streaming_diloco": "torchft Streaming DiLoCo", "torchft_diloco_half": "torchft DiLoCo, half batch"}
 """Short names for the tables and the plot."""

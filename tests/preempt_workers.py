@@ -55,14 +55,16 @@ def config(front: str, out: str) -> dict:
 def forced_switch(front: str):
     """auto_streaming: auto must switch at its first choice, whatever this machine measures (and not before the
     first round, which with any rate a probe gives it would); put back after, for a pooled worker's next job."""
-    hint, look_first = auto_choice.STREAMING_HINT, auto_mode.AutoMode.__dict__["look_first"]
+    hints = auto_choice.STREAMING_HINT, auto_choice.STREAMING_HINT_HALF
+    look_first = auto_mode.AutoMode.__dict__["look_first"]
     if front == "auto_streaming":
-        auto_choice.STREAMING_HINT = 0.0
+        auto_choice.STREAMING_HINT = auto_choice.STREAMING_HINT_HALF = 0.0
         auto_mode.AutoMode.look_first = lambda self: False
     try:
         yield
     finally:
-        auto_choice.STREAMING_HINT, auto_mode.AutoMode.look_first = hint, look_first
+        auto_choice.STREAMING_HINT, auto_choice.STREAMING_HINT_HALF = hints
+        auto_mode.AutoMode.look_first = look_first
 
 
 # ------------------------------------------------------------------ the scenarios (scripts and pooled jobs)

@@ -132,7 +132,7 @@ def test_choice_follows_the_step_model(round_ms, want):
     assert choice.figures["streaming_ratio"] == pytest.approx(
         {2: 202, 100: 220, 130: 286, 500: 700}[round_ms] / 200, rel=1e-3)
     if round_ms == 130:
-        assert "a step of acco costs 1.43x its bare compute to a loss: mode 'streaming'" in choice.line, choice.line
+        assert "a step of acco costs 1.43x the bare compute to a loss: mode 'streaming'" in choice.line, choice.line
     if round_ms == 500:
         assert "a round is 2.5x a step's compute, more than any gradient round can hide" in choice.line, choice.line
 
@@ -388,6 +388,38 @@ def test_streaming_steps_on_half_the_batch_where_the_noise_scale_prices_that_che
         if noise == 0.0:  # what a look before two rounds measured the scale takes it as (auto's own decision)
             decided = AutoMode(cfg, G, 2, 0).decision([row, row], RoundState(), 0)
             assert decided.mode == "streaming" and decided.step_quota == (G // 2 if half else 0), decided
+
+
+def test_streaming_is_priced_at_the_batch_it_would_run():
+    """Where streaming would run at half the batch, the chosen mode is priced against streaming's bare compute at
+    that batch, with its own threshold (``STREAMING_HINT_HALF``). Compute 50 ms a micro-batch, 55 ms with a round in
+    flight, a 60 ms round, noise below what the rounds resolve (every committed step alike): acco fixed at half the
+    batch (2 x 2 x 60 ms a nominal step, 5% dearer for its delay, priced at half the micro-batches) costs 1.26x
+    streaming's bare 200 ms at half the batch, so the job streams at half, where against full-batch streaming's price
+    (0.63x) it never would; with the policy fixed, streaming runs at the full batch, acco fixed costs 1.16x that, under
+    ``STREAMING_HINT``; with compute not slowed and a shorter round (the sleep bed's case) acco at half ties."""
+    from ds_acco.rounds.auto.choice import STREAMING_HINT, STREAMING_HINT_HALF
+
+    def pick(policy, c_acco_ms, round_ms):
+        cfg = parse_acco_config(dict(AUTO, policy=policy, auto=dict(AUTO["auto"], streaming=True,
+                                                                     acco_step_penalty=0.05),
+                                     streaming={"fragments": 2}))
+        return choose(figures(50, round_ms, 4 * 50 + round_ms, c_acco_ms=c_acco_ms), "sync", cfg, G, step=3,
+                      streaming=True, noise=0.0)
+
+    half = pick("auto", 55, 60)
+    assert half.mode == "streaming" and half.streaming_half, half.line
+    assert half.figures["streaming_ratio"] == pytest.approx(2 * 2 * 60 * 1.05 / 2 / 100, rel=1e-3)
+    assert half.figures["streaming_hint"] == STREAMING_HINT_HALF < half.figures["streaming_ratio"] < STREAMING_HINT
+    assert "runs streaming at half the batch (2 micro-batches an inner step)" in half.line, half.line
+    assert "costs 1.26x the bare compute at half the batch to a loss" in half.line, half.line
+    fixed = pick("fixed", 55, 60)
+    assert fixed.mode == "acco" and fixed.figures["streaming_hint"] == STREAMING_HINT, fixed.line
+    assert fixed.figures["streaming_ratio"] == pytest.approx(2 * 110 * 1.05 / 200, rel=1e-3)
+    assert "streaming" not in fixed.line.split(": runs")[-1], fixed.line
+    tie = pick("auto", 50, 40)
+    assert tie.mode == "acco" and tie.acco_half and not tie.streaming_half, tie.line
+    assert tie.figures["streaming_ratio"] == pytest.approx(1.05, rel=1e-3), tie.line
 
 
 def test_the_clock_is_perf_counter_unless_given_and_a_simulated_one_ends_rounds_by_its_stamps():

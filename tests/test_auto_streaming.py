@@ -225,12 +225,13 @@ def _ds_job(rank, world, **kw):
     from ds_acco.rounds.auto import choice as auto_choice, mode as auto_mode
     from tests import ds_workloads as D
 
-    hint, auto_choice.STREAMING_HINT = auto_choice.STREAMING_HINT, 0.0
+    hints = auto_choice.STREAMING_HINT, auto_choice.STREAMING_HINT_HALF
+    auto_choice.STREAMING_HINT = auto_choice.STREAMING_HINT_HALF = 0.0
     look, auto_mode.AutoMode.look_first = auto_mode.AutoMode.look_first, lambda self: False
     try:
         return D.train_ds(rank, world, **kw)
     finally:
-        auto_choice.STREAMING_HINT, auto_mode.AutoMode.look_first = hint, look
+        (auto_choice.STREAMING_HINT, auto_choice.STREAMING_HINT_HALF), auto_mode.AutoMode.look_first = hints, look
 
 
 def test_deepspeed_switches_to_streaming_follows_the_reference_and_resumes(tmp_path):

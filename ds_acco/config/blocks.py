@@ -112,8 +112,9 @@ class AutoConfig(_Block):
     between two modes that cost the same)."""
     streaming: bool = False
     """Let auto switch the job to Streaming DiLoCo (configured by the ``streaming`` block) where the best
-    gradient mode costs at least 1.35x a step's bare compute to a loss (``ds_acco.rounds.auto.choice.STREAMING_HINT``):
-    there no gradient round hides, and streaming's fragment rounds do. Off unless set, because from the switch
+    gradient mode costs at least 1.35x a step's bare compute to a loss (``ds_acco.rounds.auto.choice.STREAMING_HINT``;
+    1.2x the bare compute at half the batch where streaming would run there, ``STREAMING_HINT_HALF``): there no
+    gradient round hides, and streaming's fragment rounds do. Off unless set, because from the switch
     on every rank keeps a full copy of the optimizer state (ZeRO stage 0's memory). Needs fp32 parameters, and
     DeepSpeed ZeRO-1 or ``ds_acco.plain.build(..., model=)``. One-way: auto does not choose again after it.
     Auto may also start streaming (and nothing else) before the first round (gloo, ``G >= 2``) and, where

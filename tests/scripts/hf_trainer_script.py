@@ -34,14 +34,16 @@ def forced_streaming(on: bool):
     """mode auto with auto.streaming switches at its first choice, whatever this machine measures (at the first
     choice after measure_steps: not before the first round, where it would hang on whether loopback's probe gave a
     rate); put back for the runs after."""
-    hint, look_first = auto_choice.STREAMING_HINT, auto_mode.AutoMode.__dict__["look_first"]
+    hints = auto_choice.STREAMING_HINT, auto_choice.STREAMING_HINT_HALF
+    look_first = auto_mode.AutoMode.__dict__["look_first"]
     if on:
-        auto_choice.STREAMING_HINT = 0.0
+        auto_choice.STREAMING_HINT = auto_choice.STREAMING_HINT_HALF = 0.0
         auto_mode.AutoMode.look_first = lambda self: False
     try:
         yield
     finally:
-        auto_choice.STREAMING_HINT, auto_mode.AutoMode.look_first = hint, look_first
+        auto_choice.STREAMING_HINT, auto_choice.STREAMING_HINT_HALF = hints
+        auto_mode.AutoMode.look_first = look_first
 
 
 def check_export(trainer, engine, output_dir: str):

@@ -26,7 +26,8 @@ the same integers, so no rank disagrees: in acco the figures ride the count all-
 every rank's figures including it (:meth:`AutoMode.gathered`), so the first choice can come after step 1. When ``R``
 exceeds the whole compute of a step, ``acco`` cannot hide it and ``sync`` wins; when ``R`` is tiny, hiding it is not
 worth the penalty; between the two, ``acco`` wins. Where even the best of them costs :data:`STREAMING_HINT` times a
-step's bare compute, ``acco.auto.streaming`` switches the job to streaming
+step's bare compute (:data:`STREAMING_HINT_HALF` times it at half the batch, where streaming would run there),
+``acco.auto.streaming`` switches the job to streaming
 (:meth:`ds_acco.streaming.phase.PhaseFactory.enter`), its inner steps at the configured batch or at half of it,
 whichever the noise scale prices best (:func:`streaming_batch`).
 
@@ -78,10 +79,15 @@ STREAMING_HINT = 1.35
 """Where the best gradient mode costs this many times a step's bare compute (``G`` micro-batches, a full batch, priced
 to a loss as the candidates are: delay penalty and batch in), no gradient round hides and streaming, whose fragment
 rounds do, is the faster mode: with ``acco.auto.streaming`` the job switches to it, otherwise the line points to it.
-The ratio is against streaming at the full batch even where streaming then runs at half of it (a half batch priced
-cheaper only makes streaming look better): the threshold was placed where full-batch streaming won and lost.
-Between the ratios where streaming won (1.39-1.79 at 25 Mbit/s) and lost (0.71-1.30 at 100 Mbit/s; BENCHMARKS.md,
-"Streaming against auto, four seeds")."""
+Placed between the ratios where streaming won (1.39-1.79 at 25 Mbit/s) and lost (0.71-1.30 at 100 Mbit/s;
+BENCHMARKS.md, "Streaming against auto, four seeds"). Where streaming would run at half the batch
+(:func:`streaming_batch`), its bare compute is priced at that batch and the threshold is :data:`STREAMING_HINT_HALF`."""
+STREAMING_HINT_HALF = 1.2
+"""The same threshold against streaming's bare compute at half the batch. Placed between the ratios auto's checks read
+on the long runs (docs/long-runs.md) where streaming at half the batch was the fastest config (1.22-1.49 on real
+compute at 100 Mbit/s after the first check, about 3 at 25 Mbit/s) or close to it, ahead of the modes auto ran
+(1.21-1.41 with one host at half speed), and where it tied them (0.99-1.12 on the sleep bed, whose compute is off the
+CPU: there a round in flight does not slow compute, so the overlap hides every round for free)."""
 
 
 SIMPLEST_FIRST = ((SYNC, None), (SYNC, HALF), (ACCO, Policy.FIXED), (ACCO, HALF), (ACCO, Policy.ADAPTIVE))
@@ -148,14 +154,15 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     measured in the running mode (the adaptive policy's varies); ``estimate_fraction``: an estimate round's bytes
     over a commit's (``acco.estimate_quantization``); round times are commit rounds' (the timer scales estimates up
     by it); ``streaming``: ``acco.auto.streaming``, the job may switch to streaming where the chosen gradient mode
-    costs :data:`STREAMING_HINT` or more; ``noise_measured``: False where ``noise`` is the small-noise limit taken
-    before two rounds measured it; ``penalty``: acco's delay penalty now (None: ``acco.auto.acco_step_penalty``;
-    :meth:`AutoMode.penalty`); ``sync_half``: whether sync at half the accumulation is a candidate (None: where the
-    policy may change the batch, as the adaptive policy does, and ``G`` is even); ``penalty_note``/``noise_note``:
-    how the penalty and the noise scale were taken, for the line; ``batch_scale``: per acco policy, its measured
-    micro-batches per commit over the model's when it last ran (:meth:`AutoMode.decision`), applied to the model's
-    commits for it while it does not run; ``rate``: the learning rate over its peak (:func:`samples_to_loss`);
-    ``acco_half``: whether acco fixed at half the accumulation is a candidate (None: under ``policy: "auto"`` with
+    costs :data:`STREAMING_HINT` (:data:`STREAMING_HINT_HALF` against streaming at half the batch) or more;
+    ``noise_measured``: False where ``noise`` is the small-noise limit taken before two rounds measured it;
+    ``penalty``: acco's delay penalty now (None: ``acco.auto.acco_step_penalty``; :meth:`AutoMode.penalty`);
+    ``sync_half``: whether sync at half the accumulation is a candidate (None: where the policy may change the
+    batch, as the adaptive policy does, and ``G`` is even); ``penalty_note``/``noise_note``: how the penalty and the
+    noise scale were taken, for the line; ``batch_scale``: per acco policy, its measured micro-batches per commit
+    over the model's when it last ran (:meth:`AutoMode.decision`), applied to the model's commits for it while it
+    does not run; ``rate``: the learning rate over its peak (:func:`samples_to_loss`); ``acco_half``: whether acco
+    fixed at half the accumulation is a candidate (None: under ``policy: "auto"`` with
     ``G`` a multiple of 4)."""
     N = len(figures)
     # compute per micro-batch with a round in flight over without, from ranks that measured both
@@ -216,9 +223,14 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     chosen = best if score(best) < score(running) * (1.0 - auto.switch_margin) else running
     acco_c = chosen if chosen[0] == ACCO else min((c for c in step_s if c[0] == ACCO), key=score)
     k = max(c_acco_s) / max(c_sync_s)
-    ratio = score(chosen) / price(G * max(c_sync_s), full)
-    runs = STREAMING if streaming and ratio >= STREAMING_HINT else chosen[0]
-    streaming_half = runs == STREAMING and sync_half and streaming_batch(price, G * max(c_sync_s), full) < full
+    # streaming at the batch it would run (half where half-batch sync is a candidate and priced cheaper), its
+    # fragment rounds hidden: a nominal step costs its bare compute
+    bare = G * max(c_sync_s)
+    s_half = bool(sync_half) and streaming_batch(price, bare, full) < full
+    ratio = score(chosen) / price(bare, full / 2 if s_half else full)
+    hint = STREAMING_HINT_HALF if s_half else STREAMING_HINT
+    runs = STREAMING if streaming and ratio >= hint else chosen[0]
+    streaming_half = runs == STREAMING and s_half
     figs = {"step": step, "compute_ms": 1e3 * max(c_sync_s), "in_flight_factor": k, "round_ms": 1e3 * R,
             "wire_factor": wire, "sync_step_ms": 1e3 * step_s[(SYNC, None)], "acco_step_ms": 1e3 * step_s[acco_c],
             "acco_charged_ms": 1e3 * step_s[acco_c] * (1.0 + penalty), "penalty": penalty,
@@ -229,6 +241,7 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
             "was": current, "runs": runs, "streaming_half": streaming_half, "policy": _policy(acco_c),
             "world_size": N,
             "noise_scale": noise, "noise_measured": noise_measured, "rate_share": rate, "streaming_ratio": ratio,
+            "streaming_hint": hint, "streaming_priced_half": s_half,
             "candidates": {f"{m} {'fixed half' if c == (ACCO, HALF) else p}" if p else m: {
                 "step_ms": 1e3 * step_s[c], "batch": batches[c], "score_ms": 1e3 * score(c)}
                 for c in step_s for m, p in [c]}}
@@ -313,11 +326,12 @@ def _line(figs: dict, G: int, current: str, running: tuple, chosen: tuple, step_
                      f"{percent(figs['switch_margin'])} switch margin")
         elif (alt := min((c for c in step_s if c != chosen), key=score, default=None)) is not None:
             line += f"; the next best, {name(alt)}, would take {score(alt) / score(chosen):.2f}x its time to a loss"
-    if figs["streaming_ratio"] >= STREAMING_HINT:
+    if figs["streaming_ratio"] >= figs["streaming_hint"]:
         compute_ms, sync_round_ms = G * figs["compute_ms"], figs["round_ms"] / (1.0 if current == SYNC else wire)
+        at = " at half the batch" if figs["streaming_priced_half"] else ""
         why = (f"a round is {sync_round_ms / compute_ms:.1f}x a step's compute, more than any gradient round can hide"
                if chosen[0] == SYNC and sync_round_ms >= compute_ms else
-               f"a step of {name(chosen)} costs {figs['streaming_ratio']:.2f}x its bare compute to a loss")
+               f"a step of {name(chosen)} costs {figs['streaming_ratio']:.2f}x the bare compute{at} to a loss")
         if streaming:
             line += (f"; {why}: streaming syncs one fragment at a time behind compute, so the job runs it from here "
                      "to the end (acco.auto.streaming; auto does not choose again)")

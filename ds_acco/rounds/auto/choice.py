@@ -162,8 +162,7 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     noise scale were taken, for the line; ``batch_scale``: per acco policy, its measured micro-batches per commit
     over the model's when it last ran (:meth:`AutoMode.decision`), applied to the model's commits for it while it
     does not run; ``rate``: the learning rate over its peak (:func:`samples_to_loss`); ``acco_half``: whether acco
-    fixed at half the accumulation is a candidate (None: under ``policy: "auto"`` with
-    ``G`` a multiple of 4)."""
+    fixed at half the accumulation is a candidate (None: under ``policy: "auto"`` with ``G`` a multiple of 4)."""
     N = len(figures)
     # compute per micro-batch with a round in flight over without, from ranks that measured both
     interference = max((r[1] / r[0] for r in figures if r[0] > 0 and r[1] > 0), default=1.0)

@@ -101,6 +101,31 @@ def test_the_beds_fit_and_bytes_are_sane(fitted):
     assert grid.penalties(fitted)["torchft_diloco"] == fitted["penalties"]["torchft_diloco"]
 
 
+def test_the_penalties_are_the_long_runs_paired_by_seed(fitted):
+    """The table's penalties are the decayed-rate long runs' (both kinds of compute), the short runs' kept beside them;
+    a seed pairs with its own sync fp32 run, so sync fp32's is 1 exactly and each is a median of per-seed ratios."""
+    long = fitted["penalties_long"]
+    assert fitted["penalties"] == long["penalties"] and set(long["each"]["acco_fixed"]) == {
+        " ".join(bed) for bed in fit.PENALTY_BEDS}
+    assert set(fitted["penalties_short"]) == set(fit.PENALTY_METHOD.values())
+    fixed = long["each"]["acco_fixed"].values()
+    assert min(fixed) <= fitted["penalties"]["acco_fixed"] <= max(fixed)
+    assert fit.long_run_penalties(["bench_results/no_such_folder_*"]) == {}
+
+
+def test_adaptive_at_a_batch_it_never_ran_pays_at_least_acco_fixeds_penalty(fitted):
+    """Its measured tokens came from commits smaller than sync's; at commits of sync's batch or more the table charges
+    acco fixed's penalty (a larger batch never needs fewer tokens), and its own below that batch."""
+    cells = grid.table(fitted)
+    p = fitted["penalties"]
+    assert p["acco_adaptive"] < p["acco_fixed"]  # the measured one: smaller commits, fewer tokens
+    large = [c for c in cells if c.adaptive_batch() >= 1.0]
+    assert large and all(c.penalty_of("acco_adaptive") == p["acco_fixed"] for c in large)
+    small = grid.Cell("1B", 64, 1, {"acco_adaptive": m.Step("acco_adaptive", 1.0, 4.0, (), 0.0),
+                                    "sync_fp32": m.Step("sync_fp32", 1.0, 8.0, (), 0.0)}, p, {})
+    assert small.penalty_of("acco_adaptive") == p["acco_adaptive"]
+
+
 def test_the_check_reads_runs_wherever_they_are():
     """The 4- and 8-worker check reads any folder of the raw format (here a 2-worker sweep in its place)."""
     rows = fit.long_run_check(fit.fit_beds(fit.bed_runs()), "bench_results/ttl_five_beds_seeds1-4/real_25mbit_seed1")

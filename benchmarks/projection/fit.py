@@ -49,6 +49,10 @@ GPU_FOLDERS = ("gpu_overlap/h100_world1/call1_head/base", "gpu_overlap/h200_worl
 """The GPU sessions at the current round code (HEAD of the H100 session, the H200 A/B's new chunks)."""
 GPU_CONFIG = "acco_lowbit_int4_fixed"
 LONG_RUNS = "bench_results/long_runs/workers_*"
+PENALTY_RUNS = ("bench_results/long_runs/real_seed*", "bench_results/long_runs/sleep_seed*")
+PENALTY_BEDS = (("long-real", "100mbit"), ("long-sleep", "100mbit"))
+"""Where the table's convergence penalties are measured: the long runs' two kinds of compute at one link (a
+fixed-batch config's tokens to a loss do not depend on the link), with the rate warmed up and decayed as users train."""
 WARMUP_ROUNDS = 2
 
 
@@ -261,7 +265,8 @@ def tokens_to(points: list[tuple[float, float]], target: float) -> Optional[floa
 
 def penalties(runs: list[dict]) -> dict[str, float]:
     """Tokens to the fair baseline's loss at 75% of its budget, over sync fp32's in the same sweep: the median over
-    the equal-host beds and seeds (2 workers, a 3.3 M-parameter GPT)."""
+    the equal-host beds and seeds (2 workers, a 3.3 M-parameter GPT) of the short runs, whose rate stays constant
+    after warm-up; the table takes the long runs' (:func:`long_run_penalties`) where they exist."""
     ratios: dict = {}
     for run in runs:
         method = PENALTY_METHOD.get(run["config"])
@@ -274,6 +279,33 @@ def penalties(runs: list[dict]) -> dict[str, float]:
         if mine and theirs:
             ratios.setdefault(method, []).append(mine / theirs)
     return {k: _median(v) for k, v in ratios.items()}
+
+
+def long_run_penalties(patterns: Iterable[str] = PENALTY_RUNS) -> dict:
+    """Tokens to the fair baseline's loss at 75% of its budget over sync fp32's, paired by seed, on the long runs
+    (:data:`PENALTY_BEDS`): ``penalties`` the median over both beds' seeds, ``each`` per bed, and ``batches`` the
+    micro-batches per commit of sync and acco adaptive there (adaptive's tokens depend on its batch: :mod:`.grid`).
+    Empty where the long runs have not run."""
+    from benchmarks.report.long_runs import collect
+    found = sorted(p for pat in patterns for p in glob.glob(os.path.join(ROOT, pat))
+                   if os.path.isfile(os.path.join(p, "results.json")))
+    groups = collect(found) if found else {}
+    ratios: dict = {}
+    each: dict = {}
+    batches: dict = {}
+    for bed in PENALTY_BEDS:
+        by = groups.get(bed, {})
+        base = {s["seed"]: s["penalty"].get(0.75) for s in by.get("sync", [])}
+        for config, method in PENALTY_METHOD.items():
+            mine = [s["penalty"].get(0.75) / base[s["seed"]] for s in by.get(config, [])
+                    if s["penalty"].get(0.75) and base.get(s["seed"])]
+            ratios.setdefault(method, []).extend(mine)
+            each.setdefault(method, {})[" ".join(bed)] = _median(mine)
+            if method in ("sync_fp32", "acco_adaptive"):
+                batches.setdefault(method, {})[" ".join(bed)] = _median(s["mb_per_commit"] for s in by.get(config, []))
+    penalties = {k: _median(v) for k, v in ratios.items() if v}
+    return {"penalties": penalties, "each": {k: v for k, v in each.items() if k in penalties},
+            "batches": batches, "inputs": [os.path.relpath(p, ROOT) for p in found]} if penalties else {}
 
 
 def _gpu_params(folder: str) -> float:
@@ -318,8 +350,10 @@ def fit_all(set_name: str = "five_beds") -> dict:
     obs = observations([r for r in runs if key(r) in EQUAL_HOSTS])
     residuals = [dict(asdict(o), predicted_s=predicted_round(o, c), model_bytes=m.rank_bytes(o.kind, o.elements, 2))
                  for o in obs]
+    long = long_run_penalties()
     cross = summarise_check(check([r for r in runs if key(r) == ("real", "25mbit")],
                                   fit_beds(runs, [("real", "100mbit")]), runs))
     return {"cpu": asdict(c), "gpu": gpu_costs(), "residuals": residuals, "leave_one_bed_out": leave_one_bed_out(runs),
-            "fit_100_predict_25": cross, "long_runs": long_run_check(c), "penalties": penalties(runs),
+            "fit_100_predict_25": cross, "long_runs": long_run_check(c), "penalties_short": penalties(runs),
+            "penalties": long.get("penalties") or penalties(runs), "penalties_long": long,
             "inputs": sorted({r["folder"] for r in runs})}

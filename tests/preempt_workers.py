@@ -27,8 +27,8 @@ import torch.distributed as dist
 
 from ds_acco.comm.stop_signal import STOP
 from ds_acco.errors import AccoPreempted
-from ds_acco.rounds.auto import choice as auto_choice, mode as auto_mode
 from tests import ds_workloads as D
+from tests.forced_streaming import forced_streaming
 from tests import fsdp_workloads as F
 from tests import workloads as W
 from tests.checkpoint_workloads import ACCO, STREAMING, engine_of, train
@@ -49,22 +49,6 @@ def config(front: str, out: str) -> dict:
     base = {"acco": ACCO, "streaming": STREAMING, "auto_streaming": AUTO_STREAMING, "acco_adaptive": ADAPTIVE}[front]
     return dict(base, acco=dict(base["acco"], preemption={"checkpoint_dir": os.path.join(out, "preempted")},
                                 timeout_s=30))
-
-
-@contextlib.contextmanager
-def forced_switch(front: str):
-    """auto_streaming: auto must switch at its first choice, whatever this machine measures (and not before the
-    first round, which with any rate a probe gives it would); put back after, for a pooled worker's next job."""
-    hints = auto_choice.STREAMING_HINT, auto_choice.STREAMING_HINT_HALF
-    look_first = auto_mode.AutoMode.__dict__["look_first"]
-    if front == "auto_streaming":
-        auto_choice.STREAMING_HINT = auto_choice.STREAMING_HINT_HALF = 0.0
-        auto_mode.AutoMode.look_first = lambda self: False
-    try:
-        yield
-    finally:
-        auto_choice.STREAMING_HINT, auto_choice.STREAMING_HINT_HALF = hints
-        auto_mode.AutoMode.look_first = look_first
 
 
 # ------------------------------------------------------------------ the scenarios (scripts and pooled jobs)
@@ -209,7 +193,7 @@ def _as_a_fresh_process_after(front: str):
     """Run a job, then clear the SIGTERM flag and put back the handler ds_acco's replaced (test code's finally: the
     library installs its handler once per process, as a process should)."""
     try:
-        with forced_switch(front):
+        with forced_streaming(front == "auto_streaming"):  # switch at the first choice
             yield
     finally:
         if STOP._installed:

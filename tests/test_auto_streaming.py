@@ -222,16 +222,11 @@ def _ds_job(rank, world, **kw):
     """``D.train_ds`` with auto always preferring streaming (the tiny model's ratio sits near the threshold), from
     the first choice after ``measure_steps`` (the look before the first round, which would take any probed rate,
     has its own test)."""
-    from ds_acco.rounds.auto import choice as auto_choice, mode as auto_mode
     from tests import ds_workloads as D
+    from tests.forced_streaming import forced_streaming
 
-    hints = auto_choice.STREAMING_HINT, auto_choice.STREAMING_HINT_HALF
-    auto_choice.STREAMING_HINT = auto_choice.STREAMING_HINT_HALF = 0.0
-    look, auto_mode.AutoMode.look_first = auto_mode.AutoMode.look_first, lambda self: False
-    try:
+    with forced_streaming():
         return D.train_ds(rank, world, **kw)
-    finally:
-        (auto_choice.STREAMING_HINT, auto_choice.STREAMING_HINT_HALF), auto_mode.AutoMode.look_first = hints, look
 
 
 def test_deepspeed_switches_to_streaming_follows_the_reference_and_resumes(tmp_path):

@@ -10,7 +10,6 @@ started and those still open after that.
 """
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -23,27 +22,10 @@ from transformers import Trainer, TrainingArguments
 from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
 from ds_acco.comm.engine_lifecycle import EXIT_ORDER
-from ds_acco.rounds.auto import choice as auto_choice, mode as auto_mode
 from examples.models import build_gpt
 from examples.shakespeare import ShakespeareWindows
 from tests.ds_workloads import full_masters
-
-
-@contextlib.contextmanager
-def forced_streaming(on: bool):
-    """mode auto with auto.streaming switches at its first choice, whatever this machine measures (at the first
-    choice after measure_steps: not before the first round, where it would hang on whether loopback's probe gave a
-    rate); put back for the runs after."""
-    hints = auto_choice.STREAMING_HINT, auto_choice.STREAMING_HINT_HALF
-    look_first = auto_mode.AutoMode.__dict__["look_first"]
-    if on:
-        auto_choice.STREAMING_HINT = auto_choice.STREAMING_HINT_HALF = 0.0
-        auto_mode.AutoMode.look_first = lambda self: False
-    try:
-        yield
-    finally:
-        auto_choice.STREAMING_HINT, auto_choice.STREAMING_HINT_HALF = hints
-        auto_mode.AutoMode.look_first = look_first
+from tests.forced_streaming import forced_streaming
 
 
 def check_export(trainer, engine, output_dir: str):

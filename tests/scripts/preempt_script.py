@@ -12,6 +12,7 @@ import deepspeed
 import torch
 
 from tests import preempt_workers as P
+from tests.forced_streaming import forced_streaming
 
 
 def main() -> None:
@@ -24,7 +25,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
-    with P.forced_switch(args.front):
+    with forced_streaming(args.front == "auto_streaming"):  # auto switches at its first choice
         P.stop(args.front, args.out, args.at, args.during_save, [])
     print("TRAINING FINISHED WITHOUT A STOP", flush=True)
 

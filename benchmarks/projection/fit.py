@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterable, Optional
 
 from benchmarks.report.curves import interp, val_points
+from benchmarks.report.long_runs import collect
 from benchmarks.report.pages.sets import ROOT, folders
 from benchmarks.report.repeats import bed_of
 from benchmarks.report.time_to_loss import TOLERANCE
@@ -286,7 +287,6 @@ def long_run_penalties(patterns: Iterable[str] = PENALTY_RUNS) -> dict:
     (:data:`PENALTY_BEDS`): ``penalties`` the median over both beds' seeds, ``each`` per bed, and ``batches`` the
     micro-batches per commit of sync and acco adaptive there (adaptive's tokens depend on its batch: :mod:`.grid`).
     Empty where the long runs have not run."""
-    from benchmarks.report.long_runs import collect
     found = sorted(p for pat in patterns for p in glob.glob(os.path.join(ROOT, pat))
                    if os.path.isfile(os.path.join(p, "results.json")))
     groups = collect(found) if found else {}
@@ -350,10 +350,10 @@ def fit_all(set_name: str = "five_beds") -> dict:
     obs = observations([r for r in runs if key(r) in EQUAL_HOSTS])
     residuals = [dict(asdict(o), predicted_s=predicted_round(o, c), model_bytes=m.rank_bytes(o.kind, o.elements, 2))
                  for o in obs]
-    long = long_run_penalties()
+    long, short = long_run_penalties(), penalties(runs)
     cross = summarise_check(check([r for r in runs if key(r) == ("real", "25mbit")],
                                   fit_beds(runs, [("real", "100mbit")]), runs))
     return {"cpu": asdict(c), "gpu": gpu_costs(), "residuals": residuals, "leave_one_bed_out": leave_one_bed_out(runs),
-            "fit_100_predict_25": cross, "long_runs": long_run_check(c), "penalties_short": penalties(runs),
-            "penalties": long.get("penalties") or penalties(runs), "penalties_long": long,
+            "fit_100_predict_25": cross, "long_runs": long_run_check(c), "penalties_short": short,
+            "penalties": long.get("penalties") or short, "penalties_long": long,
             "inputs": sorted({r["folder"] for r in runs})}

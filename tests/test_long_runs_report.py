@@ -299,3 +299,15 @@ def test_the_host_cost_table_shows_what_a_round_takes_from_compute_where_runs_re
     header, _, real = page.host_table(lr.summarize(lr.collect(page.folders(str(tmp_path / "with"))))).splitlines()
     assert header.startswith("| bed | sync low-bit | sync low-bit, half batch | acco fixed |")
     assert real == "| real compute, 100 Mbit/s | -; 200; 10 ms | - | 1.20x; 1200; 10 ms | - | - |"
+
+
+def test_the_seconds_caption_names_a_bed_that_ran_more_seeds():
+    """One bed re-run with seeds 4 and 5 (to settle a close target): the caption must not say every bed's
+    medians are over five seeds."""
+    def block(*seeds):
+        return {"rows": {"sync": {"seeds": list(seeds)}, "sync_lowbit": {"seeds": list(seeds[:2])}}}
+    summary = {("long-real", "100mbit"): block(1, 2, 3), ("long-real", "25mbit"): block(1, 2, 3),
+               ("long-sleep", "100mbit"): block(1, 2, 3, 4, 5)}
+    assert page.seeds_phrase(summary) == "seeds 1, 2, 3 (sleep bed, 100 Mbit/s: 1, 2, 3, 4, 5)"
+    del summary[("long-sleep", "100mbit")]
+    assert page.seeds_phrase(summary) == "seeds 1, 2, 3"

@@ -222,9 +222,8 @@ def long_runs(root: str = rs.ROOT) -> str:
     summary = _summary(root)
     if not summary:
         return f"{describe()}\n\n{NO_RUNS}"
-    seeds = ", ".join(map(str, sorted(set().union(*map(_seeds, summary.values())))))
-    seconds = ("Seconds to the fair baseline's loss at 50, 75 and 100% of its budget: median over seeds "
-               f"{seeds} (spread; how many reached it where not all did)")
+    seconds = ("Seconds to the fair baseline's loss at 50, 75 and 100% of its budget: median over "
+               f"{seeds_phrase(summary)} (spread; how many reached it where not all did)")
     penalty = ("The delay penalty: tokens to the baseline's loss at 25, 50, 75 and 100% of its budget over sync "
                "low-bit's (above 1: less loss per token)")
     model = ("Auto's model of the delay penalty (`acco_step_penalty` times the rate over its peak) against acco "
@@ -317,6 +316,19 @@ def _summary(root: str) -> dict:
 
 def _seeds(block: dict) -> set:
     return {s for r in block["rows"].values() for s in r["seeds"]}
+
+
+def seeds_phrase(summary: dict) -> str:
+    """The seeds the tables' medians are over: the set most beds ran, and each bed that ran others by name (a
+    bed may have run more seeds to settle a close comparison)."""
+    by_bed = {key: tuple(sorted(_seeds(block))) for key, block in summary.items()}
+    sets = [s for s in by_bed.values() if s]
+    if not sets:
+        return "seeds"
+    common = max(set(sets), key=lambda s: (sets.count(s), -len(s)))
+    others = "; ".join(f"{bed_name(*key)}: {', '.join(map(str, s))}" for key, s in by_bed.items()
+                       if s and s != common)
+    return f"seeds {', '.join(map(str, common))}" + (f" ({others})" if others else "")
 
 
 def _empty(table: str) -> bool:

@@ -103,13 +103,16 @@ def test_the_beds_fit_and_bytes_are_sane(fitted):
 
 def test_the_penalties_are_the_long_runs_paired_by_seed(fitted):
     """The table's penalties are the decayed-rate long runs' (both kinds of compute), the short runs' kept beside them;
-    a seed pairs with its own sync fp32 run, so sync fp32's is 1 exactly and each is a median of per-seed ratios."""
+    a seed pairs with its own sync fp32 run, so sync fp32's is 1 exactly and each bed's is a median of per-seed ratios;
+    the beds weigh alike whatever their seed counts (the sleep bed ran five, real compute three)."""
     long = fitted["penalties_long"]
     assert fitted["penalties"] == long["penalties"] and set(long["each"]["acco_fixed"]) == {
         " ".join(bed) for bed in fit.PENALTY_BEDS}
     assert set(fitted["penalties_short"]) == set(fit.PENALTY_METHOD.values())
     fixed = long["each"]["acco_fixed"].values()
     assert min(fixed) <= fitted["penalties"]["acco_fixed"] <= max(fixed)
+    assert all(fitted["penalties"][k] == pytest.approx(sum(v.values()) / len(v)) for k, v in long["each"].items())
+    assert long["each"]["sync_fp32"] == {" ".join(bed): 1.0 for bed in fit.PENALTY_BEDS}
     assert fit.long_run_penalties(["bench_results/no_such_folder_*"]) == {}
 
 

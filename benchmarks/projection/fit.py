@@ -284,13 +284,14 @@ def penalties(runs: list[dict]) -> dict[str, float]:
 
 def long_run_penalties(patterns: Iterable[str] = PENALTY_RUNS) -> dict:
     """Tokens to the fair baseline's loss at 75% of its budget over sync fp32's, paired by seed, on the long runs
-    (:data:`PENALTY_BEDS`): ``penalties`` the median over both beds' seeds, ``each`` per bed, and ``batches`` the
-    micro-batches per commit of sync and acco adaptive there (adaptive's tokens depend on its batch: :mod:`.grid`).
-    Empty where the long runs have not run."""
+    (:data:`PENALTY_BEDS`): ``each`` the median over a bed's seeds, ``penalties`` the mean of the beds' medians (a
+    bed that ran more seeds to settle a close comparison, the sleep bed's five against real compute's three, would
+    otherwise outweigh the other: pooled, adaptive's half-size commits on the sleep bed moved its penalty from 0.63
+    to 0.53), and ``batches`` the micro-batches per commit of sync and acco adaptive there (adaptive's tokens depend
+    on its batch: :mod:`.grid`). Empty where the long runs have not run."""
     found = sorted(p for pat in patterns for p in glob.glob(os.path.join(ROOT, pat))
                    if os.path.isfile(os.path.join(p, "results.json")))
     groups = collect(found) if found else {}
-    ratios: dict = {}
     each: dict = {}
     batches: dict = {}
     for bed in PENALTY_BEDS:
@@ -299,12 +300,12 @@ def long_run_penalties(patterns: Iterable[str] = PENALTY_RUNS) -> dict:
         for config, method in PENALTY_METHOD.items():
             mine = [s["penalty"].get(0.75) / base[s["seed"]] for s in by.get(config, [])
                     if s["penalty"].get(0.75) and base.get(s["seed"])]
-            ratios.setdefault(method, []).extend(mine)
-            each.setdefault(method, {})[" ".join(bed)] = _median(mine)
+            if mine:
+                each.setdefault(method, {})[" ".join(bed)] = _median(mine)
             if method in ("sync_fp32", "acco_adaptive"):
                 batches.setdefault(method, {})[" ".join(bed)] = _median(s["mb_per_commit"] for s in by.get(config, []))
-    penalties = {k: _median(v) for k, v in ratios.items() if v}
-    return {"penalties": penalties, "each": {k: v for k, v in each.items() if k in penalties},
+    penalties = {k: statistics.fmean(v.values()) for k, v in each.items()}
+    return {"penalties": penalties, "each": each,
             "batches": batches, "inputs": [os.path.relpath(p, ROOT) for p in found]} if penalties else {}
 
 

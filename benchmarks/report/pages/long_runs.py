@@ -223,7 +223,8 @@ def long_runs(root: str = rs.ROOT) -> str:
     if not summary:
         return f"{describe()}\n\n{NO_RUNS}"
     seconds = ("Seconds to the fair baseline's loss at 50, 75 and 100% of its budget: median over "
-               f"{seeds_phrase(summary)} (spread; how many reached it where not all did)")
+               f"{seeds_phrase({k: summary[k] for k in lr.two_host_beds(summary)})} (spread; how many reached it "
+               "where not all did)")
     penalty = ("The delay penalty: tokens to the baseline's loss at 25, 50, 75 and 100% of its budget over sync "
                "low-bit's (above 1: less loss per token)")
     model = ("Auto's model of the delay penalty (`acco_step_penalty` times the rate over its peak) against acco "
@@ -319,8 +320,8 @@ def _seeds(block: dict) -> set:
 
 
 def seeds_phrase(summary: dict) -> str:
-    """The seeds the tables' medians are over: the set most beds ran, and each bed that ran others by name (a
-    bed may have run more seeds to settle a close comparison)."""
+    """The seeds a table's medians are over (``summary``: its beds): the set most beds ran, and each bed that ran
+    others by name (a bed may have run more seeds to settle a close comparison)."""
     by_bed = {key: tuple(sorted(_seeds(block))) for key, block in summary.items()}
     sets = [s for s in by_bed.values() if s]
     if not sets:

@@ -164,7 +164,9 @@ def choose(figures: Sequence[Sequence[int]], current: str, config: AccoConfig, G
     does not run; ``rate``: the learning rate over its peak (:func:`samples_to_loss`); ``acco_half``: whether acco
     fixed at half the accumulation is a candidate (None: under ``policy: "auto"`` with ``G`` a multiple of 4)."""
     N = len(figures)
-    # compute per micro-batch with a round in flight over without, from ranks that measured both
+    # compute per micro-batch with a round in flight over without, from ranks that measured both; 1 before any did,
+    # not a typical slowdown: it is measured only across a switch, and a prior that overprices acco would keep a job
+    # whose compute a round does not slow in sync for good (an optimistic guess is corrected CONFIRM_AFTER later)
     interference = max((r[1] / r[0] for r in figures if r[0] > 0 and r[1] > 0), default=1.0)
     # a job resumed in acco has no sync figure: its acco one bounds it
     c_sync_s = [(r[0] or r[1]) / 1e6 for r in figures]

@@ -153,6 +153,6 @@ def convergence(fitted: dict) -> str:
                 "where its commits here are sync's batch or larger it is charged acco fixed's penalty instead, a lower "
                 "bound (a larger batch never needs fewer tokens). " if ratio else "")
     return (f"{head} on the long runs (the rate warmed up and decayed to 0; 100 steps on real compute, 300 on the "
-            f"sleep bed; at 100 Mbit/s, each bed's median over its seeds, the two beds averaged): {listed(fitted['penalties'])}; torchft's in "
-            f"the same sweeps. The short runs, at a constant rate, gave {listed(fitted['penalties_short'])}. "
-            f"{adaptive}{tail}")
+            "sleep bed; at 100 Mbit/s, each bed's median over its seeds, the two beds averaged): "
+            f"{listed(fitted['penalties'])}; torchft's in the same sweeps. The short runs, at a constant rate, gave "
+            f"{listed(fitted['penalties_short'])}. {adaptive}{tail}")

@@ -311,3 +311,34 @@ def test_the_seconds_caption_names_a_bed_that_ran_more_seeds():
     assert page.seeds_phrase(summary) == "seeds 1, 2, 3 (sleep bed, 100 Mbit/s: 1, 2, 3, 4, 5)"
     del summary[("long-sleep", "100mbit")]
     assert page.seeds_phrase(summary) == "seeds 1, 2, 3"
+
+
+def test_a_bed_re_run_on_a_second_machine_is_reported_apart_with_its_own_targets(tmp_path):
+    """A bed re-run on another machine, every config together: its seconds and targets come from its own runs
+    (its own sync fp32 sets the losses), and the first machine's tables do not take its seeds."""
+    protocol(tmp_path)
+    assert page.second_machine(str(tmp_path)) == page.NO_SECOND
+    first = page.long_runs(str(tmp_path))
+    for seed in (4, 5, 6):
+        folder = tmp_path / "bench_results" / "long_runs_machine2" / f"real_seed{seed}"
+        folder.mkdir(parents=True)
+        rows = [row("sync", "100mbit", seed, base_loss, lambda t: t / 8),
+                row("sync_lowbit", "100mbit", seed, base_loss, lambda t: t / 16),
+                row("acco_lowbit_int4_fixed", "100mbit", seed, base_loss, lambda t: t / 32)]
+        rows += [row("zero1", "100mbit", seed, base_loss, lambda t: t / 64)] if seed == 4 else []
+        (folder / "results.json").write_text(json.dumps({"runs": rows}))
+    index = tmp_path / "bench_results" / "sets.json"
+    sets = json.loads(index.read_text())
+    sets["protocol"][page.SECOND] = {"folders": ["long_runs_machine2/*_seed*"]}
+    index.write_text(json.dumps(sets))
+    text = page.second_machine(str(tmp_path))
+    assert page.long_runs(str(tmp_path)) == first
+    assert "median over seeds 4, 5, 6 (spread;" in text and "| real compute, 100 Mbit/s | 50%: 4.000 |" in text
+    assert f"| {tokens_to(3.5) / 16:.1f} (0.0) | {tokens_to(3.5) / 32:.1f} (0.0) |" in text  # the 75% loss
+    assert ("| the better ACCO vs the better sync low-bit to the baseline's 75% loss (real compute, 100 Mbit/s) "
+            "| 0.50 | <= 0.85 | met | acco_lowbit_int4_fixed against sync_lowbit |") in text
+    assert "**not met**" not in text and "0 of 10 runs were timed" in text
+    assert "| real compute, 100 Mbit/s | 1.14x | 1.14x | 0.74x |" in text  # whole runs over the first machine's
+    assert text.endswith(f"Left out, run in fewer seeds: {lr.SHORT['zero1']} (seed 4).")  # faster, one seed
+    assert ("; on a second machine, reported apart with its own targets: real compute, 100 Mbit/s (3 seeds, 4 "
+            "configs). Every table") in page.long_runs_summary(str(tmp_path))

@@ -50,10 +50,10 @@ def describe() -> str:
             "3 seeds or more.")
 
 
-def folders(root: str = rs.ROOT) -> list[str]:
-    """The set's sweep folders that hold a ``results.json`` (none until the protocol has run)."""
+def folders(root: str = rs.ROOT, name: str = SET) -> list[str]:
+    """The sweep folders of the protocol set ``name`` that hold a ``results.json`` (none until it has run)."""
     with open(os.path.join(root, rs.INDEX), encoding="utf-8") as f:
-        patterns = json.load(f).get("protocol", {}).get(SET, {}).get("folders", [])
+        patterns = json.load(f).get("protocol", {}).get(name, {}).get("folders", [])
     found = []
     for pattern in patterns:
         for hit in sorted(glob.glob(os.path.join(root, "bench_results", pattern)), key=rs._natural):
@@ -222,9 +222,7 @@ def long_runs(root: str = rs.ROOT) -> str:
     summary = _summary(root)
     if not summary:
         return f"{describe()}\n\n{NO_RUNS}"
-    seconds = ("Seconds to the fair baseline's loss at 50, 75 and 100% of its budget: median over "
-               f"{seeds_phrase({k: summary[k] for k in lr.two_host_beds(summary)})} (spread; how many reached it "
-               "where not all did)")
+    seconds = seconds_caption({k: summary[k] for k in lr.two_host_beds(summary)})
     penalty = ("The delay penalty: tokens to the baseline's loss at 25, 50, 75 and 100% of its budget over sync "
                "low-bit's (above 1: less loss per token)")
     model = ("Auto's model of the delay penalty (`acco_step_penalty` times the rate over its peak) against acco "
@@ -267,6 +265,48 @@ def machines_note(summary: dict) -> str:
     return text + "."
 
 
+SECOND = "long_runs_machine2"
+"""The protocol set of a bed re-run on another machine, every config together, reported apart: a target's verdict
+may move with the machine, and a median pooled over two machines would sit between them and hide it, while
+ratios between one machine's own rows compare configs alone."""
+NO_SECOND = (f"**No runs yet** on a second machine (the protocol set `{SECOND}` of `bench_results/sets.json`).")
+
+
+def second_machine(root: str = rs.ROOT) -> str:
+    """The bed re-run on a second machine: its seconds and the issue's targets from its runs alone (its own
+    fair baseline: the losses to reach are its sync fp32's), or :data:`NO_SECOND`."""
+    summary = _summary(root, SECOND)
+    if not summary:
+        return NO_SECOND
+    fewer = {}  # a config that ran in fewer seeds: its median would read as over the caption's seeds
+    for block in summary.values():
+        seeds = _seeds(block)
+        for config in [c for c, r in block["rows"].items() if set(r["seeds"]) < seeds]:
+            fewer[config] = sorted(block["rows"].pop(config)["seeds"])
+    seconds = seconds_caption(summary, "this machine's fair baseline's")
+    left = "; ".join(f"{SHORT.get(c, c)} (seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))})"
+                     for c, s in fewer.items())
+    slower = ("A whole run here over the same config's on the first machine: training seconds for the same tokens "
+              "(no loss curve's noise in it), medians over each machine's seeds")
+    parts = [(seconds, seconds_table(summary)), (slower, machine_table(summary, _summary(root))),
+             ("The issue's targets, from this machine's runs alone", targets_table(summary))]
+    return "\n\n".join([f"**{caption}**:\n\n{table}" for caption, table in parts if not _empty(table)]
+                        + [machines_note(summary)] + ([f"Left out, run in fewer seeds: {left}."] if fewer else []))
+
+
+def machine_table(summary: dict, first: dict) -> str:
+    """Per bed, each config's median training seconds here over its median on the first machine (``first``):
+    how alike the two machines slowed the configs."""
+    keys = [k for k in lr.two_host_beds(summary) if k in first]
+    configs = [c for c in _configs([summary[k] for k in keys]) if any(c in first[k]["rows"] for k in keys)]
+
+    def cell(key, config) -> str:
+        here, there = (s[key]["rows"].get(config, {}).get("train_s") for s in (summary, first))
+        return f"{here / there:.2f}x" if here and there else "-"
+    return md_table(["bed"] + [SHORT.get(c, c) for c in configs],
+                    [[bed_name(*k)] + [cell(k, c) for c in configs] for k in keys])
+
+
 PAGE = "docs/long-runs.md"
 """Where :func:`long_runs` goes; the summary links to it."""
 
@@ -276,8 +316,13 @@ def long_runs_summary(root: str = rs.ROOT) -> str:
     summary = _summary(root)
     if not summary:
         return NO_RUNS
-    ran = "; ".join(f"{bed_name(*key)} ({len(_seeds(summary[key]))} seeds, {len(summary[key]['rows'])} configs)"
-                    for key in lr.shaped(summary))
+
+    def what(found: dict) -> str:
+        return "; ".join(f"{bed_name(*key)} ({len(_seeds(found[key]))} seeds, {len(found[key]['rows'])} configs)"
+                         for key in lr.shaped(found))
+    ran, second = what(summary), _summary(root, SECOND)
+    if second:
+        ran += f"; on a second machine, reported apart with its own targets: {what(second)}"
     return (f"What ran: {ran}. Every table (seconds to three losses, the delay penalty along the run, the link's "
             f"cost, 2 to 8 workers): [long runs]({PAGE}).\n\n**The issue's targets**:\n\n"
             + targets_table(summary, issue_only=True))
@@ -309,9 +354,9 @@ def loss_rows(root: str = rs.ROOT) -> list[list[str]]:
     return rows
 
 
-def _summary(root: str) -> dict:
+def _summary(root: str, name: str = SET) -> dict:
     """:func:`benchmarks.report.long_runs.summarize` over the set's folders; empty before any has run."""
-    found = folders(root)
+    found = folders(root, name)
     return lr.summarize(lr.collect(found)) if found else {}
 
 
@@ -330,6 +375,12 @@ def seeds_phrase(summary: dict) -> str:
     others = "; ".join(f"{bed_name(*key)}: {', '.join(map(str, s))}" for key, s in by_bed.items()
                        if s and s != common)
     return f"seeds {', '.join(map(str, common))}" + (f" ({others})" if others else "")
+
+
+def seconds_caption(summary: dict, whose: str = "the fair baseline's") -> str:
+    """The seconds table's caption: whose losses, and the seeds its medians are over."""
+    return (f"Seconds to {whose} loss at 50, 75 and 100% of its budget: median over {seeds_phrase(summary)} (spread; "
+            "how many reached it where not all did)")
 
 
 def _empty(table: str) -> bool:

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 from . import sets as rs
 from .cells import BEDS, HAND, SET_OF, bed_name, label, md_table, ratio_of, s, x
 from .gpu import round_launches
-from .long_runs import long_runs, long_runs_summary, loss_rows as long_loss_rows
+from .long_runs import long_runs, long_runs_summary, loss_rows as long_loss_rows, second_machine
 from .projection import projection_rows
 
 
@@ -312,7 +312,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "headline": headline, "which_mode": which_mode, "beds": beds, "decomposition": decomposition,
     "batch_control": batch_control, "probe": probe, "peer": peer, "losses": losses, "fsdp": fsdp,
     "projection": projection_rows,
-    "long_runs": long_runs, "long_runs_summary": long_runs_summary, "round_launches": round_launches,
+    "long_runs": long_runs, "long_runs_summary": long_runs_summary, "long_runs_machine2": second_machine,
+    "round_launches": round_launches,
     **{f"bed:{k[0]}:{k[1]}": (lambda k=k: bed_table(k, SET_OF.get(k, "five_beds"))) for k in BEDS},
 }
 """Every generated table, by the name its markers carry."""

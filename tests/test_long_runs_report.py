@@ -336,9 +336,21 @@ def test_a_bed_re_run_on_a_second_machine_is_reported_apart_with_its_own_targets
     assert "median over seeds 4, 5, 6 (spread;" in text and "| real compute, 100 Mbit/s | 50%: 4.000 |" in text
     assert f"| {tokens_to(3.5) / 16:.1f} (0.0) | {tokens_to(3.5) / 32:.1f} (0.0) |" in text  # the 75% loss
     assert ("| the better ACCO vs the better sync low-bit to the baseline's 75% loss (real compute, 100 Mbit/s) "
-            "| 0.50 | <= 0.85 | met | acco_lowbit_int4_fixed against sync_lowbit |") in text
+            "| 0.50 | <= 0.85 | met | acco_lowbit_int4_fixed against sync_lowbit; by seed (4, 5, 6): 0.50, 0.50, 0.50 |"
+            ) in text
     assert "**not met**" not in text and "0 of 10 runs were timed" in text
     assert "| real compute, 100 Mbit/s | 1.14x | 1.14x | 0.74x |" in text  # whole runs over the first machine's
     assert text.endswith(f"Left out, run in fewer seeds: {lr.SHORT['zero1']} (seed 4).")  # faster, one seed
     assert ("; on a second machine, reported apart with its own targets: real compute, 100 Mbit/s (3 seeds, 4 "
             "configs). Every table") in page.long_runs_summary(str(tmp_path))
+
+
+def test_a_target_gives_each_seed_s_ratio_where_seeds_pair():
+    """A ratio of medians can pass a target one seed misses by far: the detail gives the seeds, "-" for a seed
+    where either config never got there, nothing where fewer than two seeds pair."""
+    def config(seeds, each):
+        return {"seeds": list(seeds), "seconds": {0.75: {"each": list(each)}}}
+    block = {"rows": {"a": config((4, 5, 6), (80.0, 66.0, None)), "b": config((6, 5, 4), (70.0, 81.0, 97.0)),
+                      "c": config((4,), (50.0,))}}
+    assert lr.by_seed(block, "a", "b") == "; by seed (4, 5, 6): 0.82, 0.81, -"
+    assert lr.by_seed(block, "a", "c") == "" and lr.by_seed(block, "a", "zero1") == ""

@@ -10,7 +10,8 @@ import os
 from typing import Optional
 
 from .plot import NAME as PLOT, plot
-from .summary import FRACTIONS, SHORT, SHOWN, collect, summarize, targets, workers
+from .summary import FRACTIONS, SHORT, SHOWN, collect, summarize, workers
+from .targets import targets
 
 
 def _fmt(x: Optional[float], spec: str = ".1f") -> str:

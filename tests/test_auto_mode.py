@@ -20,7 +20,7 @@ from ds_acco.errors import AccoConfigError
 from ds_acco.rounds.auto.choice import choose
 from ds_acco.rounds.auto.mode import AutoMode, StepTimer
 from ds_acco.rounds.state import RoundState
-from tests.auto_workers import auto_reference, train_auto
+from tests.auto_workers import auto_reference, figures, train_auto
 from tests.dist_harness import run_distributed
 from tests.helpers import assert_trajectories_equal
 
@@ -112,11 +112,6 @@ def test_adaptive_policy_switches_too_and_commits_what_workers_computed():
     assert got["counts"][:switch] == [[4, 4]] * switch and switch > 6, got["counts"]
     assert set(map(tuple, got["counts"][switch:])) == {(2, 2)}, got["counts"]
     assert_trajectories_equal(got["trajectory"], auto_reference(got["modes"], counts=got["counts"]))
-
-
-def figures(c_sync_ms, round_ms, step_ms, c_acco_ms=0.0, wire=0.0):
-    row = [int(c_sync_ms * 1e3), int(c_acco_ms * 1e3), int(round_ms * 1e3), int(step_ms * 1e3), int(wire * 1e3)]
-    return [row, row]
 
 
 @pytest.mark.parametrize("round_ms, want", [(2, "sync"), (100, "acco"), (130, "acco"), (500, "sync")])

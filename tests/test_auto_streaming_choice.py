@@ -11,7 +11,10 @@ from ds_acco.config import parse_acco_config
 from ds_acco.rounds.auto.choice import choose
 from ds_acco.rounds.auto.mode import AutoMode
 from ds_acco.rounds.state import RoundState
-from tests.test_auto_mode import AUTO, G, figures
+from tests.auto_workers import figures
+
+G = 4
+AUTO = {"mode": "auto", "auto": {"measure_steps": 3, "check_every": 2}}
 
 
 def test_the_look_before_the_first_round_prices_a_commit_from_the_probed_rate():

@@ -91,8 +91,7 @@ def auto_reference(modes, counts=None, G=4):
 
 def figures(c_ms, round_ms, step_ms, c_acco_ms=0.0, wire=0.0):
     """Auto's figures (``ds_acco.rounds.auto.choice.FIGURES``), one row per rank: ``c_ms`` each rank's compute per
-    micro-batch in sync (a number: two ranks alike), in acco (0: not measured), a round and a nominal step measured
-    in the running mode, all in ms, and the wire factor (0: not measured)."""
-    each = [c_ms] * 2 if isinstance(c_ms, (int, float)) else c_ms
+    micro-batch in sync, in acco (0: not measured), a round and a nominal step measured in the running mode, all in
+    ms, and the wire factor (0: not measured)."""
     return [[int(c * 1e3), int(c_acco_ms * 1e3), int(round_ms * 1e3), int(step_ms * 1e3), int(wire * 1e3)]
-            for c in each]
+            for c in c_ms]

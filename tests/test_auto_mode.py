@@ -117,7 +117,7 @@ def test_adaptive_policy_switches_too_and_commits_what_workers_computed():
 @pytest.mark.parametrize("round_ms, want", [(2, "sync"), (100, "acco"), (130, "acco"), (500, "sync")])
 def test_choice_follows_the_step_model(round_ms, want):
     cfg = parse_acco_config(AUTO)
-    choice = choose(figures(50, round_ms, 4 * 50 + round_ms), "sync", cfg, G, step=3)
+    choice = choose(figures([50, 50], round_ms, 4 * 50 + round_ms), "sync", cfg, G, step=3)
     assert choice.mode == want, choice.line
     assert choice.figures["acco_step_ms"] == pytest.approx(2 * max(100, round_ms), rel=1e-3)
     # where the mode chosen costs at least STREAMING_HINT x a step's bare compute (G c = 200 ms) to a loss, the line
@@ -137,8 +137,8 @@ def test_int4_estimates_are_priced_by_their_bytes():
     one estimate and one commit, ``max(G/2 c, f R) + max(G/2 c, R)``; a link where two full rounds do not hide
     behind compute but one full and one half do makes acco the choice only with int4 estimates."""
     cfg = parse_acco_config(AUTO)
-    plain = choose(figures(50, 160, 4 * 50 + 160), "sync", cfg, G, step=3)
-    int4 = choose(figures(50, 160, 4 * 50 + 160), "sync", cfg, G, step=3, estimate_fraction=0.5)
+    plain = choose(figures([50, 50], 160, 4 * 50 + 160), "sync", cfg, G, step=3)
+    int4 = choose(figures([50, 50], 160, 4 * 50 + 160), "sync", cfg, G, step=3, estimate_fraction=0.5)
     assert plain.figures["acco_step_ms"] == pytest.approx(320, rel=1e-3)
     assert int4.figures["acco_step_ms"] == pytest.approx(100 + 160, rel=1e-3)
     assert plain.mode == "sync" and int4.mode == "acco", (plain.line, int4.line)
@@ -160,25 +160,25 @@ def test_int4_estimates_are_priced_by_their_bytes():
 def test_measured_interference_and_the_margin_keep_acco_from_flapping():
     cfg = parse_acco_config(AUTO)
     # in acco, compute per micro-batch rose 30% with a round in flight: the measured acco step is what counts
-    running = choose(figures(50, 100, 270, c_acco_ms=65), "acco", cfg, G, step=9)
+    running = choose(figures([50, 50], 100, 270, c_acco_ms=65), "acco", cfg, G, step=9)
     assert running.mode == "acco" and running.figures["sync_step_ms"] == pytest.approx(300, rel=1e-3)
     assert running.figures["in_flight_factor"] == pytest.approx(1.3, rel=1e-3)
     # a tie within the switch margin keeps the running mode, whichever it is
     cfg = parse_acco_config(dict(AUTO, auto={"acco_step_penalty": 0.0, "switch_margin": 0.05}))
-    assert choose(figures(50, 0, 200), "sync", cfg, G, step=3).mode == "sync"
-    assert choose(figures(50, 0, 200, c_acco_ms=50), "acco", cfg, G, step=3).mode == "acco"
+    assert choose(figures([50, 50], 0, 200), "sync", cfg, G, step=3).mode == "sync"
+    assert choose(figures([50, 50], 0, 200, c_acco_ms=50), "acco", cfg, G, step=3).mode == "acco"
 
 
 def test_the_wire_factor_keeps_a_round_slowed_by_compute_from_pricing_sync():
     """On a CPU a round in acco shares the core with compute: 150 ms there is 100 ms in sync (factor 1.5)."""
     cfg = parse_acco_config(AUTO)
-    unscaled = choose(figures(50, 150, 290, c_acco_ms=60), "acco", cfg, G, step=9)
+    unscaled = choose(figures([50, 50], 150, 290, c_acco_ms=60), "acco", cfg, G, step=9)
     assert unscaled.figures["sync_step_ms"] == pytest.approx(350, rel=1e-3) and unscaled.mode == "acco"
-    scaled = choose(figures(50, 150, 290, c_acco_ms=60, wire=1.5), "acco", cfg, G, step=9)
+    scaled = choose(figures([50, 50], 150, 290, c_acco_ms=60, wire=1.5), "acco", cfg, G, step=9)
     assert scaled.figures["sync_step_ms"] == pytest.approx(300, rel=1e-3) and scaled.mode == "sync", scaled.line
     assert "round 150.0 ms in acco (x0.67 in sync)" in scaled.line
     # from sync, the acco round is predicted 1.5x the measured one
-    ahead = choose(figures(50, 150, 350, wire=1.5), "sync", cfg, G, step=3)
+    ahead = choose(figures([50, 50], 150, 350, wire=1.5), "sync", cfg, G, step=3)
     assert ahead.figures["acco_step_ms"] == pytest.approx(2 * 225, rel=1e-3)
 
 
@@ -243,7 +243,7 @@ def test_a_choice_without_figures_is_tried_again_the_next_step():
     nothing_yet = [[0] * 5, [0] * 5]  # what every rank sends before it has measured a step
     assert auto.decision(nothing_yet, state, 3) is None and auto.choices == []
     assert auto.due(4)
-    assert auto.decision(figures(50, 100, 300), state, 4).apply(state) == "acco" and len(auto.choices) == 1
+    assert auto.decision(figures([50, 50], 100, 300), state, 4).apply(state) == "acco" and len(auto.choices) == 1
     assert state.mode == "acco" and not auto.due(5) and auto.due(23)
 
 
@@ -255,18 +255,18 @@ def test_a_switch_into_a_mode_not_run_before_is_checked_once_it_is_measured():
 
     auto = AutoMode(parse_acco_config(dict(AUTO, auto={"measure_steps": 3, "check_every": 20})), G, 2, 0)
     state = RoundState(mode="sync", policy="fixed")
-    assert auto.decision(figures(50, 100, 300), state, 3).apply(state) == "acco"
+    assert auto.decision(figures([50, 50], 100, 300), state, 3).apply(state) == "acco"
     assert CONFIRM_AFTER == 5 and [s for s in range(4, 24) if auto.due(s)] == [8, 23]
     # measured: 90 ms per micro-batch with a round in flight, 400 ms a step (charged 440) against sync's 300
-    back = auto.decision(figures(50, 100, 400, c_acco_ms=90), state, 8)
+    back = auto.decision(figures([50, 50], 100, 400, c_acco_ms=90), state, 8)
     assert back.apply(state) == "sync" and auto.choices[-1]["acco_step_ms"] == pytest.approx(400)
     assert [s for s in range(9, 44) if auto.due(s)] == [23, 43]  # sync ran before: no early check
     # acco again at 23 (the link slowed): it has run, so the next look is on schedule
-    assert auto.decision(figures(50, 130, 330), state, 23).apply(state) == "acco"
+    assert auto.decision(figures([50, 50], 130, 330), state, 23).apply(state) == "acco"
     assert [s for s in range(24, 44) if auto.due(s)] == [43]
     # a check due sooner than CONFIRM_AFTER anyway (check_every 2) adds none
     often = AutoMode(parse_acco_config(AUTO), G, 2, 0)
-    assert often.decision(figures(50, 100, 300), RoundState(mode="sync", policy="fixed"), 3).mode == "acco"
+    assert often.decision(figures([50, 50], 100, 300), RoundState(mode="sync", policy="fixed"), 3).mode == "acco"
     assert [s for s in range(4, 12) if often.due(s)] == [5, 7, 9, 11]
 
 

@@ -71,7 +71,7 @@ def test_streaming_is_priced_at_the_batch_it_would_run():
         cfg = parse_acco_config(dict(AUTO, policy=policy, auto=dict(AUTO["auto"], streaming=True,
                                                                      acco_step_penalty=0.05),
                                      streaming={"fragments": 2}))
-        return choose(figures(50, round_ms, 4 * 50 + round_ms, c_acco_ms=c_acco_ms), "sync", cfg, G, step=3,
+        return choose(figures([50, 50], round_ms, 4 * 50 + round_ms, c_acco_ms=c_acco_ms), "sync", cfg, G, step=3,
                       streaming=True, noise=0.0)
 
     half = pick("auto", 55, 60)

@@ -1,5 +1,6 @@
 """The long-run protocol's report: :mod:`.summary` (the figures), :mod:`.targets` (the issue's targets),
-:mod:`.penalty_model` (auto's delay-penalty model against the measured penalty), :mod:`.plot`
+:mod:`.penalty_model` (auto's delay-penalty model against the measured penalty), :mod:`.ceiling` (the most an
+overlap could save, and what keeps ACCO from it), :mod:`.plot`
 (``delay_penalty.png``), :mod:`.cli` (``python -m benchmarks.report.long_runs``). The names the pages and tests
 use are re-exported here.
 """

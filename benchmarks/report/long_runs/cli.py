@@ -9,6 +9,7 @@ import json
 import os
 from typing import Optional
 
+from .ceiling import ceilings
 from .plot import NAME as PLOT, plot
 from .summary import FRACTIONS, SHORT, SHOWN, collect, summarize, workers
 from .targets import targets
@@ -43,6 +44,10 @@ def print_report(summary: dict, p=print) -> None:
     for w in workers(summary):
         p(f"workers {w['hosts']}{' (one slow)' if w['slow'] else ''}, {w['rate']}: overlap gain "
           f"{_fmt(w['gain_fixed'], '.2f')}x (acco fixed), {_fmt(w['gain_best'], '.2f')}x (the faster acco)")
+    for c in ceilings(summary):
+        p(f"ceiling {c['bed'][0]} {c['bed'][1]}, {c['acco']} / {c['sync']}: {_fmt(c['ceiling'], '.2f')} (sync waits "
+          f"{_fmt(c['sync_wait'], '.2f')}); tax {_fmt(c['tax'], '.2f')}x, acco waits {_fmt(c['acco_wait'], '.2f')}; "
+          f"whole run {_fmt(c['modelled'], '.2f')} modelled, {_fmt(c['whole_run'], '.2f')} measured")
     p("\ntargets:")
     for t in targets(summary):
         mark = {True: "met", False: "NOT met", None: "n/a"}[t["met"]]
@@ -71,7 +76,8 @@ def main(argv=None) -> int:
     dest = args.dest or os.path.dirname(os.path.abspath(args.folders[0]))
     os.makedirs(dest, exist_ok=True)
     with open(os.path.join(dest, "long_runs.json"), "w", encoding="utf-8") as f:
-        json.dump({"folders": args.folders, "summary": to_json(summary), "targets": targets(summary)}, f, indent=1)
+        json.dump({"folders": args.folders, "summary": to_json(summary), "targets": targets(summary),
+                   "ceilings": [dict(c, bed=" ".join(c["bed"])) for c in ceilings(summary)]}, f, indent=1)
     drawn = plot(summary, os.path.join(dest, PLOT), SHORT)
     print(f"\nwrote {os.path.join(dest, 'long_runs.json')}" + (f" and {drawn}" if drawn else ""))
     return 0

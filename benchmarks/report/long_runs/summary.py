@@ -130,7 +130,7 @@ def folder_samples(folder: str, runs: list[dict]) -> dict:
                 "mb_per_commit": run.get("mean_counts_per_commit"),
                 "cpu_probe_ms": (run.get("load") or {}).get("cpu_probe_ms"),
                 "step_compute": _median([d.get("sync_compute_s_per_step") for d in run.get("ranks") or []]),
-                "host_cost": host_cost(run),
+                "host_cost": host_cost(run), "slowest": slowest_rank(run),
                 "unshaped_id": open_link["id"] if open_link else None,
                 "noise_curve": bm.noise_curve(os.path.join(folder, "runs", run["id"], "host0.log"), run.get("curve"),
                                               (run.get("workload") or {}).get("max_tokens")) if config in AUTO else []}
@@ -140,6 +140,19 @@ def folder_samples(folder: str, runs: list[dict]) -> dict:
                                  for c, t in sample["tokens_to"].items()}
         out[(bed, rate)] = block
     return out
+
+
+def slowest_rank(run: dict) -> Optional[dict]:
+    """The rank with the most compute per micro-batch: its compute per micro-batch (``compute_s``) and the share
+    of its steady steps it waited for rounds (``wait``); None where the run recorded neither (torchft, streaming).
+    Why the slowest: the others wait for it as well as for the link, so its wait alone is what an overlap could
+    hide (:mod:`benchmarks.report.long_runs.ceiling`)."""
+    ranks = [d for d in run.get("ranks") or [] if d.get("compute_s") and d.get("micro_batches")
+             and d.get("wait_frac") is not None]
+    if not ranks:
+        return None
+    d = max(ranks, key=lambda d: d["compute_s"] / d["micro_batches"])
+    return {"compute_s": d["compute_s"] / d["micro_batches"], "wait": d["wait_frac"]}
 
 
 HOST_COST = ("tax", "switches", "network_s")
@@ -216,6 +229,9 @@ def summarize(groups: dict) -> dict:
                 "mb_per_commit": _median([s["mb_per_commit"] for s in samples]),
                 "step_compute": _median([s["step_compute"] for s in samples]),
                 "host_cost": {k: _median([s["host_cost"][k] for s in samples]) for k in HOST_COST},
+                "each_seed": {s["seed"]: {"slowest": s["slowest"], "train_s": s["train_s"],
+                                          "tokens": s["tokens_to"].get(0.75), "seconds": s["seconds"][0.75]}
+                              for s in samples},
                 "cpu_probe_ms": [s["cpu_probe_ms"] for s in samples],
                 "runs": [f"{os.path.basename(s['folder'].rstrip('/'))}/{s['id']}" for s in samples]}
         for row in rows.values():

@@ -11,6 +11,7 @@ from typing import Optional
 from benchmarks.protocol.plans import TORCHFT
 
 from ..curves import target
+from .ceiling import EQUAL_BATCH, sync_ceiling
 from .summary import ACCO, AUTO, REFERENCE, SHORT, SYNC_LOWBIT, _ratio, best, seconds, shaped, workers
 
 
@@ -29,8 +30,6 @@ def by_seed(block: dict, config: str, against: str, fraction: float = 0.75) -> s
     return f"; by seed ({', '.join(map(str, common))}): {', '.join(cells)}"
 
 
-EQUAL_BATCH = ((ACCO[0], REFERENCE, "equal batch"), (ACCO[2], SYNC_LOWBIT[1], "equal batch, half the bed's"))
-"""The overlap at equal batch: the issue's pair at the bed's batch, and the same at half of it where both ran."""
 OVERLAP_BEDS = ((("long-real", "100mbit"), "(real compute, 100 Mbit/s)", None),
                 (("long-real-host1@50%", "100mbit"), "(real compute, one host at half speed, 100 Mbit/s)",
                  "another bed"),
@@ -45,8 +44,11 @@ def _overlap_targets(block: dict, where: str, about: Optional[str]) -> list[dict
     equal batch to the final loss, on one bed and link."""
     acco, acco_s = best(block, ACCO)
     low, low_s = best(block, SYNC_LOWBIT)
+    ceiling = sync_ceiling(block, low) if low else None
+    limit = "" if ceiling is None else (f"; a perfect overlap of {low}'s rounds would take {ceiling:.2f} of its "
+                                        "time at its tokens (the overlap's ceiling)")
     found = [target(f"the better ACCO vs the better sync low-bit to the baseline's 75% loss {where}",
-                    _ratio(acco_s, low_s), 0.85, "<=", f"{acco} against {low}" + by_seed(block, acco, low))]
+                    _ratio(acco_s, low_s), 0.85, "<=", f"{acco} against {low}" + by_seed(block, acco, low) + limit)]
     for fixed, sync, batch in EQUAL_BATCH:
         if batch != "equal batch" and not (fixed in block["rows"] and sync in block["rows"]):
             continue  # the half-batch pair where both ran; the issue's own pair always

@@ -20,6 +20,7 @@ import re
 from benchmarks.protocol import plans as plans_long
 
 from .. import long_runs as lr
+from ..long_runs import ceiling
 from ..curves import UNSHAPED
 from . import sets as rs
 from .cells import md_table
@@ -186,6 +187,28 @@ def host_table(summary: dict) -> str:
     return md_table(["bed"] + [SHORT.get(c, c) for c in HOST_CONFIGS], rows)
 
 
+CEILING = ("The overlap's ceiling, and what keeps ACCO from it (acco against sync low-bit at the same batch; the "
+           "slowest rank's figures; medians over seeds of each seed's figure): sync's wait, its share of a step spent "
+           "waiting for rounds; the ceiling, a perfect overlap's share of sync's time (the longer of its compute and "
+           "that wait); acco's compute per micro-batch over sync's (the tax) and its own wait; a whole run's seconds "
+           "over sync's, modelled as tax x (1 - sync's wait) / (1 - acco's wait), and measured; acco's tokens to the "
+           "75% loss over sync's (the delay); a perfect overlap to that loss (the ceiling times those tokens), and "
+           "acco measured")
+
+
+def ceiling_table(summary: dict) -> str:
+    """Per bed, each equal-batch pair's figures of :mod:`benchmarks.report.long_runs.ceiling`, medians over seeds."""
+    def x(v, spec=".2f"):
+        return "-" if v is None else f"{v:{spec}}"
+    rows = [[bed_name(*c["bed"]), f"{SHORT[c['acco']]} / {SHORT[c['sync']]}", f"{x(100 * c['sync_wait'], '.0f')}%",
+             x(c["ceiling"]), f"{x(c['tax'])}x", f"{x(100 * c['acco_wait'], '.0f')}%",
+             f"{x(c['modelled'])}; {x(c['whole_run'])}", x(c["tokens"]), x(c["perfect"]), x(c["seconds"])]
+            for c in ceiling.ceilings(summary)]
+    return md_table(["bed", "acco / sync at its batch", "sync's wait", "the ceiling", "acco's compute tax",
+                     "acco's wait", "whole run: modelled; measured", "tokens to the 75% loss",
+                     "a perfect overlap to the 75% loss", "measured to the 75% loss"], rows)
+
+
 def workers_table(summary: dict) -> str:
     """Seconds to the 75% loss per workers bed; half-batch sync and the gain against the better sync where a bed
     ran it (the batch control of a bed where acco adaptive commits smaller batches)."""
@@ -238,6 +261,7 @@ def long_runs(root: str = rs.ROOT) -> str:
             "time, not these)")
     parts = [(seconds, seconds_table(summary)), (penalty, penalty_table(summary)), (model, model_table(summary)),
              (batch, batch_table(summary)), (link, link_table(summary)), (host, host_table(summary)),
+             (CEILING, ceiling_table(summary)),
              ("More workers (the light sleep bed unless said; each keeps its batch): seconds to the 75% loss",
               workers_table(summary)),
              ("The issue's targets", targets_table(summary))]
@@ -289,6 +313,7 @@ def second_machine(root: str = rs.ROOT) -> str:
     slower = ("A whole run here over the same config's on the first machine: training seconds for the same tokens "
               "(no loss curve's noise in it), medians over each machine's seeds")
     parts = [(seconds, seconds_table(summary)), (slower, machine_table(summary, _summary(root))),
+             (CEILING, ceiling_table(summary)),
              ("The issue's targets, from this machine's runs alone", targets_table(summary))]
     return "\n\n".join([f"**{caption}**:\n\n{table}" for caption, table in parts if not _empty(table)]
                         + [machines_note(summary)] + ([f"Left out, run in fewer seeds: {left}."] if fewer else []))

@@ -20,8 +20,8 @@ import re
 from benchmarks.protocol import plans as plans_long
 
 from .. import long_runs as lr
-from ..long_runs import ceiling
 from ..curves import UNSHAPED
+from ..long_runs import ceiling
 from . import sets as rs
 from .cells import md_table
 

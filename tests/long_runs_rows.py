@@ -68,3 +68,18 @@ def protocol(root, seeds=(1, 2, 3)):
     (root / "bench_results" / "sets.json").write_text(json.dumps({"protocol": {page.SET: {
         "folders": ["long_runs/*_seed*"]}}}))
     return sorted(str(p) for p in (root / "bench_results" / "long_runs").iterdir())
+
+
+def set_ranks(folders, ranks_of):
+    """Give the real bed's runs of each folder the rank figures ``ranks_of(config, seed)`` returns (None: leave the
+    run as it is), written back into its results.json."""
+    for folder in folders:
+        path = f"{folder}/results.json"
+        with open(path, encoding="utf-8") as f:
+            runs = json.load(f)
+        for r in runs["runs"]:
+            ranks = ranks_of(r["config"], r["workload"]["seed"]) if r["note"] == "long-real" else None
+            if ranks is not None:
+                r["ranks"] = ranks
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(runs, f)

@@ -16,7 +16,7 @@ from benchmarks.report.long_runs import batch_model as bm
 from benchmarks.report.long_runs import penalty_model as pm
 from benchmarks.report.long_runs.plot import plot as plot_long
 from benchmarks.report.pages import long_runs as page
-from tests.long_runs_rows import ACCO, base_loss, lag_loss, protocol, row, tokens_to
+from tests.long_runs_rows import ACCO, base_loss, lag_loss, protocol, row, set_ranks, tokens_to
 
 
 def test_targets_seconds_penalty_and_link_cost_on_synthetic_rows(tmp_path):
@@ -284,18 +284,12 @@ def test_the_host_cost_table_shows_what_a_round_takes_from_compute_where_runs_re
     assert host_cost({"ranks": ranks}) == pytest.approx({"tax": 1.15, "switches": 300.0, "network_s": 0.045})
     assert host_cost({"ranks": [{"preempted_per_step": 200.0, "softirq_s_per_step": 0.01}]})["tax"] is None
     assert page.host_table(lr.summarize(lr.collect(protocol(tmp_path / "without")))).count("\n") == 1  # header
-    for folder in protocol(tmp_path / "with"):
-        with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
-            runs = json.load(f)
-        seed = runs["runs"][0]["workload"]["seed"]
-        for r in runs["runs"]:
-            if r["config"] in ("sync_lowbit", "acco_lowbit_int4_fixed") and r["note"] == "long-real":
-                acco = r["config"] != "sync_lowbit"
-                r["ranks"] = [{"compute_s_per_mb_sync": 0.3, "preempted_per_step": 100.0 * seed + 1000 * acco,
-                               "softirq_s_per_step": 0.01, "compute_s_per_mb_overlapped": 0.3 * (1 + 0.1 * seed)
-                               if acco else None}]
-        with open(os.path.join(folder, "results.json"), "w", encoding="utf-8") as f:
-            json.dump(runs, f)
+    def ranks(config, seed):
+        acco = config != "sync_lowbit"
+        return [{"compute_s_per_mb_sync": 0.3, "preempted_per_step": 100.0 * seed + 1000 * acco,
+                 "softirq_s_per_step": 0.01, "compute_s_per_mb_overlapped": 0.3 * (1 + 0.1 * seed) if acco else None}
+                ] if config in ("sync_lowbit", "acco_lowbit_int4_fixed") else None
+    set_ranks(protocol(tmp_path / "with"), ranks)
     header, _, real = page.host_table(lr.summarize(lr.collect(page.folders(str(tmp_path / "with"))))).splitlines()
     assert header.startswith("| bed | sync low-bit | sync low-bit, half batch | acco fixed |")
     assert real == "| real compute, 100 Mbit/s | -; 200; 10 ms | - | 1.20x; 1200; 10 ms | - | - |"

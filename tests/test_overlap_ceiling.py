@@ -3,7 +3,6 @@ take, and the tax and waits that keep ACCO above it, from each run's slowest ran
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -12,7 +11,7 @@ from benchmarks.report import long_runs as lr
 from benchmarks.report.long_runs import ceiling
 from benchmarks.report.long_runs.summary import slowest_rank
 from benchmarks.report.pages import long_runs as page
-from tests.long_runs_rows import ACCO, base_loss, lag_loss, protocol, tokens_to
+from tests.long_runs_rows import ACCO, base_loss, lag_loss, protocol, set_ranks, tokens_to
 
 
 def _rank(per_mb, wait, mbs=400):
@@ -45,17 +44,13 @@ def test_the_ceiling_table_and_the_target_detail_read_the_runs_ranks(tmp_path):
     """The synthetic protocol's real bed with rank figures on sync low-bit and acco fixed: medians over the seeds
     of each seed's figures; the better-ACCO target says what a perfect overlap of the better sync would take."""
     assert page.ceiling_table(lr.summarize(lr.collect(protocol(tmp_path / "without")))).count("\n") == 1  # header
-    for folder in protocol(tmp_path / "with"):
-        with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
-            runs = json.load(f)
-        seed = runs["runs"][0]["workload"]["seed"]
-        for r in runs["runs"]:
-            if r["config"] == "sync_lowbit" and r["note"] == "long-real":
-                r["ranks"] = [_rank(0.25, 0.6), _rank(0.5, 0.2 + 0.1 * seed)]  # the median seed waits 40%
-            if r["config"] == "acco_lowbit_int4_fixed" and r["note"] == "long-real":
-                r["ranks"] = [_rank(0.5 * (1 + 0.1 * seed), 0.0), _rank(0.3, 0.3)]
-        with open(os.path.join(folder, "results.json"), "w", encoding="utf-8") as f:
-            json.dump(runs, f)
+    def ranks(config, seed):
+        if config == "sync_lowbit":
+            return [_rank(0.25, 0.6), _rank(0.5, 0.2 + 0.1 * seed)]  # the median seed waits 40%
+        if config == "acco_lowbit_int4_fixed":
+            return [_rank(0.5 * (1 + 0.1 * seed), 0.0), _rank(0.3, 0.3)]
+        return None
+    set_ranks(protocol(tmp_path / "with"), ranks)
     summary = lr.summarize(lr.collect(page.folders(str(tmp_path / "with"))))
     [row] = ceiling.ceilings(summary)
     assert row["seeds"] == 3 and row["ceiling"] == pytest.approx(0.6) and row["tax"] == pytest.approx(1.2)

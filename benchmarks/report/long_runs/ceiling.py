@@ -41,7 +41,8 @@ def seed_figures(acco: dict, sync: dict) -> Optional[dict]:
     tokens = _ratio(acco["tokens"], sync["tokens"])
     return {"sync_wait": s["wait"], "ceiling": ceiling, "tax": tax, "acco_wait": a["wait"],
             "modelled": tax * (1.0 - s["wait"]) / (1.0 - a["wait"]),
-            "whole_run": _ratio(acco["train_s"], sync["train_s"]), "tokens": tokens, "perfect": None if tokens is None else ceiling * tokens,
+            "whole_run": _ratio(acco["train_s"], sync["train_s"]), "tokens": tokens,
+            "perfect": None if tokens is None else ceiling * tokens,
             "seconds": _ratio(acco["seconds"], sync["seconds"])}
 
 

@@ -23,7 +23,7 @@ from .. import long_runs as lr
 from ..curves import UNSHAPED
 from ..long_runs import ceiling
 from . import sets as rs
-from .cells import md_table
+from .cells import md_table, x as times
 
 SET = "long_runs"
 SHORT = lr.SHORT
@@ -198,11 +198,11 @@ CEILING = ("The overlap's ceiling, and what keeps ACCO from it (acco against syn
 
 def ceiling_table(summary: dict) -> str:
     """Per bed, each equal-batch pair's figures of :mod:`benchmarks.report.long_runs.ceiling`, medians over seeds."""
-    def x(v, spec=".2f"):
-        return "-" if v is None else f"{v:{spec}}"
-    rows = [[bed_name(*c["bed"]), f"{SHORT[c['acco']]} / {SHORT[c['sync']]}", f"{x(100 * c['sync_wait'], '.0f')}%",
-             x(c["ceiling"]), f"{x(c['tax'])}x", f"{x(100 * c['acco_wait'], '.0f')}%",
-             f"{x(c['modelled'])}; {x(c['whole_run'])}", x(c["tokens"]), x(c["perfect"]), x(c["seconds"])]
+    def r(v):  # a ratio that may be unknown (a seed that never reached the loss)
+        return "-" if v is None else f"{v:.2f}"
+    rows = [[bed_name(*c["bed"]), f"{SHORT[c['acco']]} / {SHORT[c['sync']]}", f"{100 * c['sync_wait']:.0f}%",
+             r(c["ceiling"]), times(c["tax"]), f"{100 * c['acco_wait']:.0f}%",
+             f"{r(c['modelled'])}; {r(c['whole_run'])}", r(c["tokens"]), r(c["perfect"]), r(c["seconds"])]
             for c in ceiling.ceilings(summary)]
     return md_table(["bed", "acco / sync at its batch", "sync's wait", "the ceiling", "acco's compute tax",
                      "acco's wait", "whole run: modelled; measured", "tokens to the 75% loss",

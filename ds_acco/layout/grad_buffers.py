@@ -26,7 +26,7 @@ class GradBuffers:
         self.dtypes = [dtype or g.flat.dtype for g in self.groups]
         self.buffers = [[g.layout.new_buffer(g.flat, dt) for g, dt in zip(self.groups, self.dtypes)] for _ in range(2)]
         self.active = 0
-        self._views = [[g.layout.views(buf) for g, buf in zip(self.groups, bufs)] for bufs in self.buffers]
+        self._views = [[g.layout.swap_views(buf) for g, buf in zip(self.groups, bufs)] for bufs in self.buffers]
         self._use_hooks = any(dt != g.flat.dtype for g, dt in zip(self.groups, self.dtypes))
         self._hooks = []
         if self._use_hooks:
@@ -80,7 +80,7 @@ class GradBuffers:
             raise ValueError(f"replacement accumulator {buffer.dtype}[{buffer.numel()}] does not match "
                              f"{old.dtype}[{old.numel()}]")
         self.buffers[slot][group] = buffer
-        self._views[slot][group] = self.groups[group].layout.views(buffer)
+        self._views[slot][group] = self.groups[group].layout.swap_views(buffer)
 
     def active_buffers(self) -> list[torch.Tensor]:
         return self.buffers[self.active]

@@ -62,26 +62,50 @@ def run_one(name: str, out: str, repeat: int, args: argparse.Namespace, profile:
         # `python -m` puts its working folder first on the path: the baseline's ds_acco wins, examples/ is this tree's
         rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=baseline or REPO,
                             timeout=900).returncode
-    rounds = read_jsonl(tele + ".rank0")  # the one rank's round records
-    steps = [s for s in read_jsonl(log) if "step" in s and "event" not in s]
-    row: dict = {"config": name, "repeat": repeat, "tree": "baseline" if baseline else "this", "rc": rc,
-                 "rounds": len(rounds),
-                 "final_loss": steps[-1]["loss"] if steps else None}
-    for key, sel in (("sync", lambda r: r["mode"] == "sync"), ("overlapped", lambda r: r["mode"] != "sync")):
-        # a round's compute is the training thread's time since the previous swap; the first two rounds
-        # of each kind hold CUDA's and the allocator's warm-up
-        per_mb = [r["compute_s"] / r["counts"][0] for r in rounds if sel(r) and r["counts"][0]][2:]
-        row[f"compute_ms_per_mb_{key}"] = 1e3 * statistics.median(per_mb) if per_mb else None
-        row[f"rounds_{key}"] = len(per_mb)
-    late = [s for s in steps if s["step"] > args.warmup + 2]
-    if len(late) >= 2:
-        row["s_per_step_late"] = (late[-1]["train_s"] - late[0]["train_s"]) / (len(late) - 1)
-    a, b = row["compute_ms_per_mb_overlapped"], row["compute_ms_per_mb_sync"]
-    row["in_flight_ratio"] = a / b if a and b and name != "sync_lowbit" else None
+    row: dict = {"config": name, "repeat": repeat, "tree": "baseline" if baseline else "this", "rc": rc}
+    row.update(figures(name, read_jsonl(tele + ".rank0"), read_jsonl(log), args.warmup))
     if profile and os.path.exists(trace + ".json.gz"):
         from benchmarks.report.round_trace import summarize
 
         row["profile"] = summarize(trace + ".json.gz")  # the profiler's own cost is in this run's figures
+    return row
+
+
+def device_compute_s(r: dict) -> float:
+    """A round's compute with the device's share of the training thread's wait
+    (:func:`ds_acco.telemetry.records.device_compute_s`). That share is the time before the round's first host stage:
+    the "gradients ready" stage where the tree has it, before that the finite check's read, which waited for the
+    same kernels; so runs of either tree count alike."""
+    from ds_acco.telemetry.records import DRAIN_STAGE, device_compute_s as whole
+
+    stages = r.get("stage_s", {})
+    before = r["round_s"] - sum(v for k, v in stages.items() if k != DRAIN_STAGE)
+    return whole(r["compute_s"], r["waited_s"], {DRAIN_STAGE: max(0.0, before)})
+
+
+def figures(name: str, rounds: list[dict], steps: list[dict], warmup: int) -> dict:
+    """One run's figures from its round records and step log: compute per micro-batch in the warm-up's sync rounds
+    and with a round in flight, from the host's time alone (what this bench reported before) and counted whole
+    (:func:`device_compute_s`: in sync on a GPU the host's time misses the last micro-batch's kernels, which the
+    round waits for), and seconds per step in both phases, which need no attribution."""
+    row: dict = {"rounds": len(rounds), "final_loss": None}
+    steps = [s for s in steps if "step" in s and "event" not in s]
+    if steps:
+        row["final_loss"] = steps[-1]["loss"]
+    for key, sel in (("sync", lambda r: r["mode"] == "sync"), ("overlapped", lambda r: r["mode"] != "sync")):
+        # the first two rounds of each kind hold CUDA's and the allocator's warm-up
+        mine = [r for r in rounds if sel(r) and r["counts"][0]][2:]
+        for suffix, value in (("_host", lambda r: r["compute_s"]), ("", device_compute_s)):
+            per_mb = [value(r) / r["counts"][0] for r in mine]
+            row[f"compute_ms_per_mb_{key}{suffix}"] = 1e3 * statistics.median(per_mb) if per_mb else None
+        row[f"rounds_{key}"] = len(mine)
+    for key, part in (("s_per_step_sync", [s for s in steps if 2 < s["step"] <= warmup]),
+                      ("s_per_step_late", [s for s in steps if s["step"] > warmup + 2])):
+        if len(part) >= 2:
+            row[key] = (part[-1]["train_s"] - part[0]["train_s"]) / (len(part) - 1)
+    for suffix in ("", "_host"):
+        a, b = row[f"compute_ms_per_mb_overlapped{suffix}"], row[f"compute_ms_per_mb_sync{suffix}"]
+        row[f"in_flight_ratio{suffix}"] = a / b if a and b and name != "sync_lowbit" else None
     return row
 
 
@@ -100,17 +124,19 @@ def preflight() -> Optional[str]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| config | tree | run | compute ms/mb, sync rounds | with a round in flight | ratio "
-             "| s/step after warm-up | loss at end |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| config | tree | run | compute ms/mb in sync | with a round in flight | ratio "
+             "| host's time alone: ratio | s/step in sync | after warm-up | loss at end |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(v: Optional[float], fmt: str) -> str:
         return format(v, fmt) if isinstance(v, (int, float)) else "-"
 
     for r in rows:
         lines.append(f"| {r['config']} | {r.get('tree', 'this')} | {r['repeat']} | "
-                     f"{f(r['compute_ms_per_mb_sync'], '.2f')} | "
-                     f"{f(r['compute_ms_per_mb_overlapped'], '.2f')} | {f(r['in_flight_ratio'], '.3f')} | "
-                     f"{f(r.get('s_per_step_late'), '.4f')} | {f(r['final_loss'], '.4f')} |")
+                     f"{f(r['compute_ms_per_mb_sync'], '.2f')} | {f(r['compute_ms_per_mb_overlapped'], '.2f')} | "
+                     f"{f(r['in_flight_ratio'], '.3f')} | {f(r.get('in_flight_ratio_host'), '.3f')} | "
+                     f"{f(r.get('s_per_step_sync'), '.4f')} | {f(r.get('s_per_step_late'), '.4f')} | "
+                     f"{f(r['final_loss'], '.4f')} |")
     return "\n".join(lines)
 
 

@@ -29,6 +29,7 @@ from ds_acco.numerics.finite import all_finite
 from ds_acco.numerics.views import ViewCache
 from ds_acco.optim.lr_schedule import LrScheduleClock
 from ds_acco.optim.shard_optimizer import ShardOptimizer
+from ds_acco.telemetry.records import DRAIN_STAGE
 
 from .group_buffers import KeptEstimate, RoundBuffers
 from .landing import Landing
@@ -164,6 +165,9 @@ class RoundWork:
     def _counts(self, handle: RoundHandle, grads: list[torch.Tensor], count: int, scale: float,
                 figures: Sequence[int], noise: bool) -> CountRows:
         """Every rank's :class:`CountRow`, in one tiny all-gather; adopts the agreed pacing."""
+        if self.device.type == "cuda":  # the round's first host read waits for the device: said as its own stage
+            self._enter_stage(handle, DRAIN_STAGE)
+            torch.cuda.current_stream(self.device).synchronize()  # the comm stream, behind the launch's event
         nonfinite = self.config.check_finite and any(not all_finite(b) for b in grads)
         self._enter_stage(handle, "count all-gather")
         row = CountRow(count, int(nonfinite) | STOPPING * int(STOP.requested), self.coll.pacing_vote(), figures,

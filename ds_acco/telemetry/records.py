@@ -14,6 +14,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 
+DRAIN_STAGE = "gradients ready"
+"""A round's first stage on a GPU: the device finishing the kernels the training thread queued before the launch.
+The host runs ahead of the device (by a whole micro-batch where the device is the bottleneck), so this wait is the
+micro-batches' compute, not the round's: where the training thread blocked on it (sync), it belongs to compute."""
+
+
+def device_compute_s(compute_s: float, waited_s: float, stage_s: dict) -> float:
+    """The training thread's compute since the previous swap, with the device's share of its wait added back: in
+    sync on a GPU the host's figure alone misses the last micro-batch's kernels (an H200 bed read a round in
+    flight as 1.2x compute per micro-batch this way, 1.01x counted whole; docs/gpu.md)."""
+    return compute_s + min(waited_s, stage_s.get(DRAIN_STAGE, 0.0))
+
+
 @dataclass
 class RoundRecord:
     """What one round did and cost, seen from this rank."""
@@ -43,7 +56,8 @@ class RoundRecord:
     lr: float = float("nan")
     stage_s: dict = field(default_factory=dict)
     """Communication-thread seconds per stage ("count all-gather", "reduce-scatter",
-    "shard step", "all-gather"): where a round's time goes, next to ``bytes_sent``."""
+    "shard step", "all-gather"; on a GPU :data:`DRAIN_STAGE` first): where a round's time goes, next to
+    ``bytes_sent``."""
     stage_cpu_s: dict = field(default_factory=dict)
     """The communication thread's CPU seconds per stage (quantisation, sums, the shard step): on
     a CPU host it shares the cores with compute, so this is what a round takes from compute."""

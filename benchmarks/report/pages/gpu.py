@@ -18,3 +18,73 @@ def round_launches() -> str:
         result = json.load(f)
     return (table(result["rows"]) + f"\n\n`{result['command']}` (torch {result['torch']}; raw file: "
             f"[{os.path.basename(RAW)}](../{RAW}))")
+
+
+IN_FLIGHT = os.path.join("bench_results", "gpu_overlap", "h200_world1_fused_kernel_ab")
+"""One H200 call (world size 1): the fused kernel against the elementwise rule at the bed's micro-batch (``ab/``: the
+baseline tree is this one with ``nokernel.patch``), and this tree at four times the micro-batch (``mb32/``)."""
+
+
+def in_flight_rows(folder: str = IN_FLIGHT) -> list[dict]:
+    """Every run's figures, recomputed from its round records and step log (:func:`benchmarks.gpu_overlap.figures`)."""
+    from benchmarks.gpu_overlap import figures
+    from benchmarks.sweep.parse import read_jsonl
+
+    rows = []
+    for sub in sorted(os.listdir(os.path.join(rs.ROOT, folder))):
+        path = os.path.join(rs.ROOT, folder, sub)
+        if not os.path.isfile(os.path.join(path, "gpu_overlap.json")):
+            continue
+        with open(os.path.join(path, "gpu_overlap.json"), encoding="utf-8") as f:
+            result = json.load(f)
+        for r in result["rows"]:
+            tag = os.path.join(path, f"{r['config']}_r{r['repeat']}" + ("_baseline" if r["tree"] == "baseline" else ""))
+            row = {"config": r["config"], "repeat": r["repeat"], "micro_batch": result["args"]["micro_batch"],
+                   "adam": "elementwise" if r["tree"] == "baseline" else "fused kernel", "device": result["device"]}
+            row.update(figures(r["config"], read_jsonl(tag + ".telemetry.jsonl.rank0"),
+                               read_jsonl(tag + ".steps.jsonl"), result["args"]["warmup"]))
+            row["step_ratio"] = row["s_per_step_late"] / row["s_per_step_sync"]
+            rows.append(row)
+    return rows
+
+
+def _span(values: list[float], fmt: str = ".3f") -> str:
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}-{hi:{fmt}}"
+
+
+def in_flight_summary(rows: list[dict]) -> dict:
+    """The page's claims, as numbers: the ratios by micro-batch (this tree), and the kernel's paired differences."""
+    out: dict = {}
+    for mb in sorted({r["micro_batch"] for r in rows}):
+        mine = [r for r in rows if r["micro_batch"] == mb and r["adam"] == "fused kernel"]
+        out[mb] = {k: [r[k] for r in mine] for k in ("in_flight_ratio", "in_flight_ratio_host", "step_ratio")}
+    pairs = [(a, b) for a in rows for b in rows if a["adam"] == "fused kernel" and b["adam"] == "elementwise"
+             and (a["config"], a["repeat"], a["micro_batch"]) == (b["config"], b["repeat"], b["micro_batch"])]
+    out["kernel"] = {k: [a[k] / b[k] for a, b in pairs] for k in ("s_per_step_sync", "s_per_step_late")}
+    return out
+
+
+def in_flight() -> str:
+    """docs/gpu.md's table of what a round in flight costs compute on a GPU, and its summary line."""
+    rows = in_flight_rows()
+    lines = ["| micro-batch | config | Adam in the round | run | compute ms/mb, sync | with a round in flight | ratio "
+             "| from the host's time alone | s/step, sync | overlapped | overlapped over sync |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['micro_batch']} | {r['config']} | {r['adam']} | {r['repeat']} | "
+                     f"{r['compute_ms_per_mb_sync']:.2f} | {r['compute_ms_per_mb_overlapped']:.2f} | "
+                     f"{r['in_flight_ratio']:.3f} | {r['in_flight_ratio_host']:.3f} | {r['s_per_step_sync']:.4f} | "
+                     f"{r['s_per_step_late']:.4f} | {r['step_ratio']:.3f} |")
+    s = in_flight_summary(rows)
+    small, large = min(k for k in s if k != "kernel"), max(k for k in s if k != "kernel")
+    lines += ["", f"{rows[0]['device']}, medium GPT (sequences of 512), world size 1. With the fused kernel, a round "
+              f"in flight cost compute per micro-batch **{_span(s[large]['in_flight_ratio'])}x** at {large} sequences "
+              f"a micro-batch (the device the bottleneck; {_span(s[large]['in_flight_ratio_host'])}x from the host's "
+              f"time alone) and {_span(s[small]['in_flight_ratio'])}x at {small} (the host the bottleneck). An "
+              f"overlapped step took {_span(s[large]['step_ratio'])} of a sync step's time at {large} and "
+              f"{_span(s[small]['step_ratio'])} at {small}. The fused kernel against the elementwise rule, run for "
+              f"run: sync steps {_span(s['kernel']['s_per_step_sync'], '.2f')} of the time, overlapped steps "
+              f"{_span(s['kernel']['s_per_step_late'], '.2f')}.",
+              "", f"`python -m benchmarks report` (raw files: [{os.path.basename(IN_FLIGHT)}/](../{IN_FLIGHT}/))"]
+    return "\n".join(lines)

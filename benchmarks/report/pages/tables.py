@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 from . import sets as rs
 from .cells import BEDS, HAND, SET_OF, bed_name, label, md_table, ratio_of, s, x
-from .gpu import round_launches
+from .gpu import in_flight, round_launches
 from .long_runs import long_runs, long_runs_summary, loss_rows as long_loss_rows, second_machine
 from .projection import projection_rows
 
@@ -314,6 +314,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "projection": projection_rows,
     "long_runs": long_runs, "long_runs_summary": long_runs_summary, "long_runs_machine2": second_machine,
     "round_launches": round_launches,
+    "gpu_in_flight": in_flight,
     **{f"bed:{k[0]}:{k[1]}": (lambda k=k: bed_table(k, SET_OF.get(k, "five_beds"))) for k in BEDS},
 }
 """Every generated table, by the name its markers carry."""

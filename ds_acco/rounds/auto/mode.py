@@ -20,6 +20,7 @@ import torch
 
 from ds_acco.config import AccoConfig
 from ds_acco.config.names import Kind, Policy
+from ds_acco.telemetry.records import DRAIN_STAGE, device_compute_s
 
 from .choice import ACCO, BATCH_SCALE_BOUNDS, FIGURES, HALF, STREAMING, SYNC, choose, percent
 from .noise_scale import NoiseScale
@@ -246,11 +247,15 @@ class AutoMode:
 
     def after_round(self, record, outcome, *, now: float, committed: Optional[int]) -> None:
         """Feed one swapped-in round: its times to the timer, its norms to the noise scale."""
-        # the count all-gather is where a round waits for the slowest peer: not the link's time
-        wire_s = outcome.round_s - record.stage_s.get("count all-gather", 0.0)
+        # the count all-gather is where a round waits for the slowest peer, and on a GPU the round first waits for
+        # the device to finish the micro-batches: neither is the link's time; the device's share of the training
+        # thread's wait is compute (sync's own, or the in-flight factor would read that share as acco's cost)
+        stages = record.stage_s
+        wire_s = outcome.round_s - stages.get("count all-gather", 0.0) - stages.get(DRAIN_STAGE, 0.0)
         if record.kind == Kind.ESTIMATE:
             wire_s /= self.estimate_fraction  # the commit round it stands for
-        self.timer.swap(compute_s=record.compute_s, round_s=wire_s, now=now, committed=committed)
+        self.timer.swap(compute_s=device_compute_s(record.compute_s, record.waited_s, stages), round_s=wire_s,
+                        now=now, committed=committed)
         if self.noise is not None and outcome.noise is not None and not outcome.skipped:
             self.noise.add(outcome.noise[0], outcome.counts, outcome.noise[1])
 

@@ -30,6 +30,7 @@ from benchmarks.report.long_runs import collect
 from benchmarks.report.pages.sets import ROOT, folders
 from benchmarks.report.repeats import bed_of
 from benchmarks.report.time_to_loss import TOLERANCE
+from ds_acco.telemetry.records import DRAIN_STAGE
 
 from . import model as m
 
@@ -45,9 +46,12 @@ BED_SCHEDULE = m.Schedule(fragments=4, sync_every=40, overlap_steps=2, max_micro
 """The beds' streaming and adaptive settings (``benchmarks.sweep.configs.STREAMING_BLOCK``, the workload's cap)."""
 EQUAL_HOSTS = (("real", "100mbit"), ("real-mtu9000", "100mbit"), ("real", "25mbit"), ("sleep", "100mbit"))
 """The beds the link constants are fitted on: every host at a full core (the slow-host bed is checked, not fitted)."""
-GPU_FOLDERS = ("gpu_overlap/h100_world1/call1_head/base", "gpu_overlap/h200_world1_chunks_ab/new0",
-               "gpu_overlap/h200_world1_chunks_ab/new1")
-"""The GPU sessions at the current round code (HEAD of the H100 session, the H200 A/B's new chunks)."""
+GPU_FOLDERS = ("gpu_overlap/h200_world1_fused_kernel_ab/ab",)
+"""The GPU session at the current round code (the H200 call with the fused kernel; its runs of this tree, not the
+baseline's): a round's costs."""
+GPU_SLOWDOWN = "bench_results/gpu_overlap/h200_world1_fused_kernel_ab"
+"""Where ``k`` comes from: that call's runs at the micro-batch where the device paces the step, as it does for the
+table's 1B and 7B models (at the bed's own micro-batch the host does; docs/gpu.md), counted whole."""
 GPU_CONFIG = "acco_lowbit_int4_fixed"
 LONG_RUNS = "bench_results/long_runs/workers_*"
 PENALTY_RUNS = ("bench_results/long_runs/real_seed*", "bench_results/long_runs/sleep_seed*")
@@ -320,16 +324,19 @@ def _gpu_params(folder: str) -> float:
 
 def gpu_costs(folders_: Iterable[str] = GPU_FOLDERS) -> dict:
     """A GPU round's costs at world size 1 (no wire): the stages that pass over every element (quantise and
-    reduce-scatter, shard step, all-gather) over the elements are ``e``; the rest of the round is ``h``; the
-    shard step alone over its elements is the inner optimizer; ``k`` is the sessions' in-flight ratio."""
-    per_elem, host, inner, ks, inputs = [], [], [], [], []
+    reduce-scatter, shard step, all-gather) over the elements are ``e``; the round's other stages are ``h``, not
+    the wait for the gradients before them (the device finishing compute the host queued: compute, not the round;
+    :func:`benchmarks.gpu_overlap.device_compute_s`); the shard step alone over its elements is the inner optimizer;
+    ``k`` is the in-flight ratio counted whole where the device paces the step (:data:`GPU_SLOWDOWN`)."""
+    from benchmarks.report.pages.gpu import in_flight_rows
+
+    per_elem, host, inner, inputs = [], [], [], []
     for folder in folders_:
         base = os.path.join(ROOT, "bench_results", folder)
         params = _gpu_params(folder)
-        with open(os.path.join(base, "gpu_overlap.json"), encoding="utf-8") as f:
-            summary = json.load(f)
-        ks += [r["in_flight_ratio"] for r in summary["rows"] if r["config"] == GPU_CONFIG and r.get("in_flight_ratio")]
         for tel in sorted(glob.glob(os.path.join(base, f"{GPU_CONFIG}_r*.telemetry.jsonl.rank0"))):
+            if re.search(r"_(baseline|profiled)\.", os.path.basename(tel)):
+                continue  # another tree, or the profiler's own cost
             inputs.append(os.path.relpath(tel, ROOT))
             with open(tel, encoding="utf-8") as f:
                 rounds = [json.loads(line) for line in f if line.strip()]
@@ -337,11 +344,15 @@ def gpu_costs(folders_: Iterable[str] = GPU_FOLDERS) -> dict:
                 st = x["stage_s"]
                 passes = st["reduce-scatter"] + st["shard step"] + st["all-gather"]
                 per_elem.append(passes / params)
-                host.append(x["round_s"] - passes)
+                host.append(sum(v for k, v in st.items() if k != DRAIN_STAGE) - passes)
                 inner.append(st["shard step"] / params)
-        inputs.append(os.path.relpath(os.path.join(base, "gpu_overlap.json"), ROOT))
+    device_paced = [r for r in in_flight_rows(GPU_SLOWDOWN) if r["adam"] == "fused kernel"]
+    top = max(r["micro_batch"] for r in device_paced)
+    ks = [r["in_flight_ratio"] for r in device_paced if r["micro_batch"] == top]
+    inputs.append(GPU_SLOWDOWN)
     return {"round_host_s": _median(host), "round_s_per_elem": _median(per_elem), "inner_s_per_elem": _median(inner),
-            "slowdown": _median(ks), "slowdown_range": [min(ks), max(ks)], "params": params, "inputs": inputs}
+            "slowdown": _median(ks), "slowdown_range": [min(ks), max(ks)], "slowdown_micro_batch": top,
+            "params": params, "inputs": inputs}
 
 
 def fit_all(set_name: str = "five_beds") -> dict:

@@ -125,8 +125,10 @@ def ASSUMPTIONS(fitted: dict) -> list[str]:  # noqa: N802 - a table of stated as
         f"{c['hop_s'] * 1e3:.1f} ms is gloo on one core per host, not a fabric's.",
         f"A round's GPU cost: h = {g['round_host_s'] * 1e3:.1f} ms, e = {g['round_s_per_elem'] * 1e12:.0f} ps per "
         f"element, inner optimizer {g['inner_s_per_elem'] * 1e12:.0f} ps per element, compute {g['slowdown']:.2f}x "
-        f"slower with a round in flight: fitted on the H100/H200 sessions at world size 1 and "
-        f"{g['params'] / 1e6:.1f} M parameters (launch-bound kernels: e is an upper bound for a 7B model).",
+        f"slower with a round in flight: fitted on an H200 session at world size 1 and {g['params'] / 1e6:.1f} M "
+        f"parameters; h and e at the bed's micro-batch (launch-bound kernels: e is an upper bound for a 7B model), k "
+        f"counted whole at {g['slowdown_micro_batch']} sequences a micro-batch, where the device paces the step as "
+        f"it does at 1B and 7B (docs/gpu.md).",
         f"Streaming and the adaptive cap as the shipped preset: {sched.fragments} fragments, H = {sched.sync_every}, "
         f"tau = {sched.overlap_steps}, at most {sched.max_micro_batches_per_round} micro-batches per round.",
         convergence(fitted),

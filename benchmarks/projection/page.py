@@ -110,13 +110,14 @@ def constants(fitted: dict) -> str:
             ["latency per algorithm step a", f"{c['hop_s'] * 1e3:.2f} ms", f"{grid.HOP_S * 1e6:.0f} us (assumed)",
              "median count all-gather of sync rounds"],
             ["round host cost h", f"{c['round_host_s'] * 1e3:.1f} ms", f"{g['round_host_s'] * 1e3:.1f} ms",
-             "intercept (CPU); round minus its element passes (GPU)"],
+             "intercept (CPU); the round's stages but its element passes and the wait for the gradients (GPU)"],
             ["round cost per element e", f"{c['round_s_per_elem'] * 1e9:.2f} ns", f"{g['round_s_per_elem'] * 1e12:.0f} ps",
              "slope over elements (CPU); quantise, shard step, all-gather stages over P (GPU)"],
             ["inner optimizer per element", f"{c['inner_s_per_elem'] * 1e9:.2f} ns",
              f"{g['inner_s_per_elem'] * 1e12:.0f} ps", "shard step stage over its elements"],
             ["slowdown k", "per bed (acco fixed's)", f"{g['slowdown']:.3f} ({g['slowdown_range'][0]:.3f}-"
-             f"{g['slowdown_range'][1]:.3f})", "compute per micro-batch with a round in flight over without"]]
+             f"{g['slowdown_range'][1]:.3f})", "compute per micro-batch with a round in flight over without (GPU: "
+             "counted whole, the device pacing the step)"]]
     return md_table(["constant", "CPU beds", "GPU (the table)", "how"], rows)
 
 

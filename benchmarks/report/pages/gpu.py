@@ -48,7 +48,7 @@ def in_flight_rows(folder: str = IN_FLIGHT) -> list[dict]:
     return rows
 
 
-def _span(values: list[float], fmt: str = ".3f") -> str:
+def span(values: list[float], fmt: str = ".3f") -> str:
     lo, hi = min(values), max(values)
     return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}-{hi:{fmt}}"
 
@@ -79,12 +79,12 @@ def in_flight() -> str:
     s = in_flight_summary(rows)
     small, large = min(k for k in s if k != "kernel"), max(k for k in s if k != "kernel")
     lines += ["", f"{rows[0]['device']}, medium GPT (sequences of 512), world size 1. With the fused kernel, a round "
-              f"in flight cost compute per micro-batch **{_span(s[large]['in_flight_ratio'])}x** at {large} sequences "
-              f"a micro-batch (the device the bottleneck; {_span(s[large]['in_flight_ratio_host'])}x from the host's "
-              f"time alone) and {_span(s[small]['in_flight_ratio'])}x at {small} (the host the bottleneck). An "
-              f"overlapped step took {_span(s[large]['step_ratio'])} of a sync step's time at {large} and "
-              f"{_span(s[small]['step_ratio'])} at {small}. The fused kernel against the elementwise rule, run for "
-              f"run: sync steps {_span(s['kernel']['s_per_step_sync'], '.2f')} of the time, overlapped steps "
-              f"{_span(s['kernel']['s_per_step_late'], '.2f')}.",
+              f"in flight cost compute per micro-batch **{span(s[large]['in_flight_ratio'])}x** at {large} sequences "
+              f"a micro-batch (the device the bottleneck; {span(s[large]['in_flight_ratio_host'])}x from the host's "
+              f"time alone) and {span(s[small]['in_flight_ratio'])}x at {small} (the host the bottleneck). An "
+              f"overlapped step took {span(s[large]['step_ratio'])} of a sync step's time at {large} and "
+              f"{span(s[small]['step_ratio'])} at {small}. The fused kernel against the elementwise rule, run for "
+              f"run: sync steps {span(s['kernel']['s_per_step_sync'], '.2f')} of the time, overlapped steps "
+              f"{span(s['kernel']['s_per_step_late'], '.2f')}.",
               "", f"`python -m benchmarks report` (raw files: [{os.path.basename(IN_FLIGHT)}/](../{IN_FLIGHT}/))"]
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 from . import sets as rs
 from .cells import BEDS, HAND, SET_OF, bed_name, label, md_table, ratio_of, s, x
-from .gpu import in_flight, round_launches
+from .gpu import in_flight, in_flight_rows, in_flight_summary, round_launches, span
 from .long_runs import long_runs, long_runs_summary, loss_rows as long_loss_rows, second_machine
 from .projection import projection_rows
 
@@ -275,6 +275,10 @@ def losses() -> str:
                 " and ".join(gaps)])
     ratios = ", ".join(f"{x(fb('acco_lowbit_int4_fixed', k)['compute_ratio'])} ({bed_name(k)})"
                        for k in rs.beds_of("five_beds") if fb("acco_lowbit_int4_fixed", k)["compute_ratio"])
+    gpu = in_flight_summary(in_flight_rows())  # counted whole: docs/gpu.md
+    device_paced, host_paced = max(k for k in gpu if k != "kernel"), min(k for k in gpu if k != "kernel")
+    ratios += (f"; on a GPU (H200, one rank, counted whole): {span(gpu[device_paced]['in_flight_ratio'])}x where "
+               f"the device paces the step, {span(gpu[host_paced]['in_flight_ratio'])}x where the host does")
     out.append(["compute per micro-batch with a round in flight, acco fixed (target: within 1.03x)", ratios])
     if "fast_link" in rs.index()["sets"]:
         fast = ("real", "unshaped")

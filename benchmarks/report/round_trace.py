@@ -10,9 +10,11 @@ bursts had cut one round into several, each counted as a round (the small GPT's 
 operations "per round" that way, 438-554 per mark). Two figures say whether the round takes compute's
 time: the operations and kernel launches a round issues (each holds the Python interpreter the training
 thread needs between its own), and, on a GPU, how busy the compute stream is while a round's thread is
-active against the rest of the time. On an H100 this read 9% against 68% (BENCHMARKS.md, "On an H100"):
-the number to watch when a change claims to make rounds cheaper for compute. On a CPU there are no
-streams; the training threads' share of the wall time covered by their operations stands in.
+active against the rest of the time. On an H100 this read 9% against 68%, on an H200 0% against 49%. Read
+with care: a round's host work starts at a swap, where the training thread launches nothing for a while of
+its own (the swap itself, then the next micro-batch's data; bench_results/gpu_overlap/
+h200_world1_fused_kernel_ab/README.md), so the share says when rounds run more than what they cost. On a CPU
+there are no streams; the training threads' share of the wall time covered by their operations stands in.
 """
 
 from __future__ import annotations

@@ -87,3 +87,15 @@ def test_the_projection_prices_a_gpu_round_without_the_wait_for_its_gradients():
         before += [r["round_s"] - r["stage_s"]["reduce-scatter"] - r["stage_s"]["shard step"]
                    - r["stage_s"]["all-gather"] for r in rounds if r["mode"] == "acco"]
     assert 0 < g["round_host_s"] < statistics.median(before) - 0.0005
+
+
+def test_the_log_line_counts_the_wait_for_the_gradients_as_compute_and_says_it():
+    from ds_acco.telemetry.records import Telemetry
+
+    gpu = RoundRecord(index=3, kind="commit", mode="sync", step=2, counts=[4], compute_s=0.3, round_s=0.07,
+                      waited_s=0.071, stage_s={DRAIN_STAGE: 0.06, "count all-gather": 0.002})
+    line = Telemetry().format_line(gpu)
+    assert "compute 360.0ms round 70.0ms (gradients ready after 60.0ms) waited 71.0ms" in line, line
+    cpu = RoundRecord(index=3, kind="commit", mode="sync", step=2, counts=[4], compute_s=0.3, round_s=0.07,
+                      waited_s=0.071, stage_s={"count all-gather": 0.002})
+    assert "compute 300.0ms round 70.0ms waited 71.0ms" in Telemetry().format_line(cpu)

@@ -139,9 +139,13 @@ class Telemetry:
         # a streaming round syncs a fragment: its counts are inner steps since that fragment's last sync
         what = (f"{record.counts[0]} steps since its last sync" if record.kind == "fragment" else
                 f"nominal {record.nominal_step} mb/rank {record.counts}")
+        drain = record.stage_s.get(DRAIN_STAGE)  # on a GPU: say how much of the round was the device's compute
         return (
             f"[ds_acco] round {record.index} {record.kind:8s} step {record.step} {what} "
-            f"compute {record.compute_s * 1e3:.1f}ms round {record.round_s * 1e3:.1f}ms waited "
+            f"compute {device_compute_s(record.compute_s, record.waited_s, record.stage_s) * 1e3:.1f}ms "
+            f"round {record.round_s * 1e3:.1f}ms "
+            + ("" if drain is None else f"(gradients ready after {drain * 1e3:.1f}ms) ")
+            + "waited "
             f"{record.waited_s * 1e3:.1f}ms sent {record.bytes_sent / 2**20:.2f}MiB "
             + ("" if record.kind == "fragment" else f"|g| {norm} ")
             + f"hidden {100 * record.hidden:.0f}% (running {100 * self.hidden_fraction:.1f}%)"

@@ -21,8 +21,13 @@ def round_launches() -> str:
 
 
 IN_FLIGHT = os.path.join("bench_results", "gpu_overlap", "h200_world1_fused_kernel_ab")
-"""One H200 call (world size 1): the fused kernel against the elementwise rule at the bed's micro-batch (``ab/``: the
-baseline tree is this one with ``nokernel.patch``), and this tree at four times the micro-batch (``mb32/``)."""
+"""One H200 call (world size 1) at 7c254e7: the fused kernel against the elementwise rule at the bed's micro-batch
+(``ab/``: the baseline tree is this one with ``nokernel.patch``), and this tree at four times the micro-batch
+(``mb32/``)."""
+SWAP_VIEWS = os.path.join("bench_results", "gpu_overlap", "h200_world1_swap_views")
+"""A later call of the same session at 51afdb2 (the swap's views cut once per buffer, the round's gradients-ready
+stage): one run of acco fixed at each micro-batch."""
+TREES = ((IN_FLIGHT, "7c254e7"), (SWAP_VIEWS, "51afdb2"))
 
 
 def in_flight_rows(folder: str = IN_FLIGHT) -> list[dict]:
@@ -67,12 +72,12 @@ def in_flight_summary(rows: list[dict]) -> dict:
 
 def in_flight() -> str:
     """docs/gpu.md's table of what a round in flight costs compute on a GPU, and its summary line."""
-    rows = in_flight_rows()
-    lines = ["| micro-batch | config | Adam in the round | run | compute ms/mb, sync | with a round in flight | ratio "
-             "| from the host's time alone | s/step, sync | overlapped | overlapped over sync |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['micro_batch']} | {r['config']} | {r['adam']} | {r['repeat']} | "
+    rows, later = in_flight_rows(), in_flight_rows(SWAP_VIEWS)
+    lines = ["| tree | micro-batch | config | Adam in the round | run | compute ms/mb, sync | with a round in flight "
+             "| ratio | from the host's time alone | s/step, sync | overlapped | overlapped over sync |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for tree, r in [(TREES[0][1], r) for r in rows] + [(TREES[1][1], r) for r in later]:
+        lines.append(f"| {tree} | {r['micro_batch']} | {r['config']} | {r['adam']} | {r['repeat']} | "
                      f"{r['compute_ms_per_mb_sync']:.2f} | {r['compute_ms_per_mb_overlapped']:.2f} | "
                      f"{r['in_flight_ratio']:.3f} | {r['in_flight_ratio_host']:.3f} | {r['s_per_step_sync']:.4f} | "
                      f"{r['s_per_step_late']:.4f} | {r['step_ratio']:.3f} |")
@@ -86,5 +91,11 @@ def in_flight() -> str:
               f"{span(s[small]['step_ratio'])} at {small}. The fused kernel against the elementwise rule, run for "
               f"run: sync steps {span(s['kernel']['s_per_step_sync'], '.2f')} of the time, overlapped steps "
               f"{span(s['kernel']['s_per_step_late'], '.2f')}.",
-              "", f"`python -m benchmarks report` (raw files: [{os.path.basename(IN_FLIGHT)}/](../{IN_FLIGHT}/))"]
+              "", f"At {TREES[1][1]} (a swap's views cut once per buffer; the round's `gradients ready` stage read "
+              f"directly), one run of acco fixed at each micro-batch: counted whole "
+              + ", ".join(f"{r['in_flight_ratio']:.3f}x at {r['micro_batch']}" for r in later)
+              + "; an overlapped step "
+              + ", ".join(f"{r['step_ratio']:.3f} of a sync step at {r['micro_batch']}" for r in later) + ".",
+              "", "`python -m benchmarks report` (raw files: "
+              + ", ".join(f"[{os.path.basename(f)}/](../{f}/)" for f, _ in TREES) + ")"]
     return "\n".join(lines)

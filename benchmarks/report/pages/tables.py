@@ -277,8 +277,9 @@ def losses() -> str:
                        for k in rs.beds_of("five_beds") if fb("acco_lowbit_int4_fixed", k)["compute_ratio"])
     gpu = in_flight_summary(in_flight_rows())  # counted whole: docs/gpu.md
     device_paced, host_paced = max(k for k in gpu if k != "kernel"), min(k for k in gpu if k != "kernel")
-    ratios += (f"; on a GPU (H200, one rank, counted whole): {span(gpu[device_paced]['in_flight_ratio'])}x where "
-               f"the device paces the step, {span(gpu[host_paced]['in_flight_ratio'])}x where the host does")
+    ratios += (f"; on a GPU (H200, one rank, counted whole, at 7c254e7): {span(gpu[device_paced]['in_flight_ratio'])}x "
+               f"where the device paces the step, {span(gpu[host_paced]['in_flight_ratio'])}x where the host does "
+               "(docs/gpu.md: one later run with a swap's views cut once)")
     out.append(["compute per micro-batch with a round in flight, acco fixed (target: within 1.03x)", ratios])
     if "fast_link" in rs.index()["sets"]:
         fast = ("real", "unshaped")

@@ -32,16 +32,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = ("sync_lowbit", "acco_lowbit_int4_fixed", "acco_lowbit_fixed", "acco_fixed")
 
 
+def run_tag(name: str, repeat: int, profiled: bool = False, baseline: bool = False) -> str:
+    """What a run's files are named after (``<tag>.telemetry.jsonl.rank0``, ``<tag>.steps.jsonl``...)."""
+    return f"{name}_r{repeat}" + ("_profiled" if profiled else "") + ("_baseline" if baseline else "")
+
+
 def run_one(name: str, out: str, repeat: int, args: argparse.Namespace, profile: Optional[str] = None,
             baseline: Optional[str] = None) -> dict:
     """Train one config once; its per-round compute split by whether a round was in flight; with ``profile``
     (``"A:B"``) a torch profile of steps A+1 to B too (:mod:`benchmarks.report.round_trace` reads it); with
     ``baseline`` (a folder holding another ``ds_acco/``) that library instead of this tree's, the same script."""
+    from benchmarks.cluster.system import free_port
     from benchmarks.sweep.configs import make_config
     from benchmarks.sweep.parse import read_jsonl
-    from benchmarks.cluster.system import free_port
 
-    tag = f"{name}_r{repeat}" + ("_profiled" if profile else "") + ("_baseline" if baseline else "")
+    tag = run_tag(name, repeat, profiled=bool(profile), baseline=bool(baseline))
     tele = os.path.join(out, f"{tag}.telemetry.jsonl")
     cfg = make_config(name, micro_batch=args.micro_batch, grad_accum=args.grad_accum, warmup_steps=args.warmup,
                       telemetry_jsonl=tele)
@@ -76,7 +81,8 @@ def device_compute_s(r: dict) -> float:
     (:func:`ds_acco.telemetry.records.device_compute_s`). That share is the time before the round's first host stage:
     the "gradients ready" stage where the tree has it, before that the finite check's read, which waited for the
     same kernels; so runs of either tree count alike."""
-    from ds_acco.telemetry.records import DRAIN_STAGE, device_compute_s as whole
+    from ds_acco.telemetry.records import DRAIN_STAGE
+    from ds_acco.telemetry.records import device_compute_s as whole
 
     stages = r.get("stage_s", {})
     before = r["round_s"] - sum(v for k, v in stages.items() if k != DRAIN_STAGE)

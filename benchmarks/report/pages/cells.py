@@ -39,6 +39,12 @@ def x(v: Optional[float], bold: bool = False) -> str:
     return f"**{v:.2f}x**" if bold else f"{v:.2f}x"
 
 
+def span(values: list[float], fmt: str = ".3f") -> str:
+    """The range of ``values`` ("1.007-1.016"), one number where both ends print alike."""
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}-{hi:{fmt}}"
+
+
 def ratio_of(a: Optional[dict], b: Optional[dict]) -> Optional[float]:
     return a["median_s"] / b["median_s"] if a and b and a["median_s"] and b["median_s"] else None
 

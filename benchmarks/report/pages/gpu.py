@@ -7,6 +7,7 @@ import json
 import os
 
 from . import sets as rs
+from .cells import span
 
 RAW = os.path.join("bench_results", "round_launches", "round_launches.json")
 
@@ -32,7 +33,7 @@ TREES = ((IN_FLIGHT, "7c254e7"), (SWAP_VIEWS, "51afdb2"))
 
 def in_flight_rows(folder: str = IN_FLIGHT) -> list[dict]:
     """Every run's figures, recomputed from its round records and step log (:func:`benchmarks.gpu_overlap.figures`)."""
-    from benchmarks.gpu_overlap import figures
+    from benchmarks.gpu_overlap import figures, run_tag
     from benchmarks.sweep.parse import read_jsonl
 
     rows = []
@@ -43,7 +44,7 @@ def in_flight_rows(folder: str = IN_FLIGHT) -> list[dict]:
         with open(os.path.join(path, "gpu_overlap.json"), encoding="utf-8") as f:
             result = json.load(f)
         for r in result["rows"]:
-            tag = os.path.join(path, f"{r['config']}_r{r['repeat']}" + ("_baseline" if r["tree"] == "baseline" else ""))
+            tag = os.path.join(path, run_tag(r["config"], r["repeat"], baseline=r["tree"] == "baseline"))
             row = {"config": r["config"], "repeat": r["repeat"], "micro_batch": result["args"]["micro_batch"],
                    "adam": "elementwise" if r["tree"] == "baseline" else "fused kernel", "device": result["device"]}
             row.update(figures(r["config"], read_jsonl(tag + ".telemetry.jsonl.rank0"),
@@ -51,11 +52,6 @@ def in_flight_rows(folder: str = IN_FLIGHT) -> list[dict]:
             row["step_ratio"] = row["s_per_step_late"] / row["s_per_step_sync"]
             rows.append(row)
     return rows
-
-
-def span(values: list[float], fmt: str = ".3f") -> str:
-    lo, hi = min(values), max(values)
-    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}-{hi:{fmt}}"
 
 
 def in_flight_summary(rows: list[dict]) -> dict:

@@ -18,8 +18,8 @@ import os
 from typing import Callable, Optional
 
 from . import sets as rs
-from .cells import BEDS, HAND, SET_OF, bed_name, label, md_table, ratio_of, s, x
-from .gpu import in_flight, in_flight_rows, in_flight_summary, round_launches, span
+from .cells import BEDS, HAND, SET_OF, bed_name, label, md_table, ratio_of, s, span, x
+from .gpu import in_flight, in_flight_rows, in_flight_summary, round_launches
 from .long_runs import long_runs, long_runs_summary, loss_rows as long_loss_rows, second_machine
 from .projection import projection_rows
 

@@ -271,7 +271,7 @@ def main(argv=None) -> int:
             time.sleep(delay_s)  # stands in for a slower accelerator's forward/backward
         engine.step()
         index += 1
-        meter.add_micro_batch(loss.item())
+        meter.add_micro_batch(loss)
         if engine.global_steps == step:
             continue
 

@@ -231,7 +231,7 @@ def main(argv=None) -> int:
             time.sleep(args.compute_delay_ms / 1e3)
         acco.after_micro_batch()
         index += 1
-        meter.add_micro_batch(loss.item())
+        meter.add_micro_batch(loss)
         if acco.commits == step:
             continue
         step = acco.commits  # an optimizer step (commit) was applied

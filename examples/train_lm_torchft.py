@@ -268,7 +268,7 @@ def main(argv=None) -> int:
                 if delay_s:
                     time.sleep(delay_s)  # stands in for a slower accelerator's forward/backward
                 index += 1
-                meter.add_micro_batch(loss.item())
+                meter.add_micro_batch(loss)
             if clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip)  # this replica's own norm
             t0 = time.perf_counter()

@@ -89,7 +89,11 @@ class StepMeter:
 
     Time spent in evaluation and checkpointing is excluded via :meth:`pause`, so tokens/s
     measures training only. No collectives here: a per-step all-reduce would put a
-    synchronisation point between ranks into every step and hide nothing.
+    synchronisation point between ranks into every step and hide nothing. Nor a device read per
+    micro-batch: a loss is kept on its device and the step's losses are read together in
+    :meth:`end_step`. A ``loss.item()`` after every backward would make the host wait for that
+    micro-batch's kernels, so on a GPU it could never queue the next one ahead, and whatever the host
+    does between micro-batches (a swap's bookkeeping, the data loader) would leave the device idle.
     """
 
     def __init__(self, tokens_per_micro_batch: int, world_size: int):
@@ -98,16 +102,17 @@ class StepMeter:
         self.start = time.perf_counter()
         self.paused_s = 0.0
         self.micro_batches = 0  # on this rank, since the start of this run
-        self._step_losses: list[float] = []
+        self._step_losses: list = []  # tensors (on the loss's device) or floats, read at the step's end
         self.last_step_losses: list[float] = []
 
-    def add_micro_batch(self, loss: float) -> None:
+    def add_micro_batch(self, loss) -> None:
+        """``loss``: the micro-batch's loss, a tensor (kept, detached, where it is) or a float."""
         self.micro_batches += 1
-        self._step_losses.append(loss)
+        self._step_losses.append(loss.detach() if torch.is_tensor(loss) else float(loss))
 
     def end_step(self) -> float:
-        """Close the current optimizer step; returns its mean micro-batch loss on this rank."""
-        self.last_step_losses, self._step_losses = self._step_losses, []
+        """Close the current optimizer step; returns its mean micro-batch loss on this rank (one device read)."""
+        self.last_step_losses, self._step_losses = _floats(self._step_losses), []
         return self.step_loss()
 
     def step_loss(self) -> float:
@@ -160,3 +165,12 @@ class JsonlLog:
         if self.file is not None:
             self.file.close()
             self.file = None
+
+
+def _floats(values: list) -> list[float]:
+    """Floats of a step's losses, the tensors among them read in one transfer."""
+    tensors = [v.reshape(()).float() for v in values if torch.is_tensor(v)]
+    if not tensors:
+        return [float(v) for v in values]
+    read = iter(torch.stack(tensors).tolist())
+    return [next(read) if torch.is_tensor(v) else float(v) for v in values]

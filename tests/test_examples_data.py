@@ -325,3 +325,26 @@ def test_tiny_model_starts_at_log_vocab_and_learns_real_text(cache_dir):
 def test_bad_arguments_raise_value_errors_that_name_them(call, pattern, cache_dir):
     with pytest.raises(ValueError, match=pattern):
         call(cache_dir)
+
+
+def test_step_meter_reads_a_steps_losses_once_not_per_micro_batch(monkeypatch):
+    """The examples' loops hand the meter each micro-batch's loss tensor; a device read per micro-batch would stop a
+    GPU host from queueing the next micro-batch ahead (examples/train_metrics.py). The step's mean and its losses
+    are the floats ``.item()`` gave, bf16 and float losses included."""
+    from examples.train_metrics import StepMeter
+
+    losses = [torch.tensor(2.5), torch.tensor(3.25, dtype=torch.bfloat16), 1.5, torch.tensor([4.0])]
+    expected = [2.5, 3.25, 1.5, 4.0]
+    meter = StepMeter(tokens_per_micro_batch=128, world_size=2)
+
+    def no_read(self):
+        raise AssertionError("the meter read a loss per micro-batch")
+
+    monkeypatch.setattr(torch.Tensor, "item", no_read)
+    for loss in losses:
+        meter.add_micro_batch(loss.requires_grad_() if torch.is_tensor(loss) and loss.is_floating_point() else loss)
+    monkeypatch.undo()
+    assert meter.micro_batches == 4
+    assert meter.end_step() == sum(expected) / 4
+    assert meter.last_step_losses == expected and all(type(x) is float for x in meter.last_step_losses)
+    assert math.isnan(meter.end_step())  # a step with no micro-batch

@@ -15,6 +15,9 @@
     # time to loss over repeated sweeps (one out folder per repeat): medians, spread, ratios, targets
     python -m benchmarks repeats /tmp/dsb/real100_a /tmp/dsb/real100_b --dest bench_results/ttl_real
 
+    # before committing a sweep folder under bench_results/: its results.json becomes results.json.gz
+    python -m benchmarks pack bench_results/ttl_real/real_100mbit_seed*
+
 Every run goes through ``launchers/local_cluster.py``; see benchmarks/sweep/runner.py for
 what one run records and benchmarks/report/analysis.py for how the targets are computed.
 """
@@ -22,10 +25,10 @@ what one run records and benchmarks/report/analysis.py for how the targets are c
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
+from benchmarks import results_file
 from benchmarks.report.tables import print_memory_model, report
 from benchmarks.sweep import configs as cfgs
 from benchmarks.sweep.plans import DEFAULT_PARTS, PARTS
@@ -56,14 +59,14 @@ def main(argv=None) -> int:
                    help="before each run wait until the 1-minute load is below this (default: 1.5 for 'full', "
                         "off for 'smoke')")
     r.add_argument("--load-wait-budget-s", type=float, default=1200.0, help="total waiting allowed (default 1200)")
-    r.add_argument("--resume", action="store_true", help="keep successful runs already in OUT/results.json")
+    r.add_argument("--resume", action="store_true", help="keep successful runs already in OUT/results.json(.gz)")
     r.add_argument("--rerun", default=None, metavar="REGEX",
                    help="with --resume: run again the kept runs whose id matches REGEX")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--jobs", type=int, default=None,
                    help="launches at once (default: 2 for 'smoke', whose numbers are not measurements; 1 otherwise)")
     r.add_argument("--dry-run", action="store_true", help="print the runs' commands and exit")
-    pl = sub.add_parser("plot", help="write the PNG plots of a results.json (next to it unless --out)")
+    pl = sub.add_parser("plot", help="write the PNG plots of a results.json (or .json.gz; next to it unless --out)")
     pl.add_argument("results")
     pl.add_argument("--out", default=None)
     rp = sub.add_parser("report", help="print the tables and targets of a results.json; without one, rewrite the "
@@ -75,6 +78,9 @@ def main(argv=None) -> int:
     rep = sub.add_parser("repeats", help="time to loss over repeated sweeps: median, spread, ratios, targets")
     rep.add_argument("outs", nargs="+", help="the out folders of the repeats")
     rep.add_argument("--dest", default=None, help="where repeats.json/.png go (default: the first out folder)")
+    pk = sub.add_parser("pack", help="gzip each folder's results.json, as committed under bench_results/ "
+                        "(benchmarks/results_file.py)")
+    pk.add_argument("folders", nargs="+")
     mm = sub.add_parser("memory", help="print the analytic memory model")
     mm.add_argument("--params", type=float, required=True)
     mm.add_argument("--world-size", type=int, default=2)
@@ -90,6 +96,10 @@ def main(argv=None) -> int:
         from benchmarks.report.pages.write import main as pages
 
         return pages(check=args.check)
+    if args.cmd == "pack":
+        for folder in args.folders:
+            print(results_file.pack(folder))
+        return 0
     if args.cmd == "memory":
         print_memory_model(args.params, args.world_size, args.fsdp)
         return 0
@@ -102,8 +112,7 @@ def main(argv=None) -> int:
         report(result)
         return 0
     if args.cmd in ("plot", "report"):
-        with open(args.results, encoding="utf-8") as f:
-            result = json.load(f)
+        result = results_file.load_file(args.results)
         from benchmarks.report.analysis import analyse
 
         result.setdefault("runs", [])  # an fsdp_results.json of the former FSDP sweep has "rows" instead
@@ -153,9 +162,8 @@ def main(argv=None) -> int:
     max_load = args.max_load if args.max_load is not None else (1.5 if args.sweep != "smoke" else None)
     gate = LoadGate(max_load, budget_s=args.load_wait_budget_s, log=lambda m: print(m, file=sys.stderr, flush=True))
     previous = None
-    if args.resume and os.path.exists(os.path.join(args.out, "results.json")):
-        with open(os.path.join(args.out, "results.json"), encoding="utf-8") as f:
-            previous = json.load(f)
+    if args.resume and results_file.exists(args.out):
+        previous = results_file.load(args.out)
         if args.rerun:
             import re
 
@@ -172,7 +180,7 @@ def main(argv=None) -> int:
     if params:
         print_memory_model(params, 2)
     report(result)
-    print(f"\n[bench] results: {os.path.join(args.out, 'results.json')}, results.csv; plots: "
+    print(f"\n[bench] results: {results_file.path_of(args.out)}, results.csv; plots: "
           f"{', '.join(os.path.basename(p) for p in plots)}; {result['sweep_wall_s']:.0f}s "
           f"(load waits {result['load_wait_s']:.0f}s)")
     failed = (result.get("analysis") or {}).get("failed_runs")

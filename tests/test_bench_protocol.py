@@ -16,6 +16,7 @@ import pytest
 import torch
 from deepspeed.runtime import lr_schedules
 
+from benchmarks import results_file
 from benchmarks.protocol import driver as protocol
 from benchmarks.protocol import plans as plans_long
 from benchmarks.sweep import configs as cfgs
@@ -218,9 +219,7 @@ def test_a_resume_with_fewer_configs_keeps_the_folders_other_runs(tmp_path):
     from benchmarks.sweep.load_gate import LoadGate
     from benchmarks.sweep.runner import run_sweep
 
-    with open(os.path.join(cfgs.REPO, "bench_results", "long_runs", "workers_4_seed1", "results.json"),
-              encoding="utf-8") as f:
-        previous = json.load(f)
+    previous = results_file.load(os.path.join(cfgs.REPO, "bench_results", "long_runs", "workers_4_seed1"))
     sweep = plans.build_sweep("full", netns=True, root=True, only=["workers_sleep_4"], seed=1)
     ids = [r["id"] for r in previous["runs"]]
     narrow = dataclasses.replace(sweep, runs=[s for s in sweep.runs if s.run_id == ids[0]])  # done: nothing runs

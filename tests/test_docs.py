@@ -1,5 +1,5 @@
 """The docs say what the code and the raw files say: no typed number goes stale, no field goes undocumented,
-no link dangles. Pure file reads (and the report's arithmetic over the committed results.json files).
+no link dangles. Pure file reads (and the report's arithmetic over the committed results files).
 
 README.md is a landing page and BENCHMARKS.md holds current results only (line limits); every table of
 both is regenerated from ``bench_results/`` (:mod:`benchmarks.report.pages`) and docs/configuration.md
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
+from benchmarks import results_file
 from benchmarks.report import repeats
 from benchmarks.report.pages import sets, write
 from benchmarks.sweep.configs import TORCHFT_CONFIGS
@@ -87,7 +88,7 @@ def test_headline_roles_and_sets_resolve():
     """Every set's globs match sweep folders; every headline role names configs; an unmeasured peer says so."""
     index = json.loads((REPO / "bench_results" / "sets.json").read_text(encoding="utf-8"))
     for name in index["sets"]:
-        assert sets.folders(name) and all((Path(f) / "results.json").is_file() for f in sets.folders(name))
+        assert sets.folders(name) and all(results_file.exists(f) for f in sets.folders(name))
     assert set(index["roles"]) >= {"fair_baseline", "tuned_sync", "ds_acco", "external_peer"}
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     if not index["roles"]["external_peer"]:

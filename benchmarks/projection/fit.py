@@ -25,6 +25,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Iterable, Optional
 
+from benchmarks import results_file
 from benchmarks.report.curves import interp, val_points
 from benchmarks.report.long_runs import collect
 from benchmarks.report.pages.sets import ROOT, folders
@@ -97,10 +98,9 @@ def _median(xs: Iterable[Optional[float]]) -> Optional[float]:
 def load_runs(paths: Iterable[str]) -> list[dict]:
     runs = []
     for folder in paths:
-        with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
-            for run in json.load(f)["runs"]:
-                if run.get("ok") and run.get("scenario") == "time_to_loss":
-                    runs.append(dict(run, folder=os.path.relpath(folder, ROOT)))
+        for run in results_file.load(folder)["runs"]:
+            if run.get("ok") and run.get("scenario") == "time_to_loss":
+                runs.append(dict(run, folder=os.path.relpath(folder, ROOT)))
     return runs
 
 
@@ -254,7 +254,7 @@ def leave_one_bed_out(runs: list[dict]) -> list[dict]:
 
 def long_run_check(c: Constants, pattern: str = LONG_RUNS) -> list[dict]:
     """The 4- and 8-worker runs of the long-run protocol, when they exist: predicted against measured."""
-    found = sorted(p for p in glob.glob(os.path.join(ROOT, pattern)) if os.path.isfile(os.path.join(p, "results.json")))
+    found = sorted(p for p in glob.glob(os.path.join(ROOT, pattern)) if results_file.exists(p))
     runs = load_runs(found)
     return summarise_check(check(runs, c)) if runs else []
 
@@ -294,7 +294,7 @@ def long_run_penalties(patterns: Iterable[str] = PENALTY_RUNS) -> dict:
     to 0.53), and ``batches`` the micro-batches per commit of sync and acco adaptive there (adaptive's tokens depend
     on its batch: :mod:`.grid`). Empty where the long runs have not run."""
     found = sorted(p for pat in patterns for p in glob.glob(os.path.join(ROOT, pat))
-                   if os.path.isfile(os.path.join(p, "results.json")))
+                   if results_file.exists(p))
     groups = collect(found) if found else {}
     each: dict = {}
     batches: dict = {}

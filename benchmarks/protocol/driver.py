@@ -18,12 +18,12 @@ so that the first seed's figures cover every bed early. Afterwards::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 
+from benchmarks import results_file
 from benchmarks.sweep import configs as cfgs
 from benchmarks.sweep.commands import REPO
 from benchmarks.sweep.plans import build_sweep
@@ -76,8 +76,7 @@ def estimate_s(spec: RunSpec) -> float:
 def done_ids(out: str) -> set:
     """Run ids that finished in ``out`` (what ``--resume`` keeps)."""
     try:
-        with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
-            return {r["id"] for r in json.load(f).get("runs", []) if r.get("ok")}
+        return {r["id"] for r in results_file.load(out).get("runs", []) if r.get("ok")}
     except (OSError, ValueError):
         return set()
 

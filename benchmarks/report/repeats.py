@@ -28,6 +28,7 @@ import os
 import statistics
 from typing import Callable, Optional
 
+from benchmarks import results_file
 from benchmarks.sweep.configs import TIME_TO_LOSS
 from benchmarks.sweep.configs import TORCHFT_CONFIGS as TORCHFT
 
@@ -82,8 +83,7 @@ def collect(out_dirs: list[str]) -> dict:
     """``{(bed, rate): {config: [sample per repeat]}}``; a sample holds a run's figures and its id."""
     groups: dict = {}
     for out in out_dirs:
-        with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
-            runs = [r for r in json.load(f)["runs"] if r.get("scenario") == SCENARIO]
+        runs = [r for r in results_file.load(out)["runs"] if r.get("scenario") == SCENARIO]
         for bed in sorted({bed_of(r) for r in runs}):
             mine = [r for r in runs if bed_of(r) == bed]
             by_id = {(r["rate"], r["config"]): r for r in mine}

@@ -39,6 +39,7 @@ import sys
 import time
 from typing import Optional
 
+from benchmarks import results_file
 from benchmarks.cluster.system import netns_available
 
 from .commands import REPO, is_torchft, launch_command, prepare_run
@@ -121,10 +122,7 @@ def _rounded(obj, digits: int = 5):
 
 def write_outputs(result: dict, out_dir: str) -> tuple[str, str]:
     os.makedirs(out_dir, exist_ok=True)
-    json_path = os.path.join(out_dir, "results.json")
-    with open(json_path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(_rounded(result), f, separators=(",", ":"), default=str)
-    os.replace(json_path + ".tmp", json_path)
+    json_path = results_file.save(out_dir, _rounded(result), separators=(",", ":"), default=str)
     csv_path = os.path.join(out_dir, "results.csv")
     with open(csv_path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
@@ -275,8 +273,7 @@ def reparse(out_dir: str) -> dict:
     """Re-read every run folder of ``out_dir/results.json`` with the current parsing and analysis code."""
     from benchmarks.report.analysis import analyse
 
-    with open(os.path.join(out_dir, "results.json"), encoding="utf-8") as f:
-        result = json.load(f)
+    result = results_file.load(out_dir)
     rows = []
     for row in result["runs"]:
         spec = spec_of(row)

@@ -31,13 +31,13 @@ the penalty and the link cost medians of per-seed ratios.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import re
 import statistics
 from typing import Optional
 
+from benchmarks import results_file
 from benchmarks.protocol.plans import LONG, TORCHFT
 from benchmarks.sweep import configs as cfgs
 
@@ -172,17 +172,18 @@ def host_cost(run: dict) -> dict:
 
 
 _READ: dict = {}
-"""``(results.json, its mtime and size) -> folder_samples``: the page, BENCHMARKS.md's summary and its loss rows
+"""``(the results file, its mtime and size) -> folder_samples``: the page, BENCHMARKS.md's summary and its loss rows
 each summarize the same folders, whose results.json files run to megabytes (a sleep-bed folder: 4 MB)."""
 
 
 def _samples_of(folder: str) -> dict:
-    path = os.path.join(folder, "results.json")
+    path = results_file.path_of(folder)
+    if path is None:
+        raise FileNotFoundError(f"{folder}: no results file")
     st = os.stat(path)
     key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
     if key not in _READ:
-        with open(path, encoding="utf-8") as f:
-            _READ[key] = folder_samples(folder, json.load(f)["runs"])
+        _READ[key] = folder_samples(folder, results_file.load_file(path)["runs"])
     return copy.deepcopy(_READ[key])
 
 

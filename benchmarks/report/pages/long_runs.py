@@ -17,13 +17,15 @@ import json
 import os
 import re
 
+from benchmarks import results_file
 from benchmarks.protocol import plans as plans_long
 
 from .. import long_runs as lr
 from ..curves import UNSHAPED
 from ..long_runs import ceiling
 from . import sets as rs
-from .cells import md_table, x as times
+from .cells import md_table
+from .cells import x as times
 
 SET = "long_runs"
 SHORT = lr.SHORT
@@ -52,13 +54,13 @@ def describe() -> str:
 
 
 def folders(root: str = rs.ROOT, name: str = SET) -> list[str]:
-    """The sweep folders of the protocol set ``name`` that hold a ``results.json`` (none until it has run)."""
+    """The sweep folders of the protocol set ``name`` that hold a results file (none until it has run)."""
     with open(os.path.join(root, rs.INDEX), encoding="utf-8") as f:
         patterns = json.load(f).get("protocol", {}).get(name, {}).get("folders", [])
     found = []
     for pattern in patterns:
         for hit in sorted(glob.glob(os.path.join(root, "bench_results", pattern)), key=rs._natural):
-            if os.path.isfile(os.path.join(hit, "results.json")) and hit not in found:
+            if results_file.exists(hit) and hit not in found:
                 found.append(hit)
     return found
 

@@ -19,6 +19,8 @@ import statistics
 from functools import lru_cache
 from typing import Optional
 
+from benchmarks import results_file
+
 from ..repeats import bed_of, collect, summarize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -36,7 +38,7 @@ def index(root: str = ROOT) -> dict:
 
 
 def folders(name: str, root: str = ROOT) -> list[str]:
-    """A set's sweep folders (each holds a ``results.json``), in seed order."""
+    """A set's sweep folders (each holds a results file: :mod:`benchmarks.results_file`), in seed order."""
     found = []
     for pattern in index(root)["sets"][name]["folders"]:
         hits = sorted(glob.glob(os.path.join(root, "bench_results", pattern)), key=_natural)
@@ -48,8 +50,7 @@ def folders(name: str, root: str = ROOT) -> list[str]:
 
 @lru_cache(maxsize=None)
 def _runs(folder: str) -> list[dict]:
-    with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
-        return json.load(f)["runs"]
+    return results_file.load(folder)["runs"]
 
 
 @lru_cache(maxsize=None)

@@ -13,14 +13,16 @@ reaches the loss the fair baseline of its own sweep (sync fp32; sync low-bit whe
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Callable, Optional
+
+from benchmarks import results_file
 
 from . import sets as rs
 from .cells import BEDS, HAND, SET_OF, bed_name, label, md_table, ratio_of, s, span, x
 from .gpu import in_flight, in_flight_rows, in_flight_summary, round_launches
-from .long_runs import long_runs, long_runs_summary, loss_rows as long_loss_rows, second_machine
+from .long_runs import long_runs, long_runs_summary, second_machine
+from .long_runs import loss_rows as long_loss_rows
 from .projection import projection_rows
 
 
@@ -306,8 +308,7 @@ def fsdp() -> str:
     results = []
     for pattern in rs.index()["fsdp"]["folders"]:
         for folder in sorted(glob.glob(os.path.join(rs.ROOT, "bench_results", pattern))):
-            with open(os.path.join(folder, "results.json"), encoding="utf-8") as f:
-                results.append(json.load(f))
+            results.append(results_file.load(folder))
     if not results:
         raise FileNotFoundError(f"{rs.INDEX}: fsdp: nothing matches {rs.index()['fsdp']['folders']}")
     return ttl_table(ttl_summary(ttl_collect(results)))

@@ -7,7 +7,8 @@
 # command to run first (about 7 minutes on an H200 with a baseline).
 #
 #   bash benchmarks/gpu_check.sh OUT [BASELINE_DIR]
-#   (BASELINE_DIR: mkdir DIR && git archive REV ds_acco | tar -x -C DIR)
+#   (BASELINE_DIR: mkdir DIR && git archive REV ds_acco | tar -x -C DIR; add examples after ds_acco to run
+#   that revision's training loop too, e.g. REV 60e18fc, whose loop read each micro-batch's loss: docs/gpu.md)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash benchmarks/gpu_check.sh OUT [BASELINE_DIR]}

@@ -41,7 +41,8 @@ def run_one(name: str, out: str, repeat: int, args: argparse.Namespace, profile:
             baseline: Optional[str] = None) -> dict:
     """Train one config once; its per-round compute split by whether a round was in flight; with ``profile``
     (``"A:B"``) a torch profile of steps A+1 to B too (:mod:`benchmarks.report.round_trace` reads it); with
-    ``baseline`` (a folder holding another ``ds_acco/``) that library instead of this tree's, the same script."""
+    ``baseline`` (a folder holding another ``ds_acco/``) that library instead of this tree's, the same script (the
+    baseline's own training loop where the folder holds ``examples/`` too)."""
     from benchmarks.cluster.system import free_port
     from benchmarks.sweep.configs import make_config
     from benchmarks.sweep.parse import read_jsonl
@@ -64,7 +65,8 @@ def run_one(name: str, out: str, repeat: int, args: argparse.Namespace, profile:
     if profile:
         cmd += ["--profile-steps", profile, "--profile-out", trace]
     with open(os.path.join(out, f"{tag}.log"), "w", encoding="utf-8") as f:
-        # `python -m` puts its working folder first on the path: the baseline's ds_acco wins, examples/ is this tree's
+        # `python -m` puts its working folder first on the path: the baseline's ds_acco wins, and its examples/ if
+        # it holds one (else this tree's)
         rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=baseline or REPO,
                             timeout=900).returncode
     row: dict = {"config": name, "repeat": repeat, "tree": "baseline" if baseline else "this", "rc": rc}

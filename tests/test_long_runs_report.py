@@ -273,16 +273,19 @@ def test_a_config_that_reached_the_loss_in_one_seed_of_three_never_ranks_first()
 
 def test_the_host_cost_table_shows_what_a_round_takes_from_compute_where_runs_recorded_it(tmp_path):
     """Medians over ranks, then seeds: compute per micro-batch overlapped over in sync (none where no round
-    overlapped), the training thread's switches and the kernel's network time a step; a bed whose runs predate
-    the figures has no row, and the table none without them."""
+    overlapped) and what it adds to a step, the training thread's switches, the kernel's network time and the
+    round's thread's CPU a step; a bed whose runs predate the figures has no row, and the table none without them."""
     from benchmarks.report.long_runs.summary import host_cost
 
     ranks = [{"compute_s_per_mb_overlapped": 0.33, "compute_s_per_mb_sync": 0.30, "preempted_per_step": 290.0,
-              "softirq_s_per_step": 0.04},
+              "softirq_s_per_step": 0.04, "micro_batches": 400, "comm_thread_cpu_s_per_round": 0.02, "rounds": 199},
              {"compute_s_per_mb_overlapped": 0.36, "compute_s_per_mb_sync": 0.30, "preempted_per_step": 310.0,
-              "softirq_s_per_step": 0.05}]
-    assert host_cost({"ranks": ranks}) == pytest.approx({"tax": 1.15, "switches": 300.0, "network_s": 0.045})
-    assert host_cost({"ranks": [{"preempted_per_step": 200.0, "softirq_s_per_step": 0.01}]})["tax"] is None
+              "softirq_s_per_step": 0.05, "micro_batches": 400, "comm_thread_cpu_s_per_round": 0.03, "rounds": 199}]
+    # 4 micro-batches a step, 0.03 and 0.06 s more each; two rounds a step (less the first step's estimate)
+    assert host_cost({"ranks": ranks, "steps": 100}) == pytest.approx(
+        {"tax": 1.15, "extra_s": 0.18, "switches": 300.0, "network_s": 0.045, "round_cpu_s": 0.04975})
+    alone = host_cost({"ranks": [{"preempted_per_step": 200.0, "softirq_s_per_step": 0.01}]})
+    assert alone["tax"] is None and alone["extra_s"] is None and alone["round_cpu_s"] is None
     assert page.host_table(lr.summarize(lr.collect(protocol(tmp_path / "without")))).count("\n") == 1  # header
     def ranks(config, seed):
         acco = config != "sync_lowbit"
@@ -291,8 +294,8 @@ def test_the_host_cost_table_shows_what_a_round_takes_from_compute_where_runs_re
                 ] if config in ("sync_lowbit", "acco_lowbit_int4_fixed") else None
     set_ranks(protocol(tmp_path / "with"), ranks)
     header, _, real = page.host_table(lr.summarize(lr.collect(page.folders(str(tmp_path / "with"))))).splitlines()
-    assert header.startswith("| bed | sync low-bit | sync low-bit, half batch | acco fixed |")
-    assert real == "| real compute, 100 Mbit/s | -; 200; 10 ms | - | 1.20x; 1200; 10 ms | - | - |"
+    assert header.startswith("| bed | sync low-bit | sync low-bit, half batch | acco fixed | acco fixed, half batch |")
+    assert real == "| real compute, 100 Mbit/s | -; 200; 10 ms; - | - | 1.20x; 1200; 10 ms; - | - | - | - |"
 
 
 def test_the_seconds_caption_names_a_bed_that_ran_more_seeds():

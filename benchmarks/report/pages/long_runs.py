@@ -172,18 +172,24 @@ def link_table(summary: dict) -> str:
     return md_table(["bed"] + [SHORT.get(c, c) for c in configs], rows)
 
 
-HOST_CONFIGS = (lr.REFERENCE, HALF, "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive", "auto_lowbit_int4")
+HOST_CONFIGS = (lr.REFERENCE, HALF, "acco_lowbit_int4_fixed", "acco_lowbit_int4_fixed_half",
+                "acco_lowbit_int4_adaptive", "auto_lowbit_int4")
 
 
 def host_table(summary: dict) -> str:
-    """Per two-host bed, each config's compute tax, the training thread's switches and the network stack's time a
-    step (:func:`benchmarks.report.long_runs.summary.host_cost`): what the overlap cannot hide on these hosts."""
+    """Per two-host bed, each config's compute tax and what it adds to a step, the training thread's switches, the
+    network stack's time and the round's thread's CPU a step (:func:`benchmarks.report.long_runs.summary.host_cost`):
+    what the overlap cannot hide on these hosts, and how much of it the round's work on the core accounts for."""
+    def ms(v) -> str:
+        return "-" if v is None else f"{1e3 * v:.0f} ms"
+
     def cell(row: dict | None) -> str:
         c = (row or {}).get("host_cost") or {}
         if c.get("switches") is None:
             return "-"
-        tax = "-" if c["tax"] is None else f"{c['tax']:.2f}x"
-        return f"{tax}; {c['switches']:.0f}; {1e3 * c['network_s']:.0f} ms"
+        tax = "-" if c["tax"] is None else f"{c['tax']:.2f}x" + ("" if c.get("extra_s") is None
+                                                                  else f" ({round(1e3 * c['extra_s']):+d} ms)")
+        return f"{tax}; {c['switches']:.0f}; {ms(c['network_s'])}; {ms(c.get('round_cpu_s'))}"
     keys = [k for k in lr.two_host_beds(summary) if any(cell(summary[k]["rows"].get(c)) != "-" for c in HOST_CONFIGS)]
     rows = [[bed_name(*k)] + [cell(summary[k]["rows"].get(c)) for c in HOST_CONFIGS] for k in keys]
     return md_table(["bed"] + [SHORT.get(c, c) for c in HOST_CONFIGS], rows)
@@ -258,9 +264,11 @@ def long_runs(root: str = rs.ROOT) -> str:
     link = ("The link's cost: seconds to the 75% loss on the shaped link over seconds to it unshaped (1: the link is "
             "hidden; left out where the two runs may have run on machines not alike: the machines line below)")
     host = ("What a round costs the compute beside it: compute per micro-batch with a round in flight over in sync "
-            "steps; the training thread switched out a step; the kernel's network time on the host's core a step "
-            "(medians over ranks and seeds; real compute has one core per host, and the overlap hides a round's wire "
-            "time, not these)")
+            "steps (in brackets, what that adds to a step); the training thread switched out a step; the kernel's "
+            "network time on the host's core a step; the round's own thread's CPU a step (medians over ranks and "
+            "seeds; real compute has one core per host, and the overlap hides a round's wire time, not these: the "
+            "network time and the round's thread take the core from compute, and the extra compute beyond them is "
+            "gloo's own threads, the switches and the like)")
     parts = [(seconds, seconds_table(summary)), (penalty, penalty_table(summary)), (model, model_table(summary)),
              (batch, batch_table(summary)), (link, link_table(summary)), (host, host_table(summary)),
              (CEILING, ceiling_table(summary)),

@@ -267,8 +267,8 @@ def long_runs(root: str = rs.ROOT) -> str:
             "steps (in brackets, what that adds to a step); the training thread switched out a step; the kernel's "
             "network time on the host's core a step; the round's own thread's CPU a step (medians over ranks and "
             "seeds; real compute has one core per host, and the overlap hides a round's wire time, not these: the "
-            "network time and the round's thread take the core from compute, and the extra compute beyond them is "
-            "gloo's own threads, the switches and the like)")
+            "network time and the round's thread take the core from compute; the extra compute beyond them is what "
+            "neither counts, gloo's own threads among it)")
     parts = [(seconds, seconds_table(summary)), (penalty, penalty_table(summary)), (model, model_table(summary)),
              (batch, batch_table(summary)), (link, link_table(summary)), (host, host_table(summary)),
              (CEILING, ceiling_table(summary)),

@@ -192,6 +192,7 @@ def test_smoke_bandwidth_memory_and_slow_host(smoke):
         # smoke sweep's 0.22 M take a few
         assert 0 < d["comm_thread_cpu_s_per_round"] < 0.036 and d["preempted_per_step"] >= 0, d
         assert _finite_positive(d["compute_s_per_mb_overlapped"]), d
+        assert 0 <= d["gloo_cpu_s_per_step"] < 1.0, d  # gloo's own threads (clock ticks: 0 in 3 tiny steps)
     if result["netns"]:
         assert zero1["iface_tx_bytes_per_step"] > 0 and acco["iface_tx_bytes_per_step"] > 0
     slow = next(r for r in runs.values() if r["scenario"] == "slow_host")

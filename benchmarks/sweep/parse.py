@@ -76,9 +76,14 @@ def tokens_by_step(rounds: list[dict], tokens_per_micro_batch: int) -> dict[int,
     return out
 
 
+GLOO_THREADS = ("gloo_tcp_loop", "pt_gloo_runloop")
+"""Names (``/proc`` comm) of the threads gloo starts: its TCP event loop and torch's work threads for its collectives."""
+
+
 def _cpu_share(rr: list[dict], r: int, w: dict, last_step: int) -> dict:
     """Where a host's one core went: compute per micro-batch with and without a round in flight,
-    the communication thread's CPU per round, how often the training thread was switched out,
+    the communication thread's CPU per round, gloo's own threads' CPU a step (its socket loop and
+    work threads, which no round's stage counts), how often the training thread was switched out,
     and the kernel's softirq time (the emulated link's network stack) on the host's core."""
     out: dict = {}
     for key, rounds in (("compute_s_per_mb_sync", [x for x in rr if x["mode"] == "sync"]),
@@ -89,6 +94,9 @@ def _cpu_share(rr: list[dict], r: int, w: dict, last_step: int) -> dict:
     cpu = [sum(x["stage_cpu_s"].values()) for x in rr if x.get("stage_cpu_s")]
     if cpu:
         out["comm_thread_cpu_s_per_round"] = statistics.median(cpu)
+    threads = w.get("thread_cpu_s") or {}
+    if threads and last_step:
+        out["gloo_cpu_s_per_step"] = sum(v for k, v in threads.items() if k.startswith(GLOO_THREADS)) / last_step
     if w.get("main_preempted") is not None and last_step:
         out["preempted_per_step"] = w["main_preempted"] / last_step
     pinned = w.get("pinned_cpu")  # an unpinned host shares every core's softirq time with the others

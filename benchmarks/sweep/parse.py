@@ -77,7 +77,8 @@ def tokens_by_step(rounds: list[dict], tokens_per_micro_batch: int) -> dict[int,
 
 
 GLOO_THREADS = ("gloo_tcp_loop", "pt_gloo_runloop")
-"""Names (``/proc`` comm) of the threads gloo starts: its TCP event loop and torch's work threads for its collectives."""
+"""Names (``/proc`` comm) of the threads gloo starts: its TCP event loop and torch's work threads for its
+collectives."""
 
 
 def _cpu_share(rr: list[dict], r: int, w: dict, last_step: int) -> dict:

@@ -76,7 +76,8 @@ class RunRecorder:
         if engine is not None:
             tel = engine.telemetry
             record.update(rounds=tel.rounds, round_calls=engine.coll.wire.calls,
-                          round_pieces=engine.coll.wire.pieces, piece_bytes=engine.coll.piece_bytes, groups=len(engine.groups),
+                          round_pieces=engine.coll.wire.pieces, piece_bytes=engine.coll.piece_bytes,
+                          groups=len(engine.groups),
                           ring_bytes_sent=tel.total_bytes_sent, summary=tel.summary(),
                           counts=[r.counts for r in tel.records], compute_s=[r.compute_s for r in tel.records],
                           kinds=[r.kind for r in tel.records], stage_s=[r.stage_s for r in tel.records],

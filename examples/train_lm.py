@@ -121,7 +121,8 @@ def add_deepspeed_arguments(p: argparse.ArgumentParser) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="Launch examples are in the module docstring (python -c 'import examples.train_lm as m; print(m.__doc__)').",
+        epilog="Launch examples are in the module docstring "
+               "(python -c 'import examples.train_lm as m; print(m.__doc__)').",
     )
     p.add_argument("--model-size", default="tiny", choices=MODEL_SIZES, help="see examples/models.py")
     p.add_argument("--seq-len", type=_int_at_least(2), default=None,

@@ -216,7 +216,8 @@ class Int8ReduceScatter:
         """
         if full.numel() != self.numel or out.numel() != self.chunk:
             raise ValueError(
-                f"Int8ReduceScatter built for {self.numel} -> {self.chunk} elements, got {full.numel()} -> {out.numel()}"
+                f"Int8ReduceScatter built for {self.numel} -> {self.chunk} elements, "
+                f"got {full.numel()} -> {out.numel()}"
             )
         if coll.world_size != self.world_size:
             raise ValueError(f"Int8ReduceScatter built for {self.world_size} ranks, group has {coll.world_size}")
@@ -419,7 +420,8 @@ class Int8DeltaAllGather:
         torch.sub(new_shard if new_shard.dim() == 1 else new_shard.reshape(-1), bv["own"][coll.rank], out=self._delta)
         if not all_finite(self._delta):
             raise ValueError(
-                f"int8 delta all-gather: {count_non_finite(self._delta)} of {S} elements of rank {coll.rank}'s parameter delta are inf/NaN "
+                f"int8 delta all-gather: {count_non_finite(self._delta)} of {S} elements of rank {coll.rank}'s "
+                "parameter delta are inf/NaN "
                 "(non-finite master parameters); an int8 delta cannot carry them. Set "
                 "acco.all_gather_quantization to 'none' to send exact parameters"
             )

@@ -15,4 +15,5 @@ from ds_acco.config.schema import AccoConfig, parse_acco_config
 from ds_acco.errors import AccoConfigError
 
 __all__ = ["AccoConfig", "AutoConfig", "AccoConfigError", "CheckpointConfig", "PreemptionConfig", "StreamingConfig",
-           "TelemetryConfig", "check_saved_state_fits", "check_writable_folder", "no_preemption_dir", "parse_acco_config"]
+           "TelemetryConfig", "check_saved_state_fits", "check_writable_folder", "no_preemption_dir",
+           "parse_acco_config"]

@@ -147,7 +147,8 @@ def main(argv=None) -> int:
     if args.check:
         with open(args.out, encoding="utf-8") as f:
             same = f.read() == text
-        print(f"{args.out}: {'up to date' if same else 'differs from the schema; run python -m ds_acco.config.reference'}")
+        verdict = "up to date" if same else "differs from the schema; run python -m ds_acco.config.reference"
+        print(f"{args.out}: {verdict}")
         return 0 if same else 1
     with open(args.out, "w", encoding="utf-8") as f:
         f.write(text)

@@ -45,7 +45,8 @@ import torch
 from ds_acco.checkpoint import safe_load
 from ds_acco.checkpoint.files import replaced
 
-CHECKPOINT_CLASSES = ("deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+CHECKPOINT_CLASSES = ("deepspeed.runtime.fp16.loss_scaler.LossScaler",
+                      "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
                       "deepspeed.runtime.zero.config.ZeroStageEnum", "deepspeed.utils.tensor_fragment.fragment_address")
 """The classes beyond tensors, containers and numbers that DeepSpeed's ZeRO-1 and stage-0 checkpoint files hold
 (found with ``torch.serialization.get_unsafe_globals_in_checkpoint`` on stock and ds_acco checkpoints): the only
@@ -191,7 +192,8 @@ def mpi_discovery_within_acco_timeout_s(timeout_s: float, distributed_port: int)
     """
     from deepspeed.comm import comm as ds_comm
 
-    if all(v in os.environ for v in _LAUNCHER_ENV) or (ds_comm.in_aml() and not ds_comm.in_dlts()) or ds_comm.in_aws_sm():
+    launched = all(v in os.environ for v in _LAUNCHER_ENV)
+    if launched or (ds_comm.in_aml() and not ds_comm.in_dlts()) or ds_comm.in_aws_sm():
         return  # a launcher set the ranks, or DeepSpeed's cloud-specific discovery runs instead
     faulthandler.dump_traceback_later(timeout_s, exit=True)
     try:

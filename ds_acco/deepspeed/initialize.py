@@ -95,7 +95,8 @@ def initialize(
     mesh_param=None,
     config_params=None,
 ):
-    """Same arguments and return value as ``deepspeed.initialize``; ACCO when the config has an enabled ``"acco"`` block."""
+    """Same arguments and return value as ``deepspeed.initialize``; ACCO when the config has an enabled ``"acco"``
+    block."""
     kwargs = dict(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
                   training_data=training_data, lr_scheduler=lr_scheduler, distributed_port=distributed_port,
                   mpu=mpu, dist_init_required=dist_init_required, collate_fn=collate_fn, config=config,

@@ -104,7 +104,8 @@ def check_fsdp2(state: Any, fsdp_param: Any = None, group: Any = None) -> None:
     for obj, kind, attrs in ((state, "FSDPState", _FSDP_STATE_ATTRS), (fsdp_param, "FSDPParam", _FSDP_PARAM_ATTRS),
                              (group, "FSDPParamGroup", _FSDP_GROUP_ATTRS)):
         if obj is not None:  # class attributes (methods, properties) or instance attributes; a property is not run
-            missing += [f"{kind}.{a}" for a in attrs if not hasattr(type(obj), a) and a not in getattr(obj, "__dict__", {})]
+            missing += [f"{kind}.{a}" for a in attrs
+                        if not hasattr(type(obj), a) and a not in getattr(obj, "__dict__", {})]
     if missing:
         raise RuntimeError(
             f"ds_acco.fsdp: torch {torch.__version__} lacks FSDP2 internals ds_acco relies on: "

@@ -8,8 +8,8 @@ JSON job file, so one file format drives either backend.
 
 The ``"acco"`` block is the same one the DeepSpeed front end reads, plus
 ``"backend": "fsdp"``; what this front end refuses of it, and why, is one table
-(:mod:`ds_acco.config.front_ends`) that docs/configuration.md lists. The top-level keys the FSDP front end understands mean
-what they mean to DeepSpeed::
+(:mod:`ds_acco.config.front_ends`) that docs/configuration.md lists. The top-level keys the FSDP front end
+understands mean what they mean to DeepSpeed::
 
     train_micro_batch_size_per_gpu   micro-batch size (for your data loader)
     gradient_accumulation_steps      G

@@ -118,7 +118,8 @@ def explicit_fragments(spec: FragmentSpec, model: nn.Module, fragments: int) -> 
         out.append(params)
     missing = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in owner]
     if missing:
-        raise ValueError(f"fragments: trainable parameters in no fragment: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        more = " ..." if len(missing) > 5 else ""
+        raise ValueError(f"fragments: trainable parameters in no fragment: {missing[:5]}{more}")
     return out
 
 

@@ -141,7 +141,8 @@ class StreamingEngine(EngineLifecycle):
         config = streaming_config(config)
         s = config.streaming
         if len(fragments) != s.fragments:
-            raise AccoConfigError(f"acco.streaming.fragments: got {s.fragments}, but {len(fragments)} fragments were built")
+            raise AccoConfigError(f"acco.streaming.fragments: got {s.fragments}, but {len(fragments)} fragments "
+                                  "were built")
         first = next(p for frag in fragments for p in frag)
         super().__init__(config, process_group, first.device, "ds_acco-streaming", on_stop, clock)
         self.model, self.inner_optimizer = model, inner_optimizer

@@ -278,14 +278,18 @@ def test_the_host_cost_table_shows_what_a_round_takes_from_compute_where_runs_re
     from benchmarks.report.long_runs.summary import host_cost
 
     ranks = [{"compute_s_per_mb_overlapped": 0.33, "compute_s_per_mb_sync": 0.30, "preempted_per_step": 290.0,
-              "softirq_s_per_step": 0.04, "micro_batches": 400, "comm_thread_cpu_s_per_round": 0.02, "rounds": 199},
+              "softirq_s_per_step": 0.04, "micro_batches": 400, "comm_thread_cpu_s_per_round": 0.02, "rounds": 199,
+              "gloo_cpu_s_per_step": 0.02},
              {"compute_s_per_mb_overlapped": 0.36, "compute_s_per_mb_sync": 0.30, "preempted_per_step": 310.0,
-              "softirq_s_per_step": 0.05, "micro_batches": 400, "comm_thread_cpu_s_per_round": 0.03, "rounds": 199}]
+              "softirq_s_per_step": 0.05, "micro_batches": 400, "comm_thread_cpu_s_per_round": 0.03, "rounds": 199,
+              "gloo_cpu_s_per_step": 0.03}]
     # 4 micro-batches a step, 0.03 and 0.06 s more each; two rounds a step (less the first step's estimate)
     assert host_cost({"ranks": ranks, "steps": 100}) == pytest.approx(
-        {"tax": 1.15, "extra_s": 0.18, "switches": 300.0, "network_s": 0.045, "round_cpu_s": 0.04975})
+        {"tax": 1.15, "extra_s": 0.18, "switches": 300.0, "network_s": 0.045, "round_cpu_s": 0.04975,
+         "gloo_s": 0.025})
     alone = host_cost({"ranks": [{"preempted_per_step": 200.0, "softirq_s_per_step": 0.01}]})
     assert alone["tax"] is None and alone["extra_s"] is None and alone["round_cpu_s"] is None
+    assert alone["gloo_s"] is None  # runs that predate the figure
     assert page.host_table(lr.summarize(lr.collect(protocol(tmp_path / "without")))).count("\n") == 1  # header
     def ranks(config, seed):
         acco = config != "sync_lowbit"
@@ -295,7 +299,7 @@ def test_the_host_cost_table_shows_what_a_round_takes_from_compute_where_runs_re
     set_ranks(protocol(tmp_path / "with"), ranks)
     header, _, real = page.host_table(lr.summarize(lr.collect(page.folders(str(tmp_path / "with"))))).splitlines()
     assert header.startswith("| bed | sync low-bit | sync low-bit, half batch | acco fixed | acco fixed, half batch |")
-    assert real == "| real compute, 100 Mbit/s | -; 200; 10 ms; - | - | 1.20x; 1200; 10 ms; - | - | - | - |"
+    assert real == "| real compute, 100 Mbit/s | -; 200; 10 ms; -; - | - | 1.20x; 1200; 10 ms; -; - | - | - | - |"
 
 
 def test_the_seconds_caption_names_a_bed_that_ran_more_seeds():

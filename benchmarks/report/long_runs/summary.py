@@ -155,17 +155,18 @@ def slowest_rank(run: dict) -> Optional[dict]:
     return {"compute_s": d["compute_s"] / d["micro_batches"], "wait": d["wait_frac"]}
 
 
-HOST_COST = ("tax", "extra_s", "switches", "network_s", "round_cpu_s")
+HOST_COST = ("tax", "extra_s", "switches", "network_s", "round_cpu_s", "gloo_s")
 """What a round costs the compute beside it (:func:`host_cost`)."""
 
 
 def host_cost(run: dict) -> dict:
     """Medians over the ranks: compute per micro-batch with a round in flight over that in sync steps (``tax``; None
     where no round overlapped) and the seconds it adds to a step (``extra_s``), the training thread's involuntary
-    switches a step (``switches``), the kernel's network time on the host's core a step (``network_s``) and the
-    round's own thread's CPU a step (``round_cpu_s``). Why: on one core per host a round's threads and the link's
-    network stack take the core from compute; the overlap hides a round's wire time, not this. The last two say how
-    much of the extra compute they account for."""
+    switches a step (``switches``), the kernel's network time on the host's core a step (``network_s``), the
+    round's own thread's CPU a step (``round_cpu_s``) and gloo's threads' (``gloo_s``; None in runs that predate
+    the figure). Why: on one core per host a round's threads and the link's network stack take the core from
+    compute; the overlap hides a round's wire time, not this. The last three say how much of the extra compute they
+    account for."""
     ranks, steps = run.get("ranks") or [], run.get("steps")
     overlapped = [d for d in ranks if d.get("compute_s_per_mb_overlapped") and d.get("compute_s_per_mb_sync")]
     tax = [d["compute_s_per_mb_overlapped"] / d["compute_s_per_mb_sync"] for d in overlapped]
@@ -175,7 +176,8 @@ def host_cost(run: dict) -> dict:
               if steps and d.get("comm_thread_cpu_s_per_round") is not None and d.get("rounds")]
     return {"tax": _median(tax), "extra_s": _median(extra),
             "switches": _median([d.get("preempted_per_step") for d in ranks]),
-            "network_s": _median([d.get("softirq_s_per_step") for d in ranks]), "round_cpu_s": _median(thread)}
+            "network_s": _median([d.get("softirq_s_per_step") for d in ranks]), "round_cpu_s": _median(thread),
+            "gloo_s": _median([d.get("gloo_cpu_s_per_step") for d in ranks])}
 
 
 _READ: dict = {}

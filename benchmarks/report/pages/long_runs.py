@@ -176,6 +176,14 @@ HOST_CONFIGS = (lr.REFERENCE, HALF, "acco_lowbit_int4_fixed", "acco_lowbit_int4_
                 "acco_lowbit_int4_adaptive", "auto_lowbit_int4")
 
 
+HOST_CAPTION = ("What a round costs the compute beside it: compute per micro-batch with a round in flight over in "
+                "sync steps (in brackets, what that adds to a step); the training thread switched out a step; the "
+                "kernel's network time on the host's core a step; the CPU a step of the round's own thread and of "
+                "gloo's threads (recorded in runs since commit a2b48fb) (medians over ranks and seeds; real compute "
+                "has one core per host, and the overlap hides a round's wire time, not these: the network time and "
+                "the threads take the core from compute)")
+
+
 def host_table(summary: dict) -> str:
     """Per two-host bed, each config's compute tax and what it adds to a step, the training thread's switches, the
     network stack's time and the round's thread's CPU a step (:func:`benchmarks.report.long_runs.summary.host_cost`):
@@ -189,7 +197,7 @@ def host_table(summary: dict) -> str:
             return "-"
         tax = "-" if c["tax"] is None else f"{c['tax']:.2f}x" + ("" if c.get("extra_s") is None
                                                                   else f" ({round(1e3 * c['extra_s']):+d} ms)")
-        return f"{tax}; {c['switches']:.0f}; {ms(c['network_s'])}; {ms(c.get('round_cpu_s'))}"
+        return f"{tax}; {c['switches']:.0f}; {ms(c['network_s'])}; {ms(c.get('round_cpu_s'))}; {ms(c.get('gloo_s'))}"
     keys = [k for k in lr.two_host_beds(summary) if any(cell(summary[k]["rows"].get(c)) != "-" for c in HOST_CONFIGS)]
     rows = [[bed_name(*k)] + [cell(summary[k]["rows"].get(c)) for c in HOST_CONFIGS] for k in keys]
     return md_table(["bed"] + [SHORT.get(c, c) for c in HOST_CONFIGS], rows)
@@ -263,12 +271,7 @@ def long_runs(root: str = rs.ROOT) -> str:
              "of the bed measured along the run (no parameter fitted; rms: the residual)")
     link = ("The link's cost: seconds to the 75% loss on the shaped link over seconds to it unshaped (1: the link is "
             "hidden; left out where the two runs may have run on machines not alike: the machines line below)")
-    host = ("What a round costs the compute beside it: compute per micro-batch with a round in flight over in sync "
-            "steps (in brackets, what that adds to a step); the training thread switched out a step; the kernel's "
-            "network time on the host's core a step; the round's own thread's CPU a step (medians over ranks and "
-            "seeds; real compute has one core per host, and the overlap hides a round's wire time, not these: the "
-            "network time and the round's thread take the core from compute; the extra compute beyond them is what "
-            "neither counts, gloo's own threads among it)")
+    host = HOST_CAPTION
     parts = [(seconds, seconds_table(summary)), (penalty, penalty_table(summary)), (model, model_table(summary)),
              (batch, batch_table(summary)), (link, link_table(summary)), (host, host_table(summary)),
              (CEILING, ceiling_table(summary)),
@@ -323,7 +326,7 @@ def second_machine(root: str = rs.ROOT) -> str:
     slower = ("A whole run here over the same config's on the first machine: training seconds for the same tokens "
               "(no loss curve's noise in it), medians over each machine's seeds")
     parts = [(seconds, seconds_table(summary)), (slower, machine_table(summary, _summary(root))),
-             (CEILING, ceiling_table(summary)),
+             (HOST_CAPTION, host_table(summary)), (CEILING, ceiling_table(summary)),
              ("The issue's targets, from this machine's runs alone", targets_table(summary))]
     return "\n\n".join([f"**{caption}**:\n\n{table}" for caption, table in parts if not _empty(table)]
                         + [machines_note(summary)] + ([f"Left out, run in fewer seeds: {left}."] if fewer else []))

@@ -182,7 +182,7 @@ def host_cost(run: dict) -> dict:
 
 _READ: dict = {}
 """``(the results file, its mtime and size) -> folder_samples``: the page, BENCHMARKS.md's summary and its loss rows
-each summarize the same folders, whose results.json files run to megabytes (a sleep-bed folder: 4 MB)."""
+each summarize the same folders, whose results run to megabytes unpacked (a sleep-bed folder's: 7 MB)."""
 
 
 def _samples_of(folder: str) -> dict:

@@ -66,9 +66,13 @@ def _tail_text(path: str, n: int = 1500) -> str:
 
 
 def tokens_by_step(rounds: list[dict], tokens_per_micro_batch: int) -> dict[int, int]:
-    """Global tokens consumed by the updates up to each commit, from one rank's round records."""
+    """Global tokens consumed by the updates up to each commit, from one rank's round records.
+
+    Only gradient rounds count: after auto switches to streaming, the phase's fragment records follow in the same
+    file with indices of their own from 1 and counts that are inner steps since a fragment's last sync, so sorted in
+    with the gradient rounds they once gave an auto run's first commits up to 1.2 times the run's whole budget."""
     out, cum, commits = {}, 0, 0
-    for r in sorted(rounds, key=lambda r: r["index"]):
+    for r in sorted((r for r in rounds if r["kind"] != "fragment"), key=lambda r: r["index"]):
         cum += sum(r["counts"])
         if r["kind"] == "commit":
             commits += 1

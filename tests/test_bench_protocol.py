@@ -123,6 +123,35 @@ def test_the_decayed_schedule_is_the_only_change_and_ends_at_the_budget_in_token
             cfgs.make_config("sync", micro_batch=1, grad_accum=2, lr_schedule=bad[0], lr_total_steps=bad[1])
 
 
+@pytest.mark.parametrize("kind", cfgs.LR_SCHEDULES)
+def test_a_config_at_a_scaled_learning_rate_differs_from_its_base_in_the_rate_alone(kind):
+    """The learning-rate check's configs: the optimizer's rate and the schedule's peak scaled, the schedule's shape
+    (warm-up, decay, its end in tokens) and everything else the base config's; DeepSpeed's scheduler then peaks at
+    the scaled rate."""
+    for name in cfgs.LR_SCALED:
+        base, scale = cfgs.lr_scaled(name)
+        assert name in cfgs.CONFIGS and name in cfgs.HALF_BATCH and scale in (0.5, 2.0) and base in plans_long.LONG
+        kw = dict(micro_batch=8, grad_accum=4, warmup_steps=2, lr_schedule=kind, lr_total_steps=100)
+        cfg, plain = cfgs.make_config(name, **kw), cfgs.make_config(base, **kw)
+        cfgs.validate(cfg)
+        assert cfg["optimizer"]["params"].pop("lr") == pytest.approx(scale * plain["optimizer"]["params"].pop("lr"))
+        params, base_params = cfg["scheduler"]["params"], plain["scheduler"]["params"]
+        if kind == "decay":
+            assert params.pop("warmup_max_lr") == pytest.approx(scale * base_params.pop("warmup_max_lr"))
+        assert cfg == plain, name
+        model = torch.nn.Linear(2, 2)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfgs.make_config(name, **kw)["optimizer"]["params"]["lr"])
+        sched = cfgs.make_config(name, **kw)["scheduler"]
+        lr_at = getattr(lr_schedules, sched["type"])(opt, **sched["params"])
+        peak = 0.0
+        for _ in range(sched["params"]["warmup_num_steps"] + 1):
+            opt.step()
+            lr_at.step()
+            peak = max(peak, opt.param_groups[0]["lr"])
+        assert peak == pytest.approx(scale * 1e-3, rel=0.02), (name, kind)
+    assert cfgs.lr_scaled("sync_lowbit_half") is None
+
+
 @pytest.mark.parametrize("name", ["sync_lowbit", "sync_lowbit_half", "acco_lowbit_int4_fixed",
                                   "acco_lowbit_int4_adaptive", "auto_lowbit_int4"])
 def test_the_rate_reaches_its_end_at_the_budget_under_each_lr_clock(name):

@@ -59,6 +59,9 @@ run; only how gradients travel differs:
                     scheduler's warm-up steps: the smaller batch the adaptive policy
                     commits, as a control (is adaptive faster for its overlap or for
                     its smaller batches?)
+``<config>_lr05x``, ``<config>_lr2x``  a config at half and twice the peak learning rate (the optimizer's
+                    ``lr`` and the scheduler's ``warmup_max_lr``; :data:`LR_SCALED`): is the rate every
+                    config shares tuned for the half batch, and would the overlap prefer another one?
 ==================  ============================================================
 
 The streaming configs keep the optimizer, scheduler, clipping, micro-batch and
@@ -80,7 +83,13 @@ CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive
            "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half", "acco_lowbit_lrwarm", "auto_lowbit_adaptive",
            "auto_lowbit_policy", "auto_lowbit_policy_early", "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive",
            "auto_lowbit_int4", "auto_lowbit_int4_streaming", "acco_lowbit_int4_fixed_half", "streaming_int8_half")
-HALF_BATCH = ("sync_lowbit_half", "acco_lowbit_int4_fixed_half", "torchft_diloco_half", "streaming_int8_half")
+LR_SCALES = {"_lr05x": 0.5, "_lr2x": 2.0}
+"""Suffixes of a config at a scaled peak learning rate, and the scale."""
+LR_SCALED = tuple(base + suffix for base in ("sync_lowbit_half", "acco_lowbit_int4_fixed_half") for suffix in LR_SCALES)
+"""The learning-rate check's configs: the long runs' best-tuned sync and the overlap at its batch, each at half and
+twice the rate all configs share (``zero1_baseline.json``'s ``lr``)."""
+CONFIGS += LR_SCALED
+HALF_BATCH = ("sync_lowbit_half", "acco_lowbit_int4_fixed_half", "torchft_diloco_half", "streaming_int8_half") + LR_SCALED
 """Configs at half the accumulation steps, with twice the scheduler's steps: the same tokens."""
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
@@ -121,6 +130,8 @@ LABELS = {
     "auto_lowbit_int4": "ds_acco auto low-bit, policy auto, int4 estimates",
     "auto_lowbit_int4_streaming": "ds_acco auto low-bit, int4 estimates, may switch to streaming",
 }
+LABELS.update({c + suffix: f"{LABELS[c]}, {scale:g}x the learning rate" for c in ("sync_lowbit_half",
+              "acco_lowbit_int4_fixed_half") for suffix, scale in LR_SCALES.items()})
 _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "acco_fixed.json",
                   "acco_adaptive": "acco_adaptive.json", "sync_lowbit": "acco_lowbit.json",
                   "acco_lowbit_fixed": "acco_lowbit.json", "acco_lowbit_adaptive": "acco_lowbit.json",
@@ -161,6 +172,18 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
     """
     if name not in CONFIGS:
         raise ValueError(f"config: got {name!r}; allowed: {', '.join(CONFIGS)}")
+    scaled = lr_scaled(name)
+    if scaled is not None:
+        cfg = make_config(scaled[0], micro_batch=micro_batch, grad_accum=grad_accum, warmup_steps=warmup_steps,
+                          telemetry_jsonl=telemetry_jsonl, max_micro_batches_per_round=max_micro_batches_per_round,
+                          streaming_sync_every=streaming_sync_every, template_dir=template_dir,
+                          lr_schedule=lr_schedule, lr_total_steps=lr_total_steps)
+        cfg["optimizer"]["params"]["lr"] *= scaled[1]
+        params = cfg["scheduler"]["params"]
+        for key in ("warmup_min_lr", "warmup_max_lr"):  # (WarmupCosineLR's are ratios of the optimizer's)
+            if key in params:
+                params[key] *= scaled[1]
+        return cfg
     for field, value in (("micro_batch", micro_batch), ("grad_accum", grad_accum)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{field}: got {value!r}; allowed: an integer >= 1")
@@ -231,6 +254,14 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
         acco["telemetry"] = telemetry
         cfg["acco"] = acco
     return cfg
+
+
+def lr_scaled(name: str) -> Optional[tuple[str, float]]:
+    """``(base config, scale)`` of a config at a scaled learning rate (:data:`LR_SCALES`), else None."""
+    for suffix, scale in LR_SCALES.items():
+        if name.endswith(suffix):
+            return name[:-len(suffix)], scale
+    return None
 
 
 def _halve(cfg: dict) -> None:

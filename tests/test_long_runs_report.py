@@ -355,3 +355,40 @@ def test_a_target_gives_each_seed_s_ratio_where_seeds_pair():
                       "c": config((4,), (50.0,))}}
     assert lr.by_seed(block, "a", "b") == "; by seed (4, 5, 6): 0.82, 0.81, -"
     assert lr.by_seed(block, "a", "c") == "" and lr.by_seed(block, "a", "zero1") == ""
+
+
+def test_the_learning_rate_check_has_its_own_table_and_target_and_stays_out_of_the_seconds_table(tmp_path):
+    """Sync and acco fixed at half the batch, each at half, once and twice the shared rate: the rates' own table
+    (fastest per loss in bold), a target row for the two at their best rates beside the issue's, and the seconds
+    table without them. Here the half batch's sync is fastest at twice the rate and acco at the rate everyone
+    shares, so the pair at their best rates compares acco at 1x with sync at 2x."""
+    folders = protocol(tmp_path)
+    speeds = {"sync_lowbit_half": 24, "sync_lowbit_half_lr05x": 21, "sync_lowbit_half_lr2x": 27,
+              "acco_lowbit_int4_fixed_half": 30, "acco_lowbit_int4_fixed_half_lr05x": 28,
+              "acco_lowbit_int4_fixed_half_lr2x": 29}
+    for folder in folders:
+        if "real_seed" not in folder:
+            continue
+        path = os.path.join(folder, "results.json")
+        with open(path, encoding="utf-8") as f:
+            result = json.load(f)
+        seed = result["runs"][0]["workload"]["seed"]
+        result["runs"] += [row(c, "100mbit", seed, base_loss, lambda t, v=v: t / v) for c, v in speeds.items()]
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(result, f)
+    summary = lr.summarize(lr.collect(folders))
+    text = page.long_runs(str(tmp_path))
+    seconds_table = text.split("**", 3)[2]
+    assert "0.5x the rate" not in seconds_table and lr.SHORT["sync_lowbit_half"] in seconds_table
+    assert "| real compute, 100 Mbit/s | sync low-bit, half batch | 0.5x |" in text
+    t75 = tokens_to(3.5)
+    assert f"|  | sync low-bit, half batch | 2x | **{tokens_to(4.0) / 27:.1f} (0.0)** | **{t75 / 27:.1f} (0.0)** |" in text
+    assert f"|  | acco fixed, half batch | 1x | **{tokens_to(4.0) / 30:.1f} (0.0)** | **{t75 / 30:.1f} (0.0)** |" in text
+    got = {t["target"]: t for t in lr.targets(summary)}
+    issue = got["the better ACCO vs the better sync low-bit to the baseline's 75% loss (real compute, 100 Mbit/s)"]
+    rate = got["the same, each at the best of the learning rates it ran at (real compute, 100 Mbit/s)"]
+    assert issue["value"] == pytest.approx(24 / 30) and issue["detail"].startswith(
+        "acco_lowbit_int4_fixed_half against sync_lowbit_half")
+    assert rate["value"] == pytest.approx(27 / 30) and rate["about"] == "rate" and rate["detail"].startswith(
+        "acco_lowbit_int4_fixed_half against sync_lowbit_half_lr2x")
+    assert "each at the best of the learning rates" not in page.targets_table(summary, issue_only=True)

@@ -65,6 +65,7 @@ SHORT = {"zero1": "ZeRO-1", "zero1_overlap": "ZeRO-1 overlap_comm", "sync": "syn
          "streaming_int8": "streaming", "streaming_int8_half": "streaming, half batch", "auto_lowbit_int4": "auto",
          "auto_lowbit_int4_streaming": "auto + streaming", "torchft_diloco": "torchft DiLoCo",
          "torchft_streaming_diloco": "torchft Streaming DiLoCo", "torchft_diloco_half": "torchft DiLoCo, half batch"}
+SHORT.update({c: f"{SHORT[base]}, {scale:g}x the rate" for c in cfgs.LR_SCALED for base, scale in [cfgs.lr_scaled(c)]})
 """Short names for the tables and the plot."""
 WORKERS_BED = "long-workers"
 """The light sleep bed's runs (:func:`benchmarks.protocol.plans.sleep_workload` ``light``) have notes starting so."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from benchmarks.protocol.plans import TORCHFT
+from benchmarks.sweep.configs import LR_SCALED, lr_scaled
 
 from ..curves import target
 from .ceiling import EQUAL_BATCH, sync_ceiling
@@ -49,6 +50,12 @@ def _overlap_targets(block: dict, where: str, about: Optional[str]) -> list[dict
                                         "time at its tokens (the overlap's ceiling)")
     found = [target(f"the better ACCO vs the better sync low-bit to the baseline's 75% loss {where}",
                     _ratio(acco_s, low_s), 0.85, "<=", f"{acco} against {low}" + by_seed(block, acco, low) + limit)]
+    if any(c in block["rows"] for c in LR_SCALED):  # the learning-rate check ran on this bed
+        acco, acco_s = best(block, ACCO + tuple(c for c in LR_SCALED if lr_scaled(c)[0] in ACCO))
+        low, low_s = best(block, SYNC_LOWBIT + tuple(c for c in LR_SCALED if lr_scaled(c)[0] in SYNC_LOWBIT))
+        found.append(target(f"the same, each at the best of the learning rates it ran at {where}",
+                            _ratio(acco_s, low_s), 0.85, "<=", f"{acco} against {low}" + by_seed(block, acco, low)))
+        found[-1]["about"] = "rate"  # a question of the baseline's tuning, asked where the check ran
     for fixed, sync, batch in EQUAL_BATCH:
         if batch != "equal batch" and not (fixed in block["rows"] and sync in block["rows"]):
             continue  # the half-batch pair where both ran; the issue's own pair always

@@ -19,10 +19,12 @@ import re
 
 from benchmarks import results_file
 from benchmarks.protocol import plans as plans_long
+from benchmarks.sweep.configs import LR_SCALED
 
 from .. import long_runs as lr
 from ..curves import UNSHAPED
 from ..long_runs import ceiling
+from . import rate_check
 from . import sets as rs
 from .cells import md_table
 from .cells import x as times
@@ -89,7 +91,7 @@ def _ratio(fig: dict) -> str:
 
 
 def _configs(blocks: list[dict]) -> list[str]:
-    seen = {c for b in blocks for c in b["rows"]}
+    seen = {c for b in blocks for c in b["rows"]} - set(LR_SCALED)  # (the learning-rate check's own table)
     return [c for c in lr.ORDER if c in seen] + sorted(seen - set(lr.ORDER))
 
 
@@ -277,12 +279,14 @@ def long_runs(root: str = rs.ROOT) -> str:
              (CEILING, ceiling_table(summary)),
              ("More workers (the light sleep bed unless said; each keeps its batch): seconds to the 75% loss",
               workers_table(summary)),
+             (rate_check.CAPTION, rate_check.table(summary, _seconds, bed_name)),
              ("The issue's targets", targets_table(summary))]
     shown = [f"**{caption}**:\n\n{table}" for caption, table in parts if not _empty(table)]
     if os.path.isfile(os.path.join(root, "bench_results", "long_runs", lr.PLOT)) and not _empty(parts[1][1]):
         shown.insert(2, f"![The delay penalty along the run and the seconds to each loss, per bed]"
                         f"(../bench_results/long_runs/{lr.PLOT})")  # python -m benchmarks.report.long_runs draws it
-    missing = [caption.split(":")[0] for caption, table in parts if _empty(table) and caption not in (batch, host)]
+    missing = [caption.split(":")[0] for caption, table in parts if _empty(table)
+               and caption not in (batch, host, rate_check.CAPTION)]
     tail = [f"**Not run yet** (no runs of their beds): {'; '.join(missing)}."] if missing else []
     return "\n\n".join([describe()] + shown + [machines_note(summary)] + tail)
 
@@ -325,7 +329,8 @@ def second_machine(root: str = rs.ROOT) -> str:
                      for c, s in fewer.items())
     slower = ("A whole run here over the same config's on the first machine: training seconds for the same tokens "
               "(no loss curve's noise in it), medians over each machine's seeds")
-    parts = [(seconds, seconds_table(summary)), (slower, machine_table(summary, _summary(root))),
+    parts = [(seconds, seconds_table(summary)), (rate_check.CAPTION, rate_check.table(summary, _seconds, bed_name)),
+             (slower, machine_table(summary, _summary(root))),
              (HOST_CAPTION, host_table(summary)), (CEILING, ceiling_table(summary)),
              ("The issue's targets, from this machine's runs alone", targets_table(summary))]
     return "\n\n".join([f"**{caption}**:\n\n{table}" for caption, table in parts if not _empty(table)]

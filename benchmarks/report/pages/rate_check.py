@@ -1,0 +1,56 @@
+"""The learning-rate check on the long-runs page: the best-tuned sync and the overlap at its batch, each at half,
+once and twice the peak learning rate every config shares (``benchmarks.sweep.configs.LR_SCALED``).
+
+Why it has a table of its own: "best-tuned sync" tunes the batch (half of it); a skeptical reader asks whether the
+rate, set once for the configured batch, is the one either config at half the batch would pick, and whether the
+overlap would prefer another rate than sync. Its columns are the seeds' seconds to the same three losses as the
+seconds table, so a row here compares with that table's rows of the same machine.
+"""
+
+from __future__ import annotations
+
+from benchmarks.sweep import configs as cfgs
+
+from .. import long_runs as lr
+from .cells import md_table
+
+CAPTION = ("Is the learning rate every config shares tuned for the half batch? The best-tuned sync and the overlap at "
+           "its batch at half, once and twice the peak rate (warm-up and decay unchanged): seconds to the fair "
+           "baseline's losses (median; spread; seeds that got there, where not all), the fastest rate to each loss in "
+           "bold, and the final validation loss (median)")
+
+
+def _rates() -> dict[str, list[tuple[float, str]]]:
+    """Per base config, ``(scale, config)`` from the lowest rate up, the base itself at 1."""
+    out: dict = {}
+    for c in cfgs.LR_SCALED:
+        base, scale = cfgs.lr_scaled(c)
+        out.setdefault(base, [(1.0, base)]).append((scale, c))
+    return {base: sorted(v) for base, v in out.items()}
+
+
+def table(summary: dict, seconds_cell, bed_name) -> str:
+    """One row per bed, base config and rate, where the check ran on the bed (an empty table elsewhere);
+    ``seconds_cell`` and ``bed_name`` format a seconds figure and a bed as the seconds table does."""
+    rows = []
+    for key in lr.two_host_beds(summary):
+        block = summary[key]
+        if not any(c in block["rows"] for c in cfgs.LR_SCALED):
+            continue
+        first = True
+        for base, rates in _rates().items():
+            ran = [(scale, c) for scale, c in rates if c in block["rows"]]
+            fastest = {f: lr.best(block, [c for _, c in ran], f)[0] for f in lr.FRACTIONS}
+            for scale, c in ran:
+                row = block["rows"][c]
+                cells = [seconds_cell(row["seconds"][f]) if block["targets"][f] is not None else "-"
+                         for f in lr.FRACTIONS]
+                cells = [f"**{cell}**" if fastest[f] == c and cell not in ("-", "never") else cell
+                         for f, cell in zip(lr.FRACTIONS, cells)]
+                loss = row.get("final_loss")
+                rows.append([bed_name(*key) if first else "", lr.SHORT.get(base, base), f"{scale:g}x"] + cells
+                            + ["-" if loss is None else f"{loss:.4f}"])
+                first = False
+    return md_table(["bed", "config", "peak rate"] + [f"{f:.0%} loss" for f in lr.FRACTIONS]
+                    + ["final val loss"], rows)
+

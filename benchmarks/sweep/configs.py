@@ -89,7 +89,8 @@ LR_SCALED = tuple(base + suffix for base in ("sync_lowbit_half", "acco_lowbit_in
 """The learning-rate check's configs: the long runs' best-tuned sync and the overlap at its batch, each at half and
 twice the rate all configs share (``zero1_baseline.json``'s ``lr``)."""
 CONFIGS += LR_SCALED
-HALF_BATCH = ("sync_lowbit_half", "acco_lowbit_int4_fixed_half", "torchft_diloco_half", "streaming_int8_half") + LR_SCALED
+HALF_BATCH = ("sync_lowbit_half", "acco_lowbit_int4_fixed_half", "torchft_diloco_half",
+              "streaming_int8_half") + LR_SCALED
 """Configs at half the accumulation steps, with twice the scheduler's steps: the same tokens."""
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")

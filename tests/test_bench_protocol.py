@@ -130,7 +130,8 @@ def test_a_config_at_a_scaled_learning_rate_differs_from_its_base_in_the_rate_al
     the scaled rate."""
     for name in cfgs.LR_SCALED:
         base, scale = cfgs.lr_scaled(name)
-        assert name in cfgs.CONFIGS and name in cfgs.HALF_BATCH and scale in (0.5, 2.0) and base in plans_long.LONG
+        assert name in cfgs.CONFIGS and scale in (0.5, 2.0, 4.0) and base in plans_long.LONG
+        assert (name in cfgs.HALF_BATCH) == (base in cfgs.HALF_BATCH)
         kw = dict(micro_batch=8, grad_accum=4, warmup_steps=2, lr_schedule=kind, lr_total_steps=100)
         cfg, plain = cfgs.make_config(name, **kw), cfgs.make_config(base, **kw)
         cfgs.validate(cfg)

@@ -59,7 +59,7 @@ run; only how gradients travel differs:
                     scheduler's warm-up steps: the smaller batch the adaptive policy
                     commits, as a control (is adaptive faster for its overlap or for
                     its smaller batches?)
-``<config>_lr05x``, ``<config>_lr2x``  a config at half and twice the peak learning rate (the optimizer's
+``<config>_lr05x``, ``_lr2x``, ``_lr4x``  a config at 0.5, 2 and 4 times the peak learning rate (the optimizer's
                     ``lr`` and the scheduler's ``warmup_max_lr``; :data:`LR_SCALED`): is the rate every
                     config shares tuned for the half batch, and would the overlap prefer another one?
 ==================  ============================================================
@@ -83,14 +83,25 @@ CONFIGS = ("zero1", "zero1_overlap", "sync", "dpu", "acco_fixed", "acco_adaptive
            "acco_bf16_fp32acc", "auto_lowbit", "sync_lowbit_half", "acco_lowbit_lrwarm", "auto_lowbit_adaptive",
            "auto_lowbit_policy", "auto_lowbit_policy_early", "acco_lowbit_int4_fixed", "acco_lowbit_int4_adaptive",
            "auto_lowbit_int4", "auto_lowbit_int4_streaming", "acco_lowbit_int4_fixed_half", "streaming_int8_half")
-LR_SCALES = {"_lr05x": 0.5, "_lr2x": 2.0}
+LR_SCALES = {"_lr05x": 0.5, "_lr2x": 2.0, "_lr4x": 4.0}
 """Suffixes of a config at a scaled peak learning rate, and the scale."""
-LR_SCALED = tuple(base + suffix for base in ("sync_lowbit_half", "acco_lowbit_int4_fixed_half") for suffix in LR_SCALES)
-"""The learning-rate check's configs: the long runs' best-tuned sync and the overlap at its batch, each at half and
-twice the rate all configs share (``zero1_baseline.json``'s ``lr``)."""
+LR_SCALED = tuple(base + suffix for base in ("sync_lowbit_half", "acco_lowbit_int4_fixed_half", "sync_lowbit",
+                                             "acco_lowbit_int4_fixed") for suffix in LR_SCALES)
+"""The learning-rate check's configs: the long runs' best-tuned sync and the overlap at its batch, and the two at the
+bed's batch, each at half, twice and four times the rate all configs share (``zero1_baseline.json``'s ``lr``)."""
 CONFIGS += LR_SCALED
-HALF_BATCH = ("sync_lowbit_half", "acco_lowbit_int4_fixed_half", "torchft_diloco_half",
-              "streaming_int8_half") + LR_SCALED
+
+
+def lr_scaled(name: str) -> Optional[tuple[str, float]]:
+    """``(base config, scale)`` of a config at a scaled learning rate (:data:`LR_SCALES`), else None."""
+    for suffix, scale in LR_SCALES.items():
+        if name.endswith(suffix):
+            return name[:-len(suffix)], scale
+    return None
+
+
+HALF_BATCH = ("sync_lowbit_half", "acco_lowbit_int4_fixed_half", "torchft_diloco_half", "streaming_int8_half")
+HALF_BATCH += tuple(c for c in LR_SCALED if lr_scaled(c)[0] in HALF_BATCH)
 """Configs at half the accumulation steps, with twice the scheduler's steps: the same tokens."""
 STOCK = ("zero1", "zero1_overlap", "zero1_bf16")
 STREAMING_COMPARISON = ("zero1", "zero1_bf16", "acco_fixed", "streaming_int8", "streaming_fp32")
@@ -131,8 +142,8 @@ LABELS = {
     "auto_lowbit_int4": "ds_acco auto low-bit, policy auto, int4 estimates",
     "auto_lowbit_int4_streaming": "ds_acco auto low-bit, int4 estimates, may switch to streaming",
 }
-LABELS.update({c + suffix: f"{LABELS[c]}, {scale:g}x the learning rate" for c in ("sync_lowbit_half",
-              "acco_lowbit_int4_fixed_half") for suffix, scale in LR_SCALES.items()})
+LABELS.update({c: f"{LABELS[base]}, {scale:g}x the learning rate" for c in LR_SCALED
+               for base, scale in [lr_scaled(c)]})
 _ACCO_TEMPLATE = {"sync": "acco_fixed.json", "dpu": "dpu.json", "acco_fixed": "acco_fixed.json",
                   "acco_adaptive": "acco_adaptive.json", "sync_lowbit": "acco_lowbit.json",
                   "acco_lowbit_fixed": "acco_lowbit.json", "acco_lowbit_adaptive": "acco_lowbit.json",
@@ -255,14 +266,6 @@ def make_config(name: str, *, micro_batch: int, grad_accum: int, warmup_steps: O
         acco["telemetry"] = telemetry
         cfg["acco"] = acco
     return cfg
-
-
-def lr_scaled(name: str) -> Optional[tuple[str, float]]:
-    """``(base config, scale)`` of a config at a scaled learning rate (:data:`LR_SCALES`), else None."""
-    for suffix, scale in LR_SCALES.items():
-        if name.endswith(suffix):
-            return name[:-len(suffix)], scale
-    return None
 
 
 def _halve(cfg: dict) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from benchmarks.sweep.configs import LR_SCALED
+
 from .summary import REFERENCE, two_host_beds
 
 NAME = "delay_penalty.png"
@@ -29,7 +31,7 @@ def plot(summary: dict, path: str, labels: Optional[dict] = None) -> Optional[st
     fig, axes = plt.subplots(len(beds), 2, figsize=(12, 4.2 * len(beds)), squeeze=False)
     for (left, right), key in zip(axes, beds):
         rows = summary[key]["rows"]
-        configs = list(rows)
+        configs = [c for c in rows if c not in LR_SCALED]  # (the learning-rate check: a table of its own)
         for config in configs:
             pen = rows[config]["penalty"]
             xs = [c for c in sorted(pen) if pen[c]["median"] is not None]

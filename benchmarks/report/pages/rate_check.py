@@ -1,5 +1,6 @@
-"""The learning-rate check on the long-runs page: the best-tuned sync and the overlap at its batch, each at half,
-once and twice the peak learning rate every config shares (``benchmarks.sweep.configs.LR_SCALED``).
+"""The learning-rate check on the long-runs page: sync low-bit and acco fixed at half the batch (the best-tuned sync
+and the overlap at its batch) and at the bed's, each at 0.5, 1, 2 and 4 times the peak learning rate every config
+shares (``benchmarks.sweep.configs.LR_SCALED``).
 
 Why it has a table of its own: "best-tuned sync" tunes the batch (half of it); a skeptical reader asks whether the
 rate, set once for the configured batch, is the one either config at half the batch would pick, and whether the
@@ -14,8 +15,9 @@ from benchmarks.sweep import configs as cfgs
 from .. import long_runs as lr
 from .cells import md_table
 
-CAPTION = ("Is the learning rate every config shares tuned for the half batch? The best-tuned sync and the overlap at "
-           "its batch at half, once and twice the peak rate (warm-up and decay unchanged): seconds to the fair "
+CAPTION = ("Is the learning rate every config shares tuned? Sync low-bit and acco fixed, at half the batch (the "
+           "best-tuned sync and the overlap at its batch) and at the bed's, at 0.5 to 4 times the peak rate (warm-up "
+           "and decay unchanged): seconds to the fair "
            "baseline's losses (median; spread; seeds that got there, where not all), the fastest rate to each loss in "
            "bold, and the final validation loss (median)")
 

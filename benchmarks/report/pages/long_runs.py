@@ -361,7 +361,10 @@ def long_runs_summary(root: str = rs.ROOT) -> str:
         return NO_RUNS
 
     def what(found: dict) -> str:
-        return "; ".join(f"{bed_name(*key)} ({len(_seeds(found[key]))} seeds, {len(found[key]['rows'])} configs)"
+        def configs(rows: dict) -> str:
+            rates = sum(c in rows for c in LR_SCALED)  # (not more configs: the learning-rate check's variants)
+            return f"{len(rows) - rates} configs" + (f" and {rates} at other learning rates" if rates else "")
+        return "; ".join(f"{bed_name(*key)} ({len(_seeds(found[key]))} seeds, {configs(found[key]['rows'])})"
                          for key in lr.shaped(found))
     ran, second = what(summary), _summary(root, SECOND)
     if second:

@@ -361,7 +361,8 @@ def test_the_learning_rate_check_has_its_own_table_and_target_and_stays_out_of_t
     """Sync and acco fixed at half the batch, each at half, once and twice the shared rate: the rates' own table
     (fastest per loss in bold), a target row for the two at their best rates beside the issue's, and the seconds
     table without them. Here the half batch's sync is fastest at twice the rate and acco at the rate everyone
-    shares, so the pair at their best rates compares acco at 1x with sync at 2x."""
+    shares, so the pair at their best rates compares acco at 1x with sync at 2x; acco's delay column is its tokens
+    over its sync's at each rate."""
     folders = protocol(tmp_path)
     speeds = {"sync_lowbit_half": 24, "sync_lowbit_half_lr05x": 21, "sync_lowbit_half_lr2x": 27,
               "acco_lowbit_int4_fixed_half": 30, "acco_lowbit_int4_fixed_half_lr05x": 28,
@@ -373,7 +374,8 @@ def test_the_learning_rate_check_has_its_own_table_and_target_and_stays_out_of_t
         with open(path, encoding="utf-8") as f:
             result = json.load(f)
         seed = result["runs"][0]["workload"]["seed"]
-        result["runs"] += [row(c, "100mbit", seed, base_loss, lambda t, v=v: t / v) for c, v in speeds.items()]
+        result["runs"] += [row(c, "100mbit", seed, lag_loss if c.endswith("fixed_half_lr2x") else base_loss,
+                               lambda t, v=v: t / v) for c, v in speeds.items()]
         with open(path, "w", encoding="utf-8") as f:
             json.dump(result, f)
     summary = lr.summarize(lr.collect(folders))
@@ -384,6 +386,8 @@ def test_the_learning_rate_check_has_its_own_table_and_target_and_stays_out_of_t
     t75 = tokens_to(3.5)
     assert f"|  | sync low-bit, half batch | 2x | **{tokens_to(4.0) / 27:.1f} (0.0)** | **{t75 / 27:.1f} (0.0)** |" in text
     assert f"|  | acco fixed, half batch | 1x | **{tokens_to(4.0) / 30:.1f} (0.0)** | **{t75 / 30:.1f} (0.0)** |" in text
+    lagged = f"{(t75 + 50) / t75:.3f}"  # acco's delay at twice the rate: 50 tokens behind its sync there
+    assert "| 3.0000 | 1.000 |" in text and "| 3.0000 | - |" in text and f"| {lagged} |" in text
     got = {t["target"]: t for t in lr.targets(summary)}
     issue = got["the better ACCO vs the better sync low-bit to the baseline's 75% loss (real compute, 100 Mbit/s)"]
     rate = got["the same, each at the best of the learning rates it ran at (real compute, 100 Mbit/s)"]

@@ -17,9 +17,32 @@ from .cells import md_table
 
 CAPTION = ("Is the learning rate every config shares tuned? Sync low-bit and acco fixed, at half the batch (the "
            "best-tuned sync and the overlap at its batch) and at the bed's, at 0.5 to 4 times the peak rate (warm-up "
-           "and decay unchanged): seconds to the fair "
-           "baseline's losses (median; spread; seeds that got there, where not all), the fastest rate to each loss in "
-           "bold, and the final validation loss (median)")
+           "and decay unchanged): seconds to the fair baseline's losses (median; spread; seeds that got there, where "
+           "not all), the fastest rate to each loss in bold, the final validation loss (median), and acco's delay at "
+           "each rate: its tokens to the 75% loss over sync's at the same batch and rate (median of the seeds' "
+           "ratios)")
+
+
+SYNC_OF = {"acco_lowbit_int4_fixed_half": "sync_lowbit_half", "acco_lowbit_int4_fixed": "sync_lowbit"}
+"""Each acco base config's sync at the same batch: at the same rate, their tokens to a loss differ by acco's delay."""
+DELAY_AT = 0.75
+"""The loss (fraction of the baseline's budget) the delay column is taken at: the issue's overlap target's."""
+
+
+def delay(block: dict, config: str, scale: float) -> str:
+    """Acco's tokens to the 75% loss over its sync's at the same batch and rate, the median of the seeds' ratios
+    ("-" for a sync row, or where a seed's pair did not both get there): the one-step delay's cost at that rate,
+    which grows with the step's size."""
+    base = cfgs.lr_scaled(config)[0] if scale != 1.0 else config
+    if base not in SYNC_OF:
+        return "-"
+    sync = SYNC_OF[base] + config[len(base):]
+    rows = [block["rows"].get(c) for c in (config, sync)]
+    if not all(rows):
+        return "-"
+    each = [dict(zip(r["seeds"], r["penalty"][DELAY_AT]["each"])) for r in rows]
+    ratios = sorted(each[0][s] / each[1][s] for s in set(each[0]) & set(each[1]) if each[0][s] and each[1][s])
+    return f"{ratios[len(ratios) // 2]:.3f}" if len(ratios) == len(set(each[0]) | set(each[1])) and ratios else "-"
 
 
 def _rates() -> dict[str, list[tuple[float, str]]]:
@@ -51,8 +74,8 @@ def table(summary: dict, seconds_cell, bed_name) -> str:
                          for f, cell in zip(lr.FRACTIONS, cells)]
                 loss = row.get("final_loss")
                 rows.append([bed_name(*key) if first else "", lr.SHORT.get(base, base), f"{scale:g}x"] + cells
-                            + ["-" if loss is None else f"{loss:.4f}"])
+                            + ["-" if loss is None else f"{loss:.4f}", delay(block, c, scale)])
                 first = False
     return md_table(["bed", "config", "peak rate"] + [f"{f:.0%} loss" for f in lr.FRACTIONS]
-                    + ["final val loss"], rows)
+                    + ["final val loss", f"acco's tokens to the {DELAY_AT:.0%} loss over sync's"], rows)
 

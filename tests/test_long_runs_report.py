@@ -16,6 +16,7 @@ from benchmarks.report.long_runs import batch_model as bm
 from benchmarks.report.long_runs import penalty_model as pm
 from benchmarks.report.long_runs.plot import plot as plot_long
 from benchmarks.report.pages import long_runs as page
+from benchmarks.report.pages import rate_check
 from tests.long_runs_rows import ACCO, base_loss, lag_loss, protocol, row, set_ranks, tokens_to
 
 
@@ -396,3 +397,8 @@ def test_the_learning_rate_check_has_its_own_table_and_target_and_stays_out_of_t
     assert rate["value"] == pytest.approx(27 / 30) and rate["about"] == "rate" and rate["detail"].startswith(
         "acco_lowbit_int4_fixed_half against sync_lowbit_half_lr2x")
     assert "each at the best of the learning rates" not in page.targets_table(summary, issue_only=True)
+    (name, cells), (missed, value) = rate_check.loss_rows(summary, page.bed_name, "here")
+    assert missed.endswith("each at its best learning rate") and value.startswith("0.90 (limit <= 0.85; acco_lowbit")
+    assert name.startswith("acco fixed, half batch against sync at the same batch, by peak learning rate (here, real")
+    assert cells == f"0.5x: +0.00% final loss, 1.000x the tokens; 1x: +0.00% final loss, 1.000x the tokens; " \
+        f"2x: +3.33% final loss, {lagged}x the tokens"

@@ -397,7 +397,7 @@ def loss_rows(root: str = rs.ROOT) -> list[list[str]]:
                          f"{100 * m['preset']:.0f}% against {100 * m['p_rate_scaled']:.0f}% fitted to acco fixed's "
                          f"penalty (auto's model, rms {m['rms_rate_scaled']:.3f}; a constant fit: "
                          f"{100 * m['p_constant']:.0f}%, rms {m['rms_constant']:.3f})"])
-    return rows
+    return rows + rate_check.loss_rows(_summary(root, SECOND), bed_name, "second machine")
 
 
 def _summary(root: str, name: str = SET) -> dict:

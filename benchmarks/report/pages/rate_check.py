@@ -45,6 +45,16 @@ def delay(block: dict, config: str, scale: float) -> str:
     return f"{ratios[len(ratios) // 2]:.3f}" if len(ratios) == len(set(each[0]) | set(each[1])) and ratios else "-"
 
 
+def final_gap(block: dict, config: str, scale: float) -> str:
+    """Acco's median final validation loss over its sync's at the same batch and rate, as a signed percentage."""
+    base = cfgs.lr_scaled(config)[0] if scale != 1.0 else config
+    sync = block["rows"].get(SYNC_OF[base] + config[len(base):])
+    mine = block["rows"][config].get("final_loss")
+    if not sync or not mine or not sync.get("final_loss"):
+        return "-"
+    return f"{100 * (mine / sync['final_loss'] - 1):+.2f}%"
+
+
 def _rates() -> dict[str, list[tuple[float, str]]]:
     """Per base config, ``(scale, config)`` from the lowest rate up, the base itself at 1."""
     out: dict = {}
@@ -65,6 +75,8 @@ def table(summary: dict, seconds_cell, bed_name) -> str:
         first = True
         for base, rates in _rates().items():
             ran = [(scale, c) for scale, c in rates if c in block["rows"]]
+            if len(ran) < 2:  # (the base alone: no other rate ran at that batch)
+                continue
             fastest = {f: lr.best(block, [c for _, c in ran], f)[0] for f in lr.FRACTIONS}
             for scale, c in ran:
                 row = block["rows"][c]
@@ -79,3 +91,27 @@ def table(summary: dict, seconds_cell, bed_name) -> str:
     return md_table(["bed", "config", "peak rate"] + [f"{f:.0%} loss" for f in lr.FRACTIONS]
                     + ["final val loss", f"acco's tokens to the {DELAY_AT:.0%} loss over sync's"], rows)
 
+
+
+def loss_rows(summary: dict, bed_name, where: str) -> list[list[str]]:
+    """BENCHMARKS.md's "where ds_acco loses" rows of the check, on each bed it ran on (``where``: whose runs, e.g.
+    "second machine"): acco's delay at each rate it ran at, and the better ACCO against the better sync each at its
+    best rate, where that misses the issue's 0.85."""
+    rows = []
+    for key in lr.two_host_beds(summary):
+        block = summary[key]
+        if not any(c in block["rows"] for c in cfgs.LR_SCALED):
+            continue
+        for base in SYNC_OF:
+            cells = [f"{scale:g}x: {final_gap(block, c, scale)} final loss, {d}x the tokens"
+                     for scale, c in _rates().get(base, []) if c in block["rows"]
+                     and (d := delay(block, c, scale)) != "-"]
+            if len(cells) > 1:
+                rows.append([f"{lr.SHORT[base]} against sync at the same batch, by peak learning rate ({where}, "
+                             f"{bed_name(*key)}): its final validation loss, its tokens to the {DELAY_AT:.0%} loss",
+                             "; ".join(cells)])
+        for t in lr.targets({key: block}):
+            if t.get("about") == "rate" and t["met"] is False:
+                rows.append([f"long runs ({where}): the better ACCO vs the better sync low-bit to the 75% loss, each "
+                             "at its best learning rate", f"{t['value']:.2f} (limit <= 0.85; {t['detail']})"])
+    return rows

@@ -106,7 +106,9 @@ class AutoConfig(_Block):
     """The extra steps ACCO's one-step delay costs to reach the same loss, as a fraction (0.10: ACCO is
     charged 10% more time per step): acco fixed's steps bought about 10% less loss than sync's on the
     benchmarks' real-compute bed (about 4% with sync steps for the learning-rate warm-up; docs/benchmarks-history.md),
-    and ds_configs/auto_lowbit.json charges 0.05. Set 0 where your runs show no penalty."""
+    and ds_configs/auto_lowbit.json charges 0.05. Set 0 where your runs show no penalty; charge more where your peak
+    learning rate is higher than the one your figure was measured at: at twice the benchmarks' rate acco fixed's final
+    loss trailed sync's by several times as much (docs/long-runs.md, the second machine's learning-rate check)."""
     switch_margin: float = Field(default=0.05, ge=0.0, lt=1.0)
     """Switch only when the other mode is predicted faster by at least this fraction (no flapping
     between two modes that cost the same)."""

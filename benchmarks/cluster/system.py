@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -146,23 +147,43 @@ def clean_stale(prefix: str = PREFIX, log: IO = sys.stderr) -> list[str]:
     return removed
 
 
+EPHEMERAL_MARGIN = 12000
+"""How far below the ephemeral range :func:`free_port` picks from (20768-32767 with Linux's default range)."""
+
+
+_GIVEN: set = set()
+"""The ports this process's :func:`free_port` has returned: never twice."""
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
     """A port free now. It is released here and bound later by a job, so where several pytest-xdist workers pick
     ports at once (the test suite runs benchmarks and launchers side by side), each worker only gets ports whose
-    residue modulo the worker count is its index: no two workers' calls return the same port."""
+    residue modulo the worker count is its index: no two workers' calls return the same port. And it lies below the
+    kernel's ephemeral range, so no connection made meanwhile (gloo's, a store's client side) is given it as its own
+    local port: one such collision left a job's store unable to listen (EADDRINUSE) in a CI run."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", "gw0"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
     index = int(worker[2:])
+    low = _ephemeral_low()
+    rng = random.Random()
     for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = rng.randrange(max(1024, low - EPHEMERAL_MARGIN), low)
         port += (index - port) % count
-        if port > 65535:
+        if port >= low or port in _GIVEN:  # (a port given earlier may not be bound yet)
             continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _GIVEN.add(port)
             return port
     raise RuntimeError("no free port found in 100 tries")

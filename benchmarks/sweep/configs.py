@@ -61,7 +61,7 @@ run; only how gradients travel differs:
                     its smaller batches?)
 ``<config>_lr05x``, ``_lr2x``, ``_lr4x``  a config at 0.5, 2 and 4 times the peak learning rate (the optimizer's
                     ``lr`` and the scheduler's ``warmup_max_lr``; :data:`LR_SCALED`): is the rate every
-                    config shares tuned for the half batch, and would the overlap prefer another one?
+                    config shares tuned, at either batch, and would the overlap prefer another one?
 ==================  ============================================================
 
 The streaming configs keep the optimizer, scheduler, clipping, micro-batch and

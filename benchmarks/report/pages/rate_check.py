@@ -10,6 +10,9 @@ seconds table, so a row here compares with that table's rows of the same machine
 
 from __future__ import annotations
 
+import statistics
+from typing import Optional
+
 from benchmarks.sweep import configs as cfgs
 
 from .. import long_runs as lr
@@ -29,26 +32,27 @@ DELAY_AT = 0.75
 """The loss (fraction of the baseline's budget) the delay column is taken at: the issue's overlap target's."""
 
 
-def delay(block: dict, config: str, scale: float) -> str:
+def _sync_of(config: str) -> Optional[str]:
+    """An acco config's sync at the same batch and rate (None for a sync config)."""
+    base, _ = cfgs.lr_scaled(config) or (config, 1.0)
+    return SYNC_OF[base] + config[len(base):] if base in SYNC_OF else None
+
+
+def delay(block: dict, config: str) -> str:
     """Acco's tokens to the 75% loss over its sync's at the same batch and rate, the median of the seeds' ratios
-    ("-" for a sync row, or where a seed's pair did not both get there): the one-step delay's cost at that rate,
-    which grows with the step's size."""
-    base = cfgs.lr_scaled(config)[0] if scale != 1.0 else config
-    if base not in SYNC_OF:
-        return "-"
-    sync = SYNC_OF[base] + config[len(base):]
-    rows = [block["rows"].get(c) for c in (config, sync)]
+    ("-" for a sync row, or where some seed's pair did not both get there): the one-step delay's cost at that rate."""
+    rows = [block["rows"].get(c) for c in (config, _sync_of(config))]
     if not all(rows):
         return "-"
-    each = [dict(zip(r["seeds"], r["penalty"][DELAY_AT]["each"])) for r in rows]
-    ratios = sorted(each[0][s] / each[1][s] for s in set(each[0]) & set(each[1]) if each[0][s] and each[1][s])
-    return f"{ratios[len(ratios) // 2]:.3f}" if len(ratios) == len(set(each[0]) | set(each[1])) and ratios else "-"
+    mine, sync = (dict(zip(r["seeds"], r["penalty"][DELAY_AT]["each"])) for r in rows)
+    if set(mine) != set(sync) or not all(mine.values()) or not all(sync.values()):
+        return "-"
+    return f"{statistics.median(mine[s] / sync[s] for s in mine):.3f}"
 
 
-def final_gap(block: dict, config: str, scale: float) -> str:
+def final_gap(block: dict, config: str) -> str:
     """Acco's median final validation loss over its sync's at the same batch and rate, as a signed percentage."""
-    base = cfgs.lr_scaled(config)[0] if scale != 1.0 else config
-    sync = block["rows"].get(SYNC_OF[base] + config[len(base):])
+    sync = block["rows"].get(_sync_of(config))
     mine = block["rows"][config].get("final_loss")
     if not sync or not mine or not sync.get("final_loss"):
         return "-"
@@ -86,11 +90,10 @@ def table(summary: dict, seconds_cell, bed_name) -> str:
                          for f, cell in zip(lr.FRACTIONS, cells)]
                 loss = row.get("final_loss")
                 rows.append([bed_name(*key) if first else "", lr.SHORT.get(base, base), f"{scale:g}x"] + cells
-                            + ["-" if loss is None else f"{loss:.4f}", delay(block, c, scale)])
+                            + ["-" if loss is None else f"{loss:.4f}", delay(block, c)])
                 first = False
     return md_table(["bed", "config", "peak rate"] + [f"{f:.0%} loss" for f in lr.FRACTIONS]
                     + ["final val loss", f"acco's tokens to the {DELAY_AT:.0%} loss over sync's"], rows)
-
 
 
 def loss_rows(summary: dict, bed_name, where: str) -> list[list[str]]:
@@ -103,9 +106,8 @@ def loss_rows(summary: dict, bed_name, where: str) -> list[list[str]]:
         if not any(c in block["rows"] for c in cfgs.LR_SCALED):
             continue
         for base in SYNC_OF:
-            cells = [f"{scale:g}x: {final_gap(block, c, scale)} final loss, {d}x the tokens"
-                     for scale, c in _rates().get(base, []) if c in block["rows"]
-                     and (d := delay(block, c, scale)) != "-"]
+            cells = [f"{scale:g}x: {final_gap(block, c)} final loss, {d}x the tokens"
+                     for scale, c in _rates().get(base, []) if c in block["rows"] and (d := delay(block, c)) != "-"]
             if len(cells) > 1:
                 rows.append([f"{lr.SHORT[base]} against sync at the same batch, by peak learning rate ({where}, "
                              f"{bed_name(*key)}): its final validation loss, its tokens to the {DELAY_AT:.0%} loss",

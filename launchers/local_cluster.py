@@ -6,7 +6,8 @@
 
 Every host is a network namespace with one veth to a bridge (in a namespace of its
 own), shaped with tc tbf at --rate in both directions; --cpu-quota puts a host in a
-cgroup-v1 cpu group (percent of one CPU). Each host gets RANK, WORLD_SIZE, LOCAL_RANK=0,
+cgroup-v1 cpu group (percent of one CPU); --delay adds one-way latency (netem, or a
+user-space switch in place of the bridge where the kernel has no netem). Each host gets RANK, WORLD_SIZE, LOCAL_RANK=0,
 MASTER_ADDR (host0, 10.77.0.1), MASTER_PORT and GLOO_SOCKET_IFNAME=eth0. Needs root and
 iproute2 (ip, tc); --no-netns runs on loopback instead. Exits with the first failing
 host's status; namespaces, veths and cgroups are removed on exit, on Ctrl-C/SIGTERM and

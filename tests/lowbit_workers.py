@@ -173,12 +173,12 @@ def train_recording_swaps(rank: int, world: int, *, config: dict, G: int, steps:
 
 
 def pace_rank_one_to_tiny_pieces(rank: int, engine) -> None:
-    """Rank 1 reports a link so slow that its pieces are 8 bytes (the floor lowered for the tiny model) and
+    """Rank 1 reports a link so slow that its pieces are 8 bytes (below the floor: the model is tiny) and
     keeps reporting it; the others measure loopback as usual. The smallest vote must win on every rank."""
     if rank == 1:
-        engine.coll.pacer.min_piece_bytes = 8
         engine.coll.pacer.rate = 8 / engine.coll.pacer.piece_seconds
-        engine.coll.pacer.observe = lambda sent, seconds: None
+        engine.coll.pacer.piece_bytes = lambda max_bytes: min(max_bytes, 8)  # whatever latency its probe reads
+        engine.coll.pacer.observe = lambda *measured: None
 
 
 LOWBIT_RUNS = {

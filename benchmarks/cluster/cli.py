@@ -43,7 +43,9 @@ def build_parser():
                    help="link rate per host and direction, tc units (100mbit, 1gbit); default unshaped")
     p.add_argument("--mtu", type=int, default=None,
                    help="MTU of every link in bytes (default 1500; 9000 emulates jumbo frames)")
-    p.add_argument("--delay", default=None, help="one-way netem latency host -> switch, e.g. 1ms (needs sch_netem)")
+    p.add_argument("--delay", default=None,
+                   help="one-way latency host -> switch, e.g. 25ms (netem; where the kernel has none, a user-space "
+                   "switch that holds each frame)")
     p.add_argument("--cpu-quota", action="append", default=[], metavar="hostI=PCT",
                    help="CPU quota of a host in percent of one CPU (cgroup cpu.cfs_quota_us); repeatable")
     p.add_argument("--cpus", action="append", default=[], metavar="hostI=LIST",

@@ -10,8 +10,9 @@ Every interface lives inside a namespace this module creates, so nothing is adde
 to the machine's own network namespace and 10.77.0.0/24 is never routed outside.
 Each host's link is full duplex at ``rate``: a ``tbf`` qdisc on the host's ``eth0``
 shapes host -> switch and one on the switch port ``p<i>`` shapes switch -> host.
-``delay`` adds ``netem`` one-way latency on the host side (kernels without
-``sch_netem`` reject it; :meth:`LocalCluster.setup` then says so).
+``delay`` adds ``netem`` one-way latency on the host side; on kernels without
+``sch_netem`` a user-space switch holds the frames instead of the bridge
+(:mod:`benchmarks.cluster.delay_switch`; ``stats()["delay_via"]`` says which).
 
 A host may be CPU-throttled with a cgroup-v1 ``cpu`` group (``cpu.cfs_quota_us``
 = percent of one CPU) and pinned to CPUs (``sched_setaffinity``), to emulate a
@@ -48,6 +49,7 @@ from typing import IO, Optional, Sequence
 
 from .system import (CPU_CGROUP_ROOT, PREFIX, clean_stale, delete_netns, free_port, link_state, missing_requirements,
                      remove_cgroup, run_command)
+from .delay_switch import start_delay_switch, stop_delay_switch
 from .units import ClusterError, format_rate
 
 SUBNET = "10.77.0"  # /24, only ever configured inside namespaces this module creates
@@ -85,7 +87,7 @@ class LocalCluster:
     Args:
         hosts: number of emulated hosts (ranks).
         rate: link rate in bits/s per direction per host (None: unshaped).
-        delay: one-way host -> switch latency in seconds via netem (None: none).
+        delay: one-way host -> switch latency in seconds, via netem or the delaying switch (None: none).
         cpu_quota: ``{host index: percent of one CPU}``.
         cpus: ``{host index: CPU ids}`` to pin each host to.
         netns: False for loopback mode (no namespaces, no shaping).
@@ -135,6 +137,9 @@ class LocalCluster:
         self._created_ns: list[str] = []
         self._created_cg: list[str] = []
         self.netem_ok: Optional[bool] = None
+        self.delay_via: Optional[str] = None
+        """``"netem"`` or ``"switch"`` (:mod:`.delay_switch`) where ``delay`` is set."""
+        self._switch: Optional[subprocess.Popen] = None
         self.started_at: Optional[float] = None
         self.wall_s: Optional[float] = None
 
@@ -168,15 +173,18 @@ class LocalCluster:
     def _shape(self, ns: str, dev: str, with_delay: bool) -> None:
         rate = self.rate
         parent = ["root"]
-        if with_delay and self.delay is not None:
+        if with_delay and self.delay is not None and self.delay_via != "switch":
             proc = run_command(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem",
                          "delay", f"{self.delay * 1e6:.0f}us", "limit", "100000"], check=False)
-            if proc.returncode != 0:
-                self.netem_ok = False
-                raise ClusterError(f"--delay needs the netem qdisc, which this kernel does not provide "
-                                   f"({proc.stderr.strip()}); run without --delay")
-            self.netem_ok = True
-            parent = ["parent", "1:1", "handle", "10:"]
+            self.netem_ok = proc.returncode == 0
+            if self.netem_ok:
+                self.delay_via = "netem"
+                parent = ["parent", "1:1", "handle", "10:"]
+            elif self.delay_via == "netem":
+                raise ClusterError(f"netem failed on {dev} in {ns} after working on another host: "
+                                   f"{proc.stderr.strip()}")
+            else:  # no netem in this kernel: the switch holds the frames (the first host decides, before any port
+                self.delay_via = "switch"  # joins the bridge)
         if rate is None:
             return
         rate_bytes = rate / 8
@@ -199,12 +207,13 @@ class LocalCluster:
             if self.mtu is not None:
                 run_command(["ip", "-n", sw, "link", "set", port, "mtu", str(self.mtu)])
                 run_command(["ip", "-n", h.netns, "link", "set", h.iface, "mtu", str(self.mtu)])
-            run_command(["ip", "-n", sw, "link", "set", port, "master", "br0"])
+            self._shape(h.netns, h.iface, with_delay=True)  # host -> switch
+            self._shape(sw, port, with_delay=False)         # switch -> host
+            if self.delay_via != "switch":
+                run_command(["ip", "-n", sw, "link", "set", port, "master", "br0"])
             run_command(["ip", "-n", sw, "link", "set", port, "up"])
             run_command(["ip", "-n", h.netns, "addr", "add", f"{h.ip}/24", "dev", h.iface])
             run_command(["ip", "-n", h.netns, "link", "set", h.iface, "up"])
-            self._shape(h.netns, h.iface, with_delay=True)  # host -> switch
-            self._shape(sw, port, with_delay=False)         # switch -> host
         # Links come up asynchronously; wait until both ends of every veth say UP.
         deadline = time.monotonic() + 10
         for ns, dev in [(sw, f"p{h.index}") for h in self.hosts] + [(h.netns, h.iface) for h in self.hosts]:
@@ -212,6 +221,8 @@ class LocalCluster:
                 if time.monotonic() > deadline:
                     raise ClusterError(f"link {dev} in namespace {ns} did not come up: {link_state(ns, dev)}")
                 time.sleep(0.05)
+        if self.delay_via == "switch":
+            self._switch = start_delay_switch(sw, [f"p{h.index}" for h in self.hosts], self.delay)
 
     # ------------------------------------------------------------------ counters
     def read_counters(self, h: Host) -> dict:
@@ -289,6 +300,11 @@ class LocalCluster:
                     self.stop(grace_s=5.0)
             if not running:
                 break
+            if self._switch is not None and self._switch.poll() is not None and first_fail is None:
+                print("[local_cluster] the delaying switch exited; stopping every host", file=sys.stderr, flush=True)
+                self.stop(grace_s=3.0)
+                first_fail = 1
+                continue
             if deadline is not None and time.monotonic() > deadline:
                 print(f"[local_cluster] timeout after {timeout:.0f}s; stopping every host", file=sys.stderr,
                       flush=True)
@@ -333,6 +349,9 @@ class LocalCluster:
             self.stop(grace_s=2.0)
         except Exception as exc:  # noqa: BLE001 - keep tearing down
             problems.append(f"stopping processes: {exc}")
+        if self._switch is not None:
+            problems += stop_delay_switch(self._switch)
+            self._switch = None
         for ns in reversed(self._created_ns):
             try:
                 err = delete_netns(ns)
@@ -357,7 +376,8 @@ class LocalCluster:
                           for k in h.counters_end if isinstance(h.counters_end[k], int)}
             hosts.append(d)
         return {"netns": self.netns, "rate_bit_s": self.rate, "rate": format_rate(self.rate), "mtu": self.mtu or 1500,
-                "delay_s": self.delay, "master_addr": self.hosts[0].ip, "master_port": self.master_port,
+                "delay_s": self.delay, "delay_via": self.delay_via, "master_addr": self.hosts[0].ip,
+                "master_port": self.master_port,
                 "wall_s": self.wall_s, "command": list(command), "hosts": hosts}
 
 

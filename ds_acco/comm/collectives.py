@@ -47,6 +47,11 @@ bounds the piece scratch to ``2 * IN_FLIGHT * N * 1 Mi`` elements (a send and a 
 the wire, :data:`~ds_acco.comm.link_pacing.IN_FLIGHT`) whatever the model size (gloo's own
 reduce-scatter allocated 1.5x the payload in temporaries)."""
 
+PRICED_PIECE_SMALLS = 16
+"""The largest piece :meth:`RoundCollectives.probe_link` prices a round with, in the probe's small pieces
+(1 MiB a rank on two ranks): a link with latency agrees pieces of several hundred KiB, and pricing it on
+smaller ones would read its rounds slower than they run."""
+
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
@@ -230,15 +235,16 @@ class RoundCollectives:
         fast to time, a job whose collectives already probed it).
 
         :meth:`_probe` on scratch, then a few pieces of the agreed size timed as a round's would be, so
-        ``mode: "auto"`` can price a round before the first one runs (1.4 to 2.5 MiB from each rank). The
-        probe's own rate is not that figure: its 256 KiB pieces stall on a slow link's deep queue (at 10 Mbit/s
-        it read half the rate the agreed pieces then moved at)."""
+        ``mode: "auto"`` can price a round before the first one runs (1.4 to 2.5 MiB from each rank; up to 7 on
+        a link with latency, whose pieces are larger). The probe's own rate is not that figure: its 256 KiB pieces
+        stall on a slow link's deep queue (at 10 Mbit/s it read half the rate the agreed pieces then moved at)."""
         if not (self.reduce_scatter_via_all_to_all and self._probe_due and self.piece_bytes is None):
             return None
         self._probe_due = False
         sent_per_element = self.world_size - 1  # one byte an element
         small = max(1, MIN_PIECE_BYTES // sent_per_element)
-        numel = max(LinkPacer.probe_numel(small), 2 * PROBE_PIECES * 4 * small)
+        largest = PRICED_PIECE_SMALLS * small
+        numel = max(LinkPacer.probe_numel(small), 2 * PROBE_PIECES * largest)
         rows = torch.zeros(self.world_size, numel, dtype=torch.uint8)
 
         def launch(start: int, n: int, slot: int) -> Callable[[], object]:
@@ -247,7 +253,7 @@ class RoundCollectives:
         self._probe(LinkPacer.probe_numel(small), small, sent_per_element, 4 * small * sent_per_element, launch)
         if self.piece_bytes is None:
             return None
-        piece = max(1, min(4 * small, self.piece_bytes // sent_per_element))
+        piece = max(1, min(largest, self.piece_bytes // sent_per_element))
         pieces = self.pacer.run(2 * PROBE_PIECES * piece, piece, sent_per_element, launch)
         self.wire.add(self.world_size * (LinkPacer.probe_numel(small) + 2 * PROBE_PIECES * piece), self.world_size,
                       pieces=1 + 2 * PROBE_PIECES + pieces)

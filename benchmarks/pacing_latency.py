@@ -23,12 +23,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LAUNCHER = os.path.join(REPO, "launchers", "local_cluster.py")
+from benchmarks.cluster.two_hosts import run_worker, write_readme
+from benchmarks.cluster.units import parse_delay
+
 WAYS = ("latency counted", "rate alone", "whole")
 """How each collective is sent: ds_acco's pacing, the pacing before (the probe's latency set to zero), one call."""
 
@@ -75,6 +75,13 @@ def worker(out_path: str, send_bytes: int, reps: int, gap: float) -> None:
     dist.destroy_process_group()
 
 
+def over_whole(res: dict, way: str) -> float:
+    """A way's median seconds over one whole call's, repetitions after the first (which the pacers spend
+    measuring)."""
+    median = lambda w: statistics.median(r["seconds"] for r in res["rows"][w][1:])  # noqa: E731
+    return median(way) / median("whole")
+
+
 def table(results: dict[str, dict]) -> str:
     """Per link and delay, each way's MB/s (median and range over repetitions after the first, which the
     pacers spend measuring), its last piece size and its seconds over the whole call's."""
@@ -84,7 +91,6 @@ def table(results: dict[str, dict]) -> str:
     for key, res in results.items():
         rate, delay = key.split("_")
         mb = res["send_bytes"] / 1e6
-        whole = statistics.median(r["seconds"] for r in res["rows"]["whole"][1:])
         for way in WAYS:
             rows = res["rows"][way][1:]
             speeds = sorted(mb / r["seconds"] for r in rows)
@@ -92,7 +98,7 @@ def table(results: dict[str, dict]) -> str:
             piece = "one call" if last["piece_bytes"] is None else f"{last['pieces']} of {last['piece_bytes']} B"
             lines.append(f"| {rate} | {delay} | {way} | {piece} | {statistics.median(speeds):.2f} "
                          f"({speeds[0]:.2f}-{speeds[-1]:.2f}) | "
-                         f"{statistics.median(r['seconds'] for r in rows) / whole:.2f}x |")
+                         f"{over_whole(res, way):.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -107,8 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gap", type=float, default=0.5, help="seconds the hosts idle before each collective")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    from benchmarks.cluster.units import parse_delay
-
     if args.worker:
         worker(args.worker, args.send_bytes, args.reps, args.gap)
         return 0
@@ -118,26 +122,18 @@ def main(argv: list[str] | None = None) -> int:
         for delay in args.delays.split(","):
             key = f"{rate}_{delay}"
             path = os.path.abspath(os.path.join(args.out, f"{key}.json"))
-            shape = ["--rate", rate] + (["--delay", delay] if parse_delay(delay) else [])
-            cmd = [sys.executable, LAUNCHER, "--hosts", "2", *shape, "--quiet", "--timeout", "900",
-                   "--stats-json", path.replace(".json", ".cluster.json"),
-                   "--cpus", "host0=0", "--cpus", "host1=1", "--", sys.executable, "-m", "benchmarks.pacing_latency",
-                   "--worker", path, "--send-bytes", str(args.send_bytes), "--reps", str(args.reps),
-                   "--gap", str(args.gap)]
-            proc = subprocess.run(cmd, check=False, cwd=REPO)
-            if proc.returncode != 0:
-                print(f"pacing_latency: the {rate} {delay} run failed (exit {proc.returncode})", file=sys.stderr)
-                return proc.returncode
-            with open(path) as f:
-                results[key] = json.load(f)
+            link = ["--rate", rate] + (["--delay", delay] if parse_delay(delay) else [])
+            results[key] = run_worker("benchmarks.pacing_latency", path, link,
+                                      ["--send-bytes", str(args.send_bytes), "--reps", str(args.reps),
+                                       "--gap", str(args.gap)])
+            if results[key] is None:
+                return 1
             with open(path.replace(".json", ".cluster.json")) as f:
                 via.add(json.load(f).get("delay_via"))
     via.discard(None)
     text = table(results) + (f"\nThe delay: {', '.join(sorted(via))} (`delay_via` in each `*.cluster.json`).\n"
                              if via else "")
-    with open(os.path.join(args.out, "README.md"), "w") as f:
-        f.write("# Paced collectives on a link with latency\n\n`python -m benchmarks.pacing_latency "
-                + " ".join(argv if argv is not None else sys.argv[1:]) + "` (as root)\n\n" + text)
+    write_readme(args.out, "Paced collectives on a link with latency", "benchmarks.pacing_latency", argv, text)
     print(text)
     return 0
 

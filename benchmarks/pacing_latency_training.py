@@ -28,8 +28,8 @@ import statistics
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LAUNCHER = os.path.join(REPO, "launchers", "local_cluster.py")
+from benchmarks.cluster.two_hosts import LAUNCHER, REPO, write_readme
+
 CONFIGS = "sync_lowbit_half,acco_lowbit_int4_fixed_half,streaming_int8_half"
 FROM_STEP = 8
 KEEP = ("train.jsonl", "config.json")
@@ -110,10 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
         json.dump({"baseline_commit": commit, "steps": args.steps, "from_step": FROM_STEP, "rows": rows}, f, indent=1)
     text = table(rows)
-    with open(os.path.join(args.out, "README.md"), "w", encoding="utf-8") as f:
-        f.write(f"# Training on a link with latency: this tree's pacing against {commit}'s\n\n"
-                "`python -m benchmarks.pacing_latency_training "
-                + " ".join(argv if argv is not None else sys.argv[1:]) + "` (as root)\n\n" + text)
+    write_readme(args.out, f"Training on a link with latency: this tree's pacing against {commit}'s",
+                 "benchmarks.pacing_latency_training", argv, text)
     print(text)
     return 0
 

@@ -20,13 +20,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LAUNCHER = os.path.join(REPO, "launchers", "local_cluster.py")
+from benchmarks.cluster.two_hosts import run_worker, write_readme
+
 PIECE_SECONDS = (0.025, 0.0125)
 IN_FLIGHT = (1, 2)
 
@@ -118,19 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for rate in args.rates.split(","):
         path = os.path.abspath(os.path.join(args.out, f"{rate}.json"))
-        cmd = [sys.executable, LAUNCHER, "--hosts", "2", "--rate", rate, "--quiet", "--timeout", "900",
-               "--cpus", "host0=0", "--cpus", "host1=1", "--", sys.executable, "-m", "benchmarks.pieces_in_flight",
-               "--worker", path, "--send-bytes", str(args.send_bytes), "--reps", str(args.reps)]
-        proc = subprocess.run(cmd, check=False, cwd=REPO)
-        if proc.returncode != 0:
-            print(f"pieces_in_flight: the {rate} run failed (exit {proc.returncode})", file=sys.stderr)
-            return proc.returncode
-        with open(path) as f:
-            results[rate] = json.load(f)
+        results[rate] = run_worker("benchmarks.pieces_in_flight", path, ["--rate", rate],
+                                   ["--send-bytes", str(args.send_bytes), "--reps", str(args.reps)])
+        if results[rate] is None:
+            return 1
     text = table(results)
-    with open(os.path.join(args.out, "README.md"), "w") as f:
-        f.write("# Pieces in flight\n\n`python -m benchmarks.pieces_in_flight "
-                + " ".join(argv if argv is not None else sys.argv[1:]) + "` (as root)\n\n" + text)
+    write_readme(args.out, "Pieces in flight", "benchmarks.pieces_in_flight", argv, text)
     print(text)
     return 0
 

@@ -47,9 +47,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import IO, Optional, Sequence
 
+from .delay_switch import start_delay_switch, stop_delay_switch
 from .system import (CPU_CGROUP_ROOT, PREFIX, clean_stale, delete_netns, free_port, link_state, missing_requirements,
                      remove_cgroup, run_command)
-from .delay_switch import start_delay_switch, stop_delay_switch
 from .units import ClusterError, format_rate
 
 SUBNET = "10.77.0"  # /24, only ever configured inside namespaces this module creates
@@ -183,8 +183,10 @@ class LocalCluster:
             elif self.delay_via == "netem":
                 raise ClusterError(f"netem failed on {dev} in {ns} after working on another host: "
                                    f"{proc.stderr.strip()}")
-            else:  # no netem in this kernel: the switch holds the frames (the first host decides, before any port
-                self.delay_via = "switch"  # joins the bridge)
+            else:
+                # No netem in this kernel: the switch holds the frames instead (decided on the first host, before
+                # any port joins the bridge).
+                self.delay_via = "switch"
         if rate is None:
             return
         rate_bytes = rate / 8

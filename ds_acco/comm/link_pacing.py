@@ -19,7 +19,7 @@ Why the latency is measured apart: a piece costs a fixed time that its bytes do 
 trip on a long link, the call itself), and only :data:`IN_FLIGHT` pieces are on the wire at once. Sized from the rate
 a collective reached, pieces on a long link shrink round after round: small pieces spend their time waiting, the rate
 they reach reads low, the next pieces are smaller still, down to ``MIN_PIECE_BYTES``. With 25 ms one way at 100 Mbit/s
-a round's 1.65 MB all-to-all took 0.74 s that way against 0.19 s whole (``python -m benchmarks.pacing_latency``). So
+a round's 1.65 MB all-to-all took 0.72 s that way against 0.19 s whole (``bench_results/pacing_latency``). So
 the probe times a few one-element pieces (:attr:`LinkPacer.latency`), a collective's rate leaves that fixed time out,
 and a piece carries the link's rate for ``PIECE_SECONDS`` plus the latency: its pair on the wire covers the round
 trip, and the queue they leave behind is what it was on a short link.

@@ -23,6 +23,8 @@ from .cells import BEDS, HAND, SET_OF, bed_name, label, md_table, ratio_of, s, s
 from .gpu import in_flight, in_flight_rows, in_flight_summary, round_launches
 from .long_runs import long_runs, long_runs_summary, second_machine
 from .long_runs import loss_rows as long_loss_rows
+from .pacing import loss_row as pacing_loss_row
+from .pacing import pacing_latency, pacing_training
 from .projection import projection_rows
 
 
@@ -294,6 +296,7 @@ def losses() -> str:
             vs_peer.append(f"{x(ratio)} ({bed_name(k)})")
     if vs_peer:
         out.append(["ds_acco's best against torchft's best, where above the 0.9x target", ", ".join(vs_peer)])
+    out.append(pacing_loss_row())
     out += long_loss_rows()
     return md_table(["where", "measured"], out)
 
@@ -321,6 +324,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "long_runs": long_runs, "long_runs_summary": long_runs_summary, "long_runs_machine2": second_machine,
     "round_launches": round_launches,
     "gpu_in_flight": in_flight,
+    "pacing_latency": pacing_latency, "pacing_training": pacing_training,
     **{f"bed:{k[0]}:{k[1]}": (lambda k=k: bed_table(k, SET_OF.get(k, "five_beds"))) for k in BEDS},
 }
 """Every generated table, by the name its markers carry."""

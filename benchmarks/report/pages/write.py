@@ -15,7 +15,8 @@ import re
 from .sets import ROOT
 from .tables import TABLES
 
-PAGES = ("README.md", "BENCHMARKS.md", "docs/benchmarks-more.md", "docs/long-runs.md", "docs/gpu.md")
+PAGES = ("README.md", "BENCHMARKS.md", "docs/benchmarks-more.md", "docs/long-runs.md", "docs/gpu.md",
+         "docs/lowbit-and-streaming.md")
 MARK = re.compile(r"^(<!-- generated:(?P<name>[\w:.@%-]+) -->\n)(?P<body>(?:(?!<!-- generated:).*\n)*?)"
                   r"(<!-- /generated -->)$", re.M)
 """A marked block: its opening line, the lines between (none, or any that open no other block), its closing line."""

@@ -13,7 +13,7 @@ step are its time to any loss in the same proportion.
     python -m benchmarks.pacing_latency_training --baseline-tree /tmp/baseline --links 100mbit@0ms,100mbit@25ms \
         --out bench_results/pacing_latency/training_ab
 
-As root. Writes ``results.json`` (every run's seconds per step), ``README.md`` (the table) and each run's
+As root. Writes ``seconds_per_step.json`` (every run's seconds per step), ``README.md`` (the table) and each run's
 ``runs/<config>-<link>-<tree>-<rep>/`` (``train.jsonl``, ``config.json``, ``command.txt``).
 """
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps(rows[-1]), flush=True)
     commit = subprocess.run(["git", "-C", trees["baseline"], "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(args.out, "seconds_per_step.json"), "w", encoding="utf-8") as f:
         json.dump({"baseline_commit": commit, "steps": args.steps, "from_step": FROM_STEP, "rows": rows}, f, indent=1)
     text = table(rows)
     write_readme(args.out, f"Training on a link with latency: this tree's pacing against {commit}'s",

@@ -139,7 +139,7 @@ def test_the_published_training_runs_say_what_the_page_says():
 
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench_results", "pacing_latency",
                         "training_ab")
-    with open(os.path.join(root, "results.json"), encoding="utf-8") as f:
+    with open(os.path.join(root, "seconds_per_step.json"), encoding="utf-8") as f:
         rows = json.load(f)["rows"]
 
     def median(link, config, tree):

@@ -78,7 +78,7 @@ def pacing_training() -> str:
     """The training A/B beside the collectives (``python -m benchmarks.pacing_latency_training``)."""
     from benchmarks.pacing_latency_training import table
 
-    with open(os.path.join(rs.ROOT, TRAINING, "results.json"), encoding="utf-8") as f:
+    with open(os.path.join(rs.ROOT, TRAINING, "seconds_per_step.json"), encoding="utf-8") as f:
         result = json.load(f)
     with open(os.path.join(rs.ROOT, TRAINING, "README.md"), encoding="utf-8") as f:
         command = next(line.strip() for line in f if line.startswith("`python -m"))

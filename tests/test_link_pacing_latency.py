@@ -121,6 +121,7 @@ def test_the_published_collectives_say_what_the_page_says():
         counted, before = over_whole(res, "latency counted"), over_whole(res, "rate alone")
         if parse_delay(delay) is None:
             assert abs(counted / before - 1) < 0.05, (key, counted, before)
+            assert res["probe"]["latency counted"]["latency_s"] < 1e-3, res["probe"]  # a fraction of a millisecond
         else:
             assert counted <= 1.02 * before, (key, counted, before)
             gain[(parse_rate(rate), parse_delay(delay))] = before / counted

@@ -10,7 +10,7 @@ sync steps and the probe are behind them. Pieces change how bytes travel, not on
 step are its time to any loss in the same proportion.
 
     git worktree add /tmp/baseline f21eff9
-    python -m benchmarks.pacing_latency_training --baseline-tree /tmp/baseline --links 100mbit@0ms,100mbit@25ms \
+    python -m benchmarks.pacing_latency_training --baseline-tree /tmp/baseline --links 100mbit@0ms,100mbit@25ms --reps 3 \
         --out bench_results/pacing_latency/training_ab
 
 As root. Writes ``seconds_per_step.json`` (every run's seconds per step), ``README.md`` (the table) and each run's
@@ -90,16 +90,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-tree", required=True, help="a checkout of the commit to compare against")
     p.add_argument("--configs", default=CONFIGS)
     p.add_argument("--links", default="100mbit@0ms,100mbit@25ms", help="RATE@ONE_WAY_DELAY, comma-separated")
-    p.add_argument("--reps", type=int, default=2, help="runs of each config in each tree (their order alternates)")
+    p.add_argument("--reps", type=int, default=3, help="runs of each config in each tree (their order alternates)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--out", default="bench_results/pacing_latency/training_ab")
+    p.add_argument("--resume", action="store_true", help="keep the runs --out's table has and add the missing ones")
     args = p.parse_args(argv)
     trees = {"baseline": os.path.abspath(args.baseline_tree), "this": REPO}
+    table_path = os.path.join(args.out, "seconds_per_step.json")
     rows = []
+    if args.resume and os.path.exists(table_path):
+        with open(table_path, encoding="utf-8") as f:
+            rows = json.load(f)["rows"]
+    done = {(r["config"], r["link"], r["tree"], r["rep"]) for r in rows}
     for rep in range(args.reps):
         for link in args.links.split(","):
             for config in args.configs.split(","):
                 for tree in (("baseline", "this") if rep % 2 == 0 else ("this", "baseline")):
+                    if (config, link, tree, rep) in done:
+                        continue
                     run_dir = os.path.abspath(os.path.join(args.out, "runs", f"{config}-{link}-{tree}-{rep}"))
                     os.makedirs(run_dir, exist_ok=True)
                     s = one_run(trees[tree], config, link, args.steps, run_dir)
@@ -107,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps(rows[-1]), flush=True)
     commit = subprocess.run(["git", "-C", trees["baseline"], "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    with open(os.path.join(args.out, "seconds_per_step.json"), "w", encoding="utf-8") as f:
+    with open(table_path, "w", encoding="utf-8") as f:
         json.dump({"baseline_commit": commit, "steps": args.steps, "from_step": FROM_STEP, "rows": rows}, f, indent=1)
     text = table(rows)
     write_readme(args.out, f"Training on a link with latency: this tree's pacing against {commit}'s",

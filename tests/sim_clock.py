@@ -122,3 +122,9 @@ class WallBed(Bed):
     def on_stage(self, index: int, stage: str) -> None:
         if stage == "reduce-scatter" and self.link_of(index):
             time.sleep(self.link_of(index))
+
+
+def link(clock: SimClock, rate: float, fixed: float):
+    """One piece of a collective on a link of ``rate`` bytes/s whose every piece also waits ``fixed`` seconds,
+    on ``clock``: what :meth:`ds_acco.comm.link_pacing.LinkPacer.probe` calls for a piece."""
+    return lambda start, n: clock.advance(fixed + n / rate)

@@ -1,7 +1,8 @@
 """``benchmarks.pacing_latency`` on two emulated hosts, one link without latency and one with: the delay reaches
 the link (netem, or the user-space switch where the kernel has none) and the job's own probe reads it, and every
-way of sending is timed and reported. A smoke run of two repetitions on a small collective, not a measurement:
-that is ``bench_results/pacing_latency``."""
+way of sending is timed and reported. Two network namespaces, not a pooled job: ranks on loopback share no link a
+delay could be put on, so nothing there could show the probe reading it. A smoke run of two repetitions on a small
+collective, not a measurement: that is ``bench_results/pacing_latency``."""
 
 from __future__ import annotations
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 
-import time
-
 import pytest
 import torch
 
@@ -137,15 +135,14 @@ def test_the_probe_times_the_link_without_a_calls_fixed_cost():
     fits the rate from the extra bytes of its large pieces; calls that cost only their fixed time leave the link
     unmeasured (whole collectives next)."""
     from ds_acco.comm.link_pacing import LinkPacer
+    from tests.sim_clock import SimClock, link
 
-    def link(rate, fixed):
-        return lambda start, n: time.sleep(fixed + n / rate)
-
-    pacer = LinkPacer()
-    covered = pacer.probe(16 << 10, 1, link(4e6, 0.004))
+    clock = SimClock()
+    pacer = LinkPacer(clock=clock)
+    covered = pacer.probe(16 << 10, 1, link(clock, 4e6, 0.004))
     assert covered == LinkPacer.probe_numel(16 << 10)
     assert 3.4e6 < pacer.rate < 4.6e6, pacer.rate
-    pacer.probe(256 << 10, 1, link(float("inf"), 0.004))
+    pacer.probe(256 << 10, 1, link(clock, float("inf"), 0.004))
     assert pacer.piece_bytes(1 << 40) > 1 << 20, pacer.rate  # the largest pieces, or pieces over a megabyte
 
 

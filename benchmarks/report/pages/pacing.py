@@ -42,13 +42,17 @@ def _load() -> tuple[dict, set]:
     return results, via
 
 
+def _command(folder: str) -> str:
+    """The command line its README says wrote ``folder``."""
+    with open(os.path.join(rs.ROOT, folder, "README.md"), encoding="utf-8") as f:
+        return next(line.strip() for line in f if line.startswith("`python -m"))
+
+
 def pacing_latency() -> str:
     from benchmarks.pacing_latency import table
 
     results, via = _load()
-    with open(os.path.join(rs.ROOT, RAW, "README.md"), encoding="utf-8") as f:
-        command = next(line.strip() for line in f if line.startswith("`python -m"))
-    return (table(results) + f"\n{command}; the delay: {', '.join(sorted(via))}; raw files: "
+    return (table(results) + f"\n{_command(RAW)}; the delay: {', '.join(sorted(via))}; raw files: "
             f"[{RAW}/](../{RAW}/)")
 
 
@@ -80,7 +84,5 @@ def pacing_training() -> str:
 
     with open(os.path.join(rs.ROOT, TRAINING, "seconds_per_step.json"), encoding="utf-8") as f:
         result = json.load(f)
-    with open(os.path.join(rs.ROOT, TRAINING, "README.md"), encoding="utf-8") as f:
-        command = next(line.strip() for line in f if line.startswith("`python -m"))
-    return (table(result["rows"]) + f"\n{command}; the baseline tree: commit {result['baseline_commit']}; seconds "
+    return (table(result["rows"]) + f"\n{_command(TRAINING)}; the baseline tree: commit {result['baseline_commit']}; seconds "
             f"per step from step {result['from_step']} to {result['steps']}; raw files: [{TRAINING}/](../{TRAINING}/)")

@@ -49,6 +49,9 @@ def main(argv=None) -> int:
     r.add_argument("--mtu", type=int, default=None,
                    help="every link's MTU in bytes (default 1500; 9000 emulates jumbo frames: fewer packets, less "
                         "network-stack CPU per byte)")
+    r.add_argument("--delay", default=None,
+                   help="every link's one-way latency, e.g. 25ms (default none; netem, or a delaying switch where "
+                        "the kernel has no netem)")
     r.add_argument("--steps", type=int, default=None, help="override optimizer steps of the runs")
     r.add_argument("--seed", type=int, default=None,
                    help="model init and data seed of every run (default 0); repeats with different seeds "
@@ -143,7 +146,7 @@ def main(argv=None) -> int:
     try:
         sweep = build_sweep(args.sweep, netns=netns, root=root, pin=False if args.no_pin else None,
                             configs=split(args.configs), rates=split(args.rates), only=split(args.only),
-                            steps=args.steps, mtu=args.mtu, seed=args.seed)
+                            steps=args.steps, mtu=args.mtu, seed=args.seed, delay=args.delay)
     except ValueError as exc:
         print(f"python -m benchmarks run: {exc}", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ from deepspeed.runtime import lr_schedules
 from benchmarks import results_file
 from benchmarks.protocol import driver as protocol
 from benchmarks.protocol import plans as plans_long
+from benchmarks.report.repeats import bed_of
 from benchmarks.sweep import configs as cfgs
 from benchmarks.sweep import plans
 from benchmarks.sweep.commands import prepare_run
@@ -212,6 +213,9 @@ def test_prepare_run_writes_the_schedule_and_rows_read_back(tmp_path):
     assert dataclasses.replace(spec_of(row), cpus=spec.cpus) == spec
     old = {k: v for k, v in row["workload"].items() if not k.startswith("lr_")}  # a row from before the option
     assert spec_of(dict(row, workload=old)).workload.lr_schedule == ""
+    late = spec_of(dict(row, delay="25ms"))  # a link with latency: its own run id and bed
+    assert late.delay == "25ms" and late.run_id == spec.run_id + "-lat25ms"
+    assert bed_of(dict(row, delay="25ms")) == bed_of(row) + "-lat25ms"
 
 
 # --------------------------------------------------------------------------- the report's arithmetic
@@ -229,10 +233,20 @@ def test_the_driver_plans_resumes_and_estimates(tmp_path, capsys):
         json.dump({"runs": kept}, f)
     again = protocol.plan(["sleep"], [1], str(tmp_path), netns=True, root=True)[0]
     assert (again["runs"], again["done"]) == (first["runs"], 5) and 0 < again["left_s"] < first["left_s"]
-    cmd = protocol.command(first, argparse.Namespace(steps=6, configs=None, rates=None, max_load=None,
+    cmd = protocol.command(first, argparse.Namespace(steps=6, configs=None, rates=None, max_load=None, delay=None,
                                                      load_wait_budget_s=0, no_netns=False))
     assert cmd[2:] == ["benchmarks", "run", "--sweep", "full", "--only", "long_sleep", "--seed", "1", "--out",
                        first["folder"], "--resume", "--steps", "6", "--load-wait-budget-s", "0"]
+    # a link's latency: its own run ids (a bed of its own in the report), passed on, and priced in the estimate
+    late = protocol.plan(["sleep"], [1], str(tmp_path), netns=True, root=True, delay="25ms")[0]
+    assert late["done"] == 0 and late["left_s"] > first["left_s"]
+    cmd = protocol.command(late, argparse.Namespace(steps=None, configs=None, rates=None, max_load=None,
+                                                    delay="25ms", load_wait_budget_s=None, no_netns=False))
+    assert cmd[-2:] == ["--delay", "25ms"]
+    with pytest.raises(ValueError, match="delay: got '25'"):
+        plans.build_sweep("full", netns=True, root=True, only=["long_sleep"], delay="25")
+    with pytest.raises(ValueError, match="on loopback"):
+        plans.build_sweep("full", netns=False, root=True, only=["long_sleep"], delay="25ms")
     est = {s.config: protocol.estimate_s(s) for s in sweep.runs if s.rate == "100mbit"}
     assert est["sync"] > est["sync_lowbit"] > 300 * 0.25 and est["sync_lowbit_half"] > est["sync_lowbit"]
     two, eight = (plans.build_sweep("full", netns=True, root=True, only=[f"workers_sleep_{n}"]).runs[0] for n in (2, 8))

@@ -24,6 +24,7 @@ import sys
 import time
 
 from benchmarks import results_file
+from benchmarks.cluster.units import parse_delay
 from benchmarks.sweep import configs as cfgs
 from benchmarks.sweep.commands import REPO
 from benchmarks.sweep.plans import build_sweep
@@ -50,6 +51,9 @@ HALF_BATCH = 1.3
 """Sync low-bit at half the batch: twice the rounds per nominal step."""
 PER_EXTRA_HOST = 0.05
 """On the light sleep bed, each host past 2 adds this share of a step (8 hosts use most of a core on their own)."""
+LATENCY_TRIPS = 14
+"""One-way latencies a real-bed step pays with a link's latency (``--delay``): sync low-bit at half the batch took
+0.37 s more a step at 25 ms than at none (``bench_results/pacing_latency/training_ab``)."""
 START_S, START_PER_HOST_S, EVAL_S = 15.0, 4.0, {"real": 1.0, "sleep": 0.3, "light": 0.3}
 """A launch's start-up and tear-down (imports on a shared core), and one validation."""
 
@@ -69,6 +73,7 @@ def estimate_s(spec: RunSpec) -> float:
         s *= HALF_BATCH
     if kind == "light":
         s *= 1 + PER_EXTRA_HOST * (spec.hosts - 2)
+    s += LATENCY_TRIPS * (parse_delay(spec.delay) or 0.0)
     evals = wl.max_tokens / wl.eval_every_tokens if wl.eval_every_tokens else 1
     return START_S + START_PER_HOST_S * spec.hosts + steps * s + evals * EVAL_S[kind]
 
@@ -81,13 +86,14 @@ def done_ids(out: str) -> set:
         return set()
 
 
-def plan(beds, seeds, out: str, *, netns: bool, root: bool, steps=None, configs=None, rates=None) -> list[dict]:
+def plan(beds, seeds, out: str, *, netns: bool, root: bool, steps=None, configs=None, rates=None,
+         delay=None) -> list[dict]:
     """One entry per (seed, bed): its folder, part, runs, the runs already done, and the seconds left."""
     entries = []
     for seed in seeds:
         for bed in beds:
             sweep = build_sweep("full", netns=netns, root=root, only=[BEDS[bed]], seed=seed, steps=steps,
-                                configs=configs, rates=rates)
+                                configs=configs, rates=rates, delay=delay)
             folder = os.path.join(out, f"{bed}_seed{seed}")
             done = done_ids(folder)
             left = [r for r in sweep.runs if r.run_id not in done]
@@ -101,6 +107,7 @@ def command(entry: dict, args: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, "-m", "benchmarks", "run", "--sweep", "full", "--only", entry["part"], "--seed",
            str(entry["seed"]), "--out", entry["folder"], "--resume"]
     for flag, value in (("--steps", args.steps), ("--configs", args.configs), ("--rates", args.rates),
+                        ("--delay", args.delay),
                         ("--max-load", args.max_load), ("--load-wait-budget-s", args.load_wait_budget_s)):
         if value is not None:
             cmd += [flag, str(value)]
@@ -120,6 +127,8 @@ def main(argv=None) -> int:
                    "sleep; a few for a smoke run)")
     p.add_argument("--configs", default=None, help="comma list replacing every bed's configs")
     p.add_argument("--rates", default=None, help="comma list replacing every bed's links (unshaped,100mbit,...)")
+    p.add_argument("--delay", default=None, help="every link's one-way latency (25ms): a bed of its own in the "
+                   "report (keep it in its own --out)")
     p.add_argument("--max-load", type=float, default=None, help="passed to python -m benchmarks run")
     p.add_argument("--load-wait-budget-s", type=float, default=None, help="passed to python -m benchmarks run")
     p.add_argument("--no-netns", action="store_true", help="loopback only (unshaped runs): not the protocol")
@@ -140,7 +149,7 @@ def main(argv=None) -> int:
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()] if s else None  # noqa: E731
     try:
         entries = plan(beds, seeds, args.out, netns=netns, root=root, steps=args.steps, configs=split(args.configs),
-                       rates=split(args.rates))
+                       rates=split(args.rates), delay=args.delay)
     except ValueError as exc:
         p.error(str(exc))
     print(f"long-run protocol: {len(beds)} bed(s) x {len(seeds)} seed(s) into {args.out}"

@@ -58,7 +58,8 @@ sync control changes the batch, which no mode does)."""
 def bed_of(run: dict) -> str:
     quota = ",".join(f"{h}@{q:g}%" for h, q in sorted((run.get("cpu_quota") or {}).items()))
     mtu = f"mtu{run['mtu']}" if run.get("mtu", 1500) != 1500 else ""
-    return "-".join(filter(None, [run.get("note") or "sleep", quota, mtu]))
+    lat = f"lat{run['delay']}" if run.get("delay") else ""
+    return "-".join(filter(None, [run.get("note") or "sleep", quota, mtu, lat]))
 
 
 def acco_share(run: dict) -> Optional[float]:

@@ -61,6 +61,8 @@ def launcher_args(spec: RunSpec, log_dir: str, *, netns: bool, timeout_s: float,
         cmd += ["--rate", spec.rate]
     if spec.mtu:
         cmd += ["--mtu", str(spec.mtu)]
+    if spec.delay:
+        cmd += ["--delay", spec.delay]
     for i, q in spec.cpu_quota:
         cmd += ["--cpu-quota", f"host{i}={q:g}"]
     for i, cpus in spec.cpus:

@@ -124,7 +124,7 @@ def parse_run(spec: "RunSpec", run_dir: str, rc: int, wall_s: float, load: Optio
         "id": spec.run_id, "scenario": spec.scenario, "config": spec.config, "label": cfgs.LABELS[spec.config],
         "hosts": spec.hosts, "rate": format_rate(parse_rate(spec.rate)), "rate_bit_s": parse_rate(spec.rate),
         "cpu_quota": {f"host{i}": q for i, q in spec.cpu_quota}, "pinned": bool(spec.cpus), "note": spec.note,
-        "mtu": spec.mtu or 1500,
+        "mtu": spec.mtu or 1500, "delay": spec.delay,
         "workload": dataclasses.asdict(wl), "nominal_tokens_per_step": nominal_tokens_per_step,
         "exit_code": rc, "wall_s": round(wall_s, 2), "load": load, "netns": cluster.get("netns"),
         "ok": rc == 0 and bool(summary),

@@ -14,7 +14,7 @@ import dataclasses
 import os
 from typing import Optional, Sequence
 
-from benchmarks.cluster.units import parse_rate
+from benchmarks.cluster.units import parse_delay, parse_rate
 
 from . import configs as cfgs
 from benchmarks.protocol.plans import PARTS as LONG_PARTS
@@ -32,7 +32,7 @@ def _pins(hosts: int, pin: bool, first_cpu: int = 0) -> tuple:
 def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = None,
                 configs: Optional[Sequence[str]] = None, rates: Optional[Sequence[str]] = None,
                 only: Optional[Sequence[str]] = None, steps: Optional[int] = None,
-                mtu: Optional[int] = None, seed: Optional[int] = None) -> Sweep:
+                mtu: Optional[int] = None, seed: Optional[int] = None, delay: Optional[str] = None) -> Sweep:
     """The runs of a named sweep, adapted to what this machine can do.
 
     Without namespaces only unshaped (loopback) runs are possible; without root the
@@ -145,6 +145,11 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
         if not netns:
             raise ValueError(f"mtu: got {mtu}; an MTU needs network namespaces (this run is on loopback)")
         runs = [dataclasses.replace(r, mtu=mtu) for r in runs]
+    if delay is not None:
+        if not netns or not parse_delay(delay):
+            raise ValueError(f"delay: got {delay!r}; allowed: a positive latency such as 25ms, with network "
+                             "namespaces" + ("" if netns else " (this run is on loopback)"))
+        runs = [dataclasses.replace(r, delay=delay) for r in runs]
     if seed is not None:
         if seed < 0:
             raise ValueError(f"seed: got {seed}; allowed: an integer >= 0")
@@ -152,6 +157,7 @@ def build_sweep(name: str, *, netns: bool, root: bool, pin: Optional[bool] = Non
     desc = f"sweep {name}: {len(runs)} runs, " + ("network namespaces" if netns else
                                                    "loopback (no namespaces: unshaped only)")
     desc += f", MTU {mtu}" if mtu else ""
+    desc += f", {delay} one way" if delay else ""
     desc += f", seed {seed}" if seed is not None else ""
     desc += ", one launch per link (a forked process per run)" if smoke else ""
     desc += "".join(f"; {n}" for n in notes)
@@ -173,7 +179,7 @@ def _as_run(spec: RunSpec) -> tuple:
     steps = min(wl.steps, -(-wl.max_tokens // per_step)) if wl.max_tokens else wl.steps
     wl = dataclasses.replace(wl, steps=steps, max_tokens=0, max_micro_batches_per_round=None,
                              streaming_sync_every=None)
-    return spec.config, spec.hosts, spec.rate, spec.cpu_quota, spec.cpus, spec.note, spec.mtu, wl
+    return spec.config, spec.hosts, spec.rate, spec.cpu_quota, spec.cpus, spec.note, spec.mtu, spec.delay, wl
 
 
 def share_runs(runs: list[RunSpec]) -> list[RunSpec]:

@@ -36,7 +36,7 @@ BATCH = "batch.json"
 
 def launch_key(spec) -> tuple:
     """What a run needs of its links: runs with equal keys can share a launch."""
-    return spec.rate or None, spec.cpu_quota, spec.cpus, spec.mtu
+    return spec.rate or None, spec.cpu_quota, spec.cpus, spec.mtu, spec.delay
 
 
 def groups(specs: list) -> list[list]:

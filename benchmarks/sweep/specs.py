@@ -56,6 +56,9 @@ class RunSpec:
     note: str = ""
     mtu: Optional[int] = None
     """Every link's MTU (None: 1500); set sweep-wide by ``python -m benchmarks run --mtu``."""
+    delay: Optional[str] = None
+    """Every link's one-way latency (``25ms``; None: none), set sweep-wide by ``python -m benchmarks run --delay``:
+    real inter-site links have tens of milliseconds, and a round's collectives pay them per piece."""
     also: tuple = ()
     """Other scenarios (parts) this run stands for: the same run, its row repeated under each with ``run_of``
     naming this one (:func:`benchmarks.sweep.plans.share_runs`)."""
@@ -72,6 +75,8 @@ class RunSpec:
             parts.append(self.note)
         if self.mtu:
             parts.append(f"mtu{self.mtu}")
+        if self.delay:
+            parts.append(f"lat{self.delay}")
         return "-".join(parts)
 
 
@@ -91,4 +96,4 @@ def spec_of(row: dict) -> RunSpec:
     rate = None if row["rate"] == "unshaped" else row["rate"]
     quota = tuple((int(k.replace("host", "")), float(v)) for k, v in (row.get("cpu_quota") or {}).items())
     return RunSpec(row["scenario"], row["config"], Workload(**row["workload"]), hosts=row["hosts"], rate=rate,
-                   cpu_quota=quota, note=row.get("note", ""))
+                   cpu_quota=quota, note=row.get("note", ""), delay=row.get("delay"))

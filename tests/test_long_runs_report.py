@@ -411,3 +411,37 @@ def test_the_learning_rate_check_has_its_own_table_and_target_and_stays_out_of_t
     assert name.startswith("acco fixed, half batch against sync at the same batch, by peak learning rate (here, real")
     assert cells == f"0.5x: +0.00% final loss, 1.000x the tokens; 1x: +0.00% final loss, 1.000x the tokens; " \
         f"2x: +3.33% final loss, {lagged}x the tokens"
+
+
+def test_a_bed_with_latency_is_a_bed_of_its_own_and_what_the_latency_costs_is_read_seed_for_seed(tmp_path):
+    """The real bed re-run with 25 ms one way on the second machine: its own rows and overlap targets, named with
+    its latency, and each config's seconds with the latency over the same seed's without (the same losses, so the
+    ratio is the link's alone)."""
+    protocol(tmp_path)
+    speeds = {"sync": 8, "sync_lowbit_half": 16, "acco_lowbit_int4_fixed_half": 20}
+    slowed = {"sync": 2.0, "sync_lowbit_half": 1.6, "acco_lowbit_int4_fixed_half": 1.1}
+    for seed in (4, 5, 6):
+        k = 1 + 0.1 * (seed - 4)
+        for name, late in (("real", False), ("real_lat25ms", True)):
+            folder = tmp_path / "bench_results" / "long_runs_machine2" / f"{name}_seed{seed}"
+            folder.mkdir(parents=True)
+            rows = [row(c, "100mbit", seed, base_loss,
+                        lambda t, v=v, s=(slowed[c] if late else 1) * k: s * t / v) for c, v in speeds.items()]
+            rows = [dict(r, delay="25ms") if late else r for r in rows]
+            (folder / "results.json").write_text(json.dumps({"runs": rows}))
+    index = tmp_path / "bench_results" / "sets.json"
+    sets = json.loads(index.read_text())
+    sets["protocol"][page.SECOND] = {"folders": ["long_runs_machine2/*_seed*"]}
+    index.write_text(json.dumps(sets))
+    text = page.second_machine(str(tmp_path))
+    assert "| real compute, 100 Mbit/s, 25 ms one way | 50%: 4.000 |" in text
+    to = tokens_to(3.5)
+    for config, first in (("sync", True), ("sync_lowbit_half", False), ("acco_lowbit_int4_fixed_half", False)):
+        late, plain = 1.1 * slowed[config] * to / speeds[config], 1.1 * to / speeds[config]  # seed 5: the median
+        bed = "real compute, 100 Mbit/s, 25 ms one way" if first else ""
+        cost = f"{slowed[config]:.2f}x ({slowed[config]:.2f})"
+        assert f"| {bed} | {lr.SHORT[config]} | {late:.1f} | {plain:.1f} | {cost} | {cost} |" in text
+    assert ("| the better ACCO vs the better sync low-bit to the baseline's 75% loss (real compute, 100 Mbit/s, 25 ms "
+            "one way) | 0.55 | <= 0.85 | met | acco_lowbit_int4_fixed_half against sync_lowbit_half; by seed (4, 5, 6): "
+            "0.55, 0.55, 0.55") in text
+    assert "25 ms one way" not in page.long_runs(str(tmp_path))  # the first machine's page: no such bed

@@ -34,10 +34,12 @@ def by_seed(block: dict, config: str, against: str, fraction: float = 0.75) -> s
 OVERLAP_BEDS = ((("long-real", "100mbit"), "(real compute, 100 Mbit/s)", None),
                 (("long-real-host1@50%", "100mbit"), "(real compute, one host at half speed, 100 Mbit/s)",
                  "another bed"),
-                (("long-sleep", "100mbit"), "(sleep bed, 100 Mbit/s)", "another bed"))
+                (("long-sleep", "100mbit"), "(sleep bed, 100 Mbit/s)", "another bed"),
+                (("long-real-lat25ms", "100mbit"), "(real compute, 100 Mbit/s, 25 ms one way)", "another bed"))
 """Where the overlap's two targets are checked, and the rows' ``about``: the issue sets them on real compute; the
 same is asked with one host at half speed (mixed hardware, where the adaptive policy is built to pay) and on the
-sleep bed (compute off the CPU, as on a GPU), where the round's host work does not compete with the compute."""
+sleep bed (compute off the CPU, as on a GPU), where the round's host work does not compete with the compute; and on
+real compute with 25 ms one way on the link (a link between sites), where a round's pieces each pay a round trip."""
 
 
 def _overlap_targets(block: dict, where: str, about: Optional[str]) -> list[dict]:

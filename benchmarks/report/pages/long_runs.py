@@ -24,7 +24,7 @@ from benchmarks.sweep.configs import LR_SCALED
 from .. import long_runs as lr
 from ..curves import UNSHAPED
 from ..long_runs import ceiling
-from . import rate_check
+from . import latency, rate_check
 from . import sets as rs
 from .cells import md_table
 from .cells import x as times
@@ -68,11 +68,13 @@ def folders(root: str = rs.ROOT, name: str = SET) -> list[str]:
 
 
 def bed_name(bed: str, rate: str) -> str:
+    late, bed = latency.latency_ms(bed), latency.without_latency(bed)
     hosts = re.search(r"-(\d+)h(-slow)?$", bed)
     base = BEDS.get(lr.HOSTS_SUFFIX.sub("", bed), bed)
     if hosts:
         base += f", {hosts.group(1)} hosts" + (", one at half speed" if hosts.group(2) else "")
-    return f"{base}, {'unshaped' if rate == UNSHAPED else rate.replace('mbit', ' Mbit/s')}"
+    return f"{base}, {'unshaped' if rate == UNSHAPED else rate.replace('mbit', ' Mbit/s')}" + (
+        f", {late} ms one way" if late else "")
 
 
 def _seconds(fig: dict) -> str:
@@ -331,6 +333,7 @@ def second_machine(root: str = rs.ROOT) -> str:
               "(no loss curve's noise in it), medians over each machine's seeds")
     parts = [(seconds, seconds_table(summary)), (rate_check.CAPTION, rate_check.table(summary, _seconds, bed_name)),
              (slower, machine_table(summary, _summary(root))),
+             (latency.CAPTION, latency.table(summary, bed_name)),
              (HOST_CAPTION, host_table(summary)), (CEILING, ceiling_table(summary)),
              ("The issue's targets, from this machine's runs alone", targets_table(summary))]
     return "\n\n".join([f"**{caption}**:\n\n{table}" for caption, table in parts if not _empty(table)]

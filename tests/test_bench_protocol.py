@@ -239,7 +239,7 @@ def test_the_driver_plans_resumes_and_estimates(tmp_path, capsys):
                        first["folder"], "--resume", "--steps", "6", "--load-wait-budget-s", "0"]
     # a link's latency: its own run ids (a bed of its own in the report), passed on, and priced in the estimate
     late = protocol.plan(["sleep"], [1], str(tmp_path), netns=True, root=True, delay="25ms")[0]
-    assert late["done"] == 0 and late["left_s"] > first["left_s"]
+    assert late["done"] == 0 and late["left_s"] > first["left_s"] and late["folder"].endswith("sleep_lat25ms_seed1")
     cmd = protocol.command(late, argparse.Namespace(steps=None, configs=None, rates=None, max_load=None,
                                                     delay="25ms", load_wait_budget_s=None, no_netns=False))
     assert cmd[-2:] == ["--delay", "25ms"]

@@ -440,7 +440,8 @@ def test_a_bed_with_latency_is_a_bed_of_its_own_and_what_the_latency_costs_is_re
         late, plain = 1.1 * slowed[config] * to / speeds[config], 1.1 * to / speeds[config]  # seed 5: the median
         bed = "real compute, 100 Mbit/s, 25 ms one way" if first else ""
         cost = f"{slowed[config]:.2f}x ({slowed[config]:.2f})"
-        assert f"| {bed} | {lr.SHORT[config]} | {late:.1f} | {plain:.1f} | {cost} | {cost} |" in text
+        vs = f"{slowed[config] * 8 / speeds[config] / 2.0:.2f}x"  # over sync fp32 (8 tokens a second, 2x slowed)
+        assert f"| {bed} | {lr.SHORT[config]} | {late:.1f} | {vs} | {plain:.1f} | {cost} | {cost} |" in text
     assert ("| the better ACCO vs the better sync low-bit to the baseline's 75% loss (real compute, 100 Mbit/s, 25 ms "
             "one way) | 0.55 | <= 0.85 | met | acco_lowbit_int4_fixed_half against sync_lowbit_half; by seed (4, 5, 6): "
             "0.55, 0.55, 0.55") in text

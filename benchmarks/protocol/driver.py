@@ -6,7 +6,7 @@
 
 Why a driver: the protocol is about 120 runs per seed on a machine that must stay quiet, hours in all; it must
 say how long before it starts and pick up where it stopped. Each bed and seed is one sweep folder
-``OUT/<bed>_seed<S>`` run by ``python -m benchmarks run --sweep full --only <part> --seed S --resume`` (the runner
+``OUT/<bed>_seed<S>`` (``<bed>_lat<D>_seed<S>`` with ``--delay D``) run by ``python -m benchmarks run --sweep full --only <part> --seed S --resume`` (the runner
 writes results.json after every run and ``--resume`` keeps the runs that finished, so an interrupted protocol
 re-run with the same command redoes only the runs missing or failed). Seeds run one after another over every bed,
 so that the first seed's figures cover every bed early. Afterwards::
@@ -94,7 +94,7 @@ def plan(beds, seeds, out: str, *, netns: bool, root: bool, steps=None, configs=
         for bed in beds:
             sweep = build_sweep("full", netns=netns, root=root, only=[BEDS[bed]], seed=seed, steps=steps,
                                 configs=configs, rates=rates, delay=delay)
-            folder = os.path.join(out, f"{bed}_seed{seed}")
+            folder = os.path.join(out, f"{bed}_lat{delay}_seed{seed}" if delay else f"{bed}_seed{seed}")
             done = done_ids(folder)
             left = [r for r in sweep.runs if r.run_id not in done]
             entries.append({"bed": bed, "seed": seed, "part": BEDS[bed], "folder": folder, "runs": len(sweep.runs),

@@ -73,12 +73,30 @@ def table(summary: dict, bed_name: Callable[[str, str], str]) -> str:
         late, plain = summary[late_key]["rows"], summary[plain_key]["rows"]
         first = True
         for config in [c for c in late if c in plain]:
+            vs = late[config]["vs_sync"][AT]
             rows.append([bed_name(*late_key) if first else "", lr.SHORT.get(config, config),
-                         _seconds(late[config]), _seconds(plain[config]),
+                         _seconds(late[config]), "-" if vs is None else f"{vs:.2f}x", _seconds(plain[config]),
                          _cell(seed_ratios(late[config], plain[config], "seconds")),
                          _cell(seed_ratios(late[config], plain[config], "train_s"))])
             first = False
     if not rows:
         return ""
-    return md_table(["bed", "config", f"s to the {AT:.0%} loss, with", "without", "with over without, to that loss",
-                     "a whole run"], rows)
+    return md_table(["bed", "config", f"s to the {AT:.0%} loss, with", "over sync fp32's, with", "without",
+                     "with over without, to that loss", "a whole run"], rows)
+
+
+COMMAND = ("python -m benchmarks.protocol --beds real --seeds 4,5,6 --rates 100mbit --delay 25ms --configs "
+           "sync,sync_lowbit_half,acco_lowbit_int4_fixed_half,auto_lowbit_int4,auto_lowbit_int4_streaming,"
+           "streaming_int8_half,torchft_diloco_half --out bench_results/long_runs_machine2")
+"""How the bed with latency ran (as root): one folder per seed, ``real_lat25ms_seed*``, beside the same machine's
+runs without latency."""
+
+
+def block(summary: dict, bed_name: Callable[[str, str], str]) -> str:
+    """The table with how it ran, for the latency section of docs/lowbit-and-streaming.md; one line where no bed
+    with latency ran beside its twin."""
+    found = table(summary, bed_name)
+    if not found:
+        return "**No runs yet** of a long-run bed with latency beside the same bed without it."
+    return (f"{CAPTION}:\n\n{found}\n\n`{COMMAND}`; the runs without latency: [long runs](long-runs.md), second "
+            "machine; raw files: [bench_results/long_runs_machine2/](../bench_results/long_runs_machine2/)")

@@ -340,6 +340,11 @@ def second_machine(root: str = rs.ROOT) -> str:
                         + [machines_note(summary)] + ([f"Left out, run in fewer seeds: {left}."] if fewer else []))
 
 
+def latency_block(root: str = rs.ROOT) -> str:
+    """The second machine's bed with latency against the same bed without (:func:`latency.block`)."""
+    return latency.block(_summary(root, SECOND), bed_name)
+
+
 def machine_table(summary: dict, first: dict) -> str:
     """Per bed, each config's median training seconds here over its median on the first machine (``first``):
     how alike the two machines slowed the configs."""

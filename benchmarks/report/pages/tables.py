@@ -21,7 +21,7 @@ from benchmarks import results_file
 from . import sets as rs
 from .cells import BEDS, HAND, SET_OF, bed_name, label, md_table, ratio_of, s, span, x
 from .gpu import in_flight, in_flight_rows, in_flight_summary, round_launches
-from .long_runs import long_runs, long_runs_summary, second_machine
+from .long_runs import latency_block, long_runs, long_runs_summary, second_machine
 from .long_runs import loss_rows as long_loss_rows
 from .pacing import loss_row as pacing_loss_row
 from .pacing import pacing_latency, pacing_training
@@ -324,7 +324,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "long_runs": long_runs, "long_runs_summary": long_runs_summary, "long_runs_machine2": second_machine,
     "round_launches": round_launches,
     "gpu_in_flight": in_flight,
-    "pacing_latency": pacing_latency, "pacing_training": pacing_training,
+    "pacing_latency": pacing_latency, "pacing_training": pacing_training, "long_runs_latency": latency_block,
     **{f"bed:{k[0]}:{k[1]}": (lambda k=k: bed_table(k, SET_OF.get(k, "five_beds"))) for k in BEDS},
 }
 """Every generated table, by the name its markers carry."""

@@ -6,7 +6,8 @@
 
 Why a driver: the protocol is about 120 runs per seed on a machine that must stay quiet, hours in all; it must
 say how long before it starts and pick up where it stopped. Each bed and seed is one sweep folder
-``OUT/<bed>_seed<S>`` (``<bed>_lat<D>_seed<S>`` with ``--delay D``) run by ``python -m benchmarks run --sweep full --only <part> --seed S --resume`` (the runner
+``OUT/<bed>_seed<S>`` (``<bed>_lat<D>_seed<S>`` with ``--delay D``) run by
+``python -m benchmarks run --sweep full --only <part> --seed S --resume`` (the runner
 writes results.json after every run and ``--resume`` keeps the runs that finished, so an interrupted protocol
 re-run with the same command redoes only the runs missing or failed). Seeds run one after another over every bed,
 so that the first seed's figures cover every bed early. Afterwards::

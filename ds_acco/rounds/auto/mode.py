@@ -68,6 +68,12 @@ class StepTimer:
         holds start-up (first forward, allocations; +13% on the real-compute bed), so that interval's compute is
         timed from the end of the first micro-batch to the end of the last."""
         self._last_commit: Optional[tuple[float, int]] = None
+        self._cold: Optional[bool] = None
+        """True while the job's first round is the only one in the window (None before it ends). That round sets up
+        what later ones reuse (NCCL builds its connections lazily; on a link with latency TCP starts slow and the
+        pacer's pieces start small: 1.91 s against 0.55-0.70 s for the next rounds at 100 Mbit/s, 25 ms one way),
+        so it stands for the rounds only until a second one ends. Read as a round, it kept auto's first look in
+        sync for ``check_every`` steps."""
 
     def micro_batch(self) -> None:
         self._mb_since_swap += 1
@@ -84,6 +90,7 @@ class StepTimer:
             self._across_compute = statistics.median(fresh) if fresh else None  # (the first switch: 1-2 samples)
             self._fresh = 0
         self._mode = mode
+        self._cold = False
         for window in (self.rounds, self.steps, self.batches):
             window.clear()
         self._skip = 1
@@ -107,6 +114,9 @@ class StepTimer:
                 self.compute[self._mode].append(compute_s / mbs)
                 self._fresh += 1
                 self._measure_in_flight_factor()
+            if self._cold:
+                self.rounds.clear()
+            self._cold = self._cold is None
             self.rounds.append(round_s)
             if self._across is not None and len(self.rounds) == _WINDOW:
                 self.wire_factor = self._acco_over_sync(self._across, self.rounds) or self.wire_factor

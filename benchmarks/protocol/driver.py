@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default=None, help="comma list replacing every bed's configs")
     p.add_argument("--rates", default=None, help="comma list replacing every bed's links (unshaped,100mbit,...)")
     p.add_argument("--delay", default=None, help="every link's one-way latency (25ms): a bed of its own in the "
-                   "report (keep it in its own --out)")
+                   "report, in folders <bed>_lat<D>_seed<S>")
     p.add_argument("--max-load", type=float, default=None, help="passed to python -m benchmarks run")
     p.add_argument("--load-wait-budget-s", type=float, default=None, help="passed to python -m benchmarks run")
     p.add_argument("--no-netns", action="store_true", help="loopback only (unshaped runs): not the protocol")

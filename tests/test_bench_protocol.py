@@ -22,7 +22,7 @@ from benchmarks.protocol import plans as plans_long
 from benchmarks.report.repeats import bed_of
 from benchmarks.sweep import configs as cfgs
 from benchmarks.sweep import plans
-from benchmarks.sweep.commands import prepare_run
+from benchmarks.sweep.commands import launcher_args, prepare_run
 from benchmarks.sweep.specs import spec_of
 from ds_acco.optim.lr_schedule import LrScheduleClock
 
@@ -243,6 +243,9 @@ def test_the_driver_plans_resumes_and_estimates(tmp_path, capsys):
     cmd = protocol.command(late, argparse.Namespace(steps=None, configs=None, rates=None, max_load=None,
                                                     delay="25ms", load_wait_budget_s=None, no_netns=False))
     assert cmd[-2:] == ["--delay", "25ms"]
+    spec = plans.build_sweep("full", netns=True, root=True, only=["long_sleep"], seed=1, delay="25ms").runs[0]
+    launch = launcher_args(spec, str(tmp_path), netns=True, timeout_s=60)
+    assert launch[launch.index("--delay") + 1] == "25ms" and spec.run_id.endswith("-lat25ms")
     with pytest.raises(ValueError, match="delay: got '25'"):
         plans.build_sweep("full", netns=True, root=True, only=["long_sleep"], delay="25")
     with pytest.raises(ValueError, match="on loopback"):

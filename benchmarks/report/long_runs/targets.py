@@ -59,8 +59,8 @@ def _overlap_targets(block: dict, where: str, about: Optional[str]) -> list[dict
                             _ratio(acco_s, low_s), 0.85, "<=", f"{acco} against {low}" + by_seed(block, acco, low)))
         found[-1]["about"] = "rate"  # a question of the baseline's tuning, asked where the check ran
     for fixed, sync, batch in EQUAL_BATCH:
-        if batch != "equal batch" and not (fixed in block["rows"] and sync in block["rows"]):
-            continue  # the half-batch pair where both ran; the issue's own pair always
+        if (batch != "equal batch" or about) and not (fixed in block["rows"] and sync in block["rows"]):
+            continue  # a pair where both ran; the issue's own pair on the issue's own bed always
         short = [f"{SHORT[c]} reached it in {fig['reached']} of {fig['of']} seeds" for c in (fixed, sync)
                  if c in block["rows"] and (fig := block["rows"][c]["seconds"][1.0])["reached"] < fig["of"]]
         found.append(target(f"acco fixed vs sync low-bit at {batch} to the baseline's final loss {where}",
@@ -87,7 +87,8 @@ def targets(summary: dict) -> list[dict]:
             if seconds(b, auto) is not None:
                 everything, all_s = best(b, list(b["rows"]))
                 of_all[key] = (_ratio(seconds(b, auto), all_s), everything)
-                of_low[key] = (_ratio(seconds(b, auto), seconds(b, REFERENCE)), REFERENCE)
+                if REFERENCE in b["rows"]:  # (a bed that ran a few configs may leave it out)
+                    of_low[key] = (_ratio(seconds(b, auto), seconds(b, REFERENCE)), REFERENCE)
                 if "streaming" not in auto:  # what it may run: gradient rounds, no streaming, no peer
                     own, own_s = best(b, [c for c in b["rows"] if "streaming" not in c and c not in TORCHFT])
                     of_own[key] = (_ratio(seconds(b, auto), own_s), own)

@@ -54,20 +54,16 @@ def _cell(ratios: list[float]) -> str:
     return "-" if not ratios else f"{statistics.median(ratios):.2f}x ({span(ratios, '.2f')})"
 
 
-def _seconds(row: dict) -> str:
-    fig = row["seconds"][AT]
-    return "never" if not fig["reached"] else f"{fig['median']:.1f}" + (
-        f" ({fig['reached']}/{fig['of']})" if fig["reached"] < fig["of"] else "")
-
-
 CAPTION = ("What the link's latency costs each config, on this machine and the same seeds: seconds to the fair "
-           "baseline's 75% loss with the latency and without it (medians), and each seed's seconds with it over "
+           "baseline's 75% loss with the latency and without it (median; spread; how many reached it where not all "
+           "did), and each seed's seconds with it over "
            "its seconds without it (median, range), to that loss and for a whole run's training (the same tokens: no "
            "loss curve's noise); a config that hides the latency behind its compute reads near 1x")
 
 
-def table(summary: dict, bed_name: Callable[[str, str], str]) -> str:
-    """One row per config that ran on both beds of each pair (:func:`pairs`); empty where no pair ran."""
+def table(summary: dict, bed_name: Callable[[str, str], str], seconds: Callable[[dict], str]) -> str:
+    """One row per config that ran on both beds of each pair (:func:`pairs`); empty where no pair ran. ``seconds``
+    writes a figure as the seconds tables do."""
     rows = []
     for late_key, plain_key in pairs(summary):
         late, plain = summary[late_key]["rows"], summary[plain_key]["rows"]
@@ -75,7 +71,8 @@ def table(summary: dict, bed_name: Callable[[str, str], str]) -> str:
         for config in [c for c in late if c in plain]:
             vs = late[config]["vs_sync"][AT]
             rows.append([bed_name(*late_key) if first else "", lr.SHORT.get(config, config),
-                         _seconds(late[config]), "-" if vs is None else f"{vs:.2f}x", _seconds(plain[config]),
+                         seconds(late[config]["seconds"][AT]), "-" if vs is None else f"{vs:.2f}x",
+                         seconds(plain[config]["seconds"][AT]),
                          _cell(seed_ratios(late[config], plain[config], "seconds")),
                          _cell(seed_ratios(late[config], plain[config], "train_s"))])
             first = False
@@ -92,10 +89,10 @@ COMMAND = ("python -m benchmarks.protocol --beds real --seeds 4,5,6 --rates 100m
 runs without latency."""
 
 
-def block(summary: dict, bed_name: Callable[[str, str], str]) -> str:
+def block(summary: dict, bed_name: Callable[[str, str], str], seconds: Callable[[dict], str]) -> str:
     """The table with how it ran, for the latency section of docs/lowbit-and-streaming.md; one line where no bed
     with latency ran beside its twin."""
-    found = table(summary, bed_name)
+    found = table(summary, bed_name, seconds)
     if not found:
         return "**No runs yet** of a long-run bed with latency beside the same bed without it."
     return (f"{CAPTION}:\n\n{found}\n\n`{COMMAND}`; the runs without latency: [long runs](long-runs.md), second "

@@ -333,7 +333,7 @@ def second_machine(root: str = rs.ROOT) -> str:
               "(no loss curve's noise in it), medians over each machine's seeds")
     parts = [(seconds, seconds_table(summary)), (rate_check.CAPTION, rate_check.table(summary, _seconds, bed_name)),
              (slower, machine_table(summary, _summary(root))),
-             (latency.CAPTION, latency.table(summary, bed_name)),
+             (latency.CAPTION, latency.table(summary, bed_name, _seconds)),
              (HOST_CAPTION, host_table(summary)), (CEILING, ceiling_table(summary)),
              ("The issue's targets, from this machine's runs alone", targets_table(summary))]
     return "\n\n".join([f"**{caption}**:\n\n{table}" for caption, table in parts if not _empty(table)]
@@ -342,7 +342,7 @@ def second_machine(root: str = rs.ROOT) -> str:
 
 def latency_block(root: str = rs.ROOT) -> str:
     """The second machine's bed with latency against the same bed without (:func:`latency.block`)."""
-    return latency.block(_summary(root, SECOND), bed_name)
+    return latency.block(_summary(root, SECOND), bed_name, _seconds)
 
 
 def machine_table(summary: dict, first: dict) -> str:

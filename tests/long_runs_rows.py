@@ -70,6 +70,19 @@ def protocol(root, seeds=(1, 2, 3)):
     return sorted(str(p) for p in (root / "bench_results" / "long_runs").iterdir())
 
 
+def write_second_machine(root, runs_by_folder: dict) -> None:
+    """Each folder's rows under bench_results/long_runs_machine2/ (after :func:`protocol`), and that protocol set
+    in sets.json."""
+    for name, rows in runs_by_folder.items():
+        folder = root / "bench_results" / "long_runs_machine2" / name
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(json.dumps({"runs": rows}))
+    index = root / "bench_results" / "sets.json"
+    sets = json.loads(index.read_text())
+    sets["protocol"][page.SECOND] = {"folders": ["long_runs_machine2/*_seed*"]}
+    index.write_text(json.dumps(sets))
+
+
 def set_ranks(folders, ranks_of):
     """Give the real bed's runs of each folder the rank figures ``ranks_of(config, seed)`` returns (None: leave the
     run as it is), written back into its results.json."""

@@ -8,7 +8,6 @@ again. No launch: the runs are the long-run protocol's (docs/long-runs-reproduce
 from __future__ import annotations
 
 import glob
-import json
 import os
 import statistics
 
@@ -18,7 +17,7 @@ from benchmarks.report import long_runs as lr
 from benchmarks.report.pages import latency
 from benchmarks.report.pages import long_runs as page
 from benchmarks.report.pages.sets import ROOT
-from tests.long_runs_rows import base_loss, protocol, row, tokens_to
+from tests.long_runs_rows import base_loss, protocol, row, tokens_to, write_second_machine
 
 LATE, PLAIN = ("long-real-lat25ms", "100mbit"), ("long-real", "100mbit")
 STREAMS = ("streaming_int8_half", "auto_lowbit_int4_streaming", "torchft_diloco_half")
@@ -79,19 +78,14 @@ def test_a_bed_with_latency_is_a_bed_of_its_own_and_what_the_latency_costs_is_re
     protocol(tmp_path)
     speeds = {"sync": 8, "sync_lowbit_half": 16, "acco_lowbit_int4_fixed_half": 20}
     slowed = {"sync": 2.0, "sync_lowbit_half": 1.6, "acco_lowbit_int4_fixed_half": 1.1}
+    folders = {}
     for seed in (4, 5, 6):
         k = 1 + 0.1 * (seed - 4)
         for name, late in (("real", False), ("real_lat25ms", True)):
-            folder = tmp_path / "bench_results" / "long_runs_machine2" / f"{name}_seed{seed}"
-            folder.mkdir(parents=True)
             rows = [row(c, "100mbit", seed, base_loss,
                         lambda t, v=v, s=(slowed[c] if late else 1) * k: s * t / v) for c, v in speeds.items()]
-            rows = [dict(r, delay="25ms") if late else r for r in rows]
-            (folder / "results.json").write_text(json.dumps({"runs": rows}))
-    index = tmp_path / "bench_results" / "sets.json"
-    sets = json.loads(index.read_text())
-    sets["protocol"][page.SECOND] = {"folders": ["long_runs_machine2/*_seed*"]}
-    index.write_text(json.dumps(sets))
+            folders[f"{name}_seed{seed}"] = [dict(r, delay="25ms") if late else r for r in rows]
+    write_second_machine(tmp_path, folders)
     text = page.second_machine(str(tmp_path))
     assert "| real compute, 100 Mbit/s, 25 ms one way | 50%: 4.000 |" in text
     to = tokens_to(3.5)

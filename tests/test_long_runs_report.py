@@ -25,6 +25,7 @@ from tests.long_runs_rows import (
     row,
     set_ranks,
     tokens_to,
+    write_second_machine,
 )
 
 
@@ -329,18 +330,11 @@ def test_a_bed_re_run_on_a_second_machine_is_reported_apart_with_its_own_targets
     protocol(tmp_path)
     assert page.second_machine(str(tmp_path)) == page.NO_SECOND
     first = page.long_runs(str(tmp_path))
-    for seed in (4, 5, 6):
-        folder = tmp_path / "bench_results" / "long_runs_machine2" / f"real_seed{seed}"
-        folder.mkdir(parents=True)
-        rows = [row("sync", "100mbit", seed, base_loss, lambda t: t / 8),
-                row("sync_lowbit", "100mbit", seed, base_loss, lambda t: t / 16),
-                row("acco_lowbit_int4_fixed", "100mbit", seed, base_loss, lambda t: t / 32)]
-        rows += [row("zero1", "100mbit", seed, base_loss, lambda t: t / 64)] if seed == 4 else []
-        (folder / "results.json").write_text(json.dumps({"runs": rows}))
-    index = tmp_path / "bench_results" / "sets.json"
-    sets = json.loads(index.read_text())
-    sets["protocol"][page.SECOND] = {"folders": ["long_runs_machine2/*_seed*"]}
-    index.write_text(json.dumps(sets))
+    write_second_machine(tmp_path, {f"real_seed{seed}": [
+        row("sync", "100mbit", seed, base_loss, lambda t: t / 8),
+        row("sync_lowbit", "100mbit", seed, base_loss, lambda t: t / 16),
+        row("acco_lowbit_int4_fixed", "100mbit", seed, base_loss, lambda t: t / 32)]
+        + ([row("zero1", "100mbit", seed, base_loss, lambda t: t / 64)] if seed == 4 else []) for seed in (4, 5, 6)})
     text = page.second_machine(str(tmp_path))
     assert page.long_runs(str(tmp_path)) == first
     assert "median over seeds 4, 5, 6 (spread;" in text and "| real compute, 100 Mbit/s | 50%: 4.000 |" in text

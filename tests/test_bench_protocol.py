@@ -215,7 +215,7 @@ def test_prepare_run_writes_the_schedule_and_rows_read_back(tmp_path):
     assert spec_of(dict(row, workload=old)).workload.lr_schedule == ""
     late = spec_of(dict(row, delay="25ms"))  # a link with latency: its own run id and bed
     assert late.delay == "25ms" and late.run_id == spec.run_id + "-lat25ms"
-    assert bed_of(dict(row, delay="25ms")) == bed_of(row) + "-lat25ms"
+    assert bed_of(dict(row, delay="25ms")) == bed_of(dict(row, delay="0.025s")) == bed_of(row) + "-lat25ms"
 
 
 # --------------------------------------------------------------------------- the report's arithmetic

@@ -29,6 +29,7 @@ import statistics
 from typing import Callable, Optional
 
 from benchmarks import results_file
+from benchmarks.cluster.units import parse_delay
 from benchmarks.sweep.configs import TIME_TO_LOSS
 from benchmarks.sweep.configs import TORCHFT_CONFIGS as TORCHFT
 
@@ -58,7 +59,8 @@ sync control changes the batch, which no mode does)."""
 def bed_of(run: dict) -> str:
     quota = ",".join(f"{h}@{q:g}%" for h, q in sorted((run.get("cpu_quota") or {}).items()))
     mtu = f"mtu{run['mtu']}" if run.get("mtu", 1500) != 1500 else ""
-    lat = f"lat{run['delay']}" if run.get("delay") else ""
+    late = parse_delay(run.get("delay"))  # in ms whatever the unit it was given in (the pages read ``-lat<ms>ms``)
+    lat = f"lat{late * 1e3:g}ms" if late else ""
     return "-".join(filter(None, [run.get("note") or "sleep", quota, mtu, lat]))
 
 
